@@ -1,0 +1,69 @@
+/* Command-line helpers shared by every tool: the common options, number
+ * and size parsing with K/M/G suffixes, --version output. */
+#ifndef MKV_CLI_H
+#define MKV_CLI_H
+
+#include <getopt.h>
+#include <stdint.h>
+#include <stdio.h>
+#include "mkv.h"
+
+/* Options every tool takes (samtools-style shared macro). Long-only ones
+ * use values above 0x100. */
+enum {
+    MKV_OPT_VERSION = 0x100,
+    MKV_OPT_THREADS,
+    MKV_OPT_DEVICE,
+    MKV_OPT_FIRST_TOOL = 0x200 /* tools number their own long options from here */
+};
+#define MKV_COMMON_SHORTOPTS "hqv"
+#define MKV_COMMON_LONGOPTS                                   \
+    {"help", no_argument, NULL, 'h'},                         \
+    {"quiet", no_argument, NULL, 'q'},                        \
+    {"verbose", no_argument, NULL, 'v'},                      \
+    {"version", no_argument, NULL, MKV_OPT_VERSION},          \
+    {"threads", required_argument, NULL, MKV_OPT_THREADS},    \
+    {"device", required_argument, NULL, MKV_OPT_DEVICE}
+
+#define MKV_COMMON_USAGE                                                        \
+    "Common options:\n"                                                         \
+    "  -h, --help           show this help and exit\n"                          \
+    "      --version        show version and build features, then exit\n"       \
+    "  -q, --quiet          only print errors\n"                                \
+    "  -v, --verbose        more messages (repeat for debug)\n"                 \
+    "      --threads N      worker threads (default: number of CPUs)\n"         \
+    "      --device D       auto, cpu or gpu (default auto)\n"
+
+typedef enum { MKV_DEVICE_AUTO = 0, MKV_DEVICE_CPU, MKV_DEVICE_GPU } mkv_device;
+
+typedef struct {
+    int verbosity;     /* starts at MKV_LOG_WARN */
+    int threads;       /* 0 = not given */
+    mkv_device device;
+} mkv_common_opts;
+
+void mkv_common_init(mkv_common_opts *c);
+/* Handle one of the common options. Returns 1 if handled, 0 if opt is not
+ * a common option, -1 on a bad value (message printed, caller exits 2).
+ * -h and --version are handled by the caller (they need usage()). */
+int mkv_common_option(mkv_common_opts *c, int opt, const char *arg);
+
+/* Number parsing for option values; on error print
+ * "PROG: invalid value 'ARG' for --NAME: reason" to stderr and return -1. */
+int mkv_parse_int(const char *arg, const char *name, long lo, long hi, long *out);
+int mkv_parse_double(const char *arg, const char *name, double lo, double hi, double *out);
+/* Sizes with an optional K, M, G (x1024) suffix: "64K" = 65536. */
+int mkv_parse_size(const char *arg, const char *name, int64_t lo, int64_t hi, int64_t *out);
+
+/* Print "PROG: message" + newline to stderr (for usage errors: exit 2). */
+void mkv_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Print "PROG: <err->msg>" to stderr. */
+void mkv_report(const mkv_error *err);
+
+/* --version: package version and build features, GPUs seen. */
+void mkv_print_version(FILE *fp);
+
+/* Number of CPUs available. */
+int mkv_ncpus(void);
+
+#endif

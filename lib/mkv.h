@@ -11,7 +11,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MKV_VERSION_STRING PACKAGE_VERSION
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 typedef enum {
     MKV_OK = 0,
@@ -44,4 +46,7 @@ void mkv_error_clear(mkv_error *err);
 /* Exit code a tool uses for a status: 0 ok, 2 usage, 1 everything else. */
 int mkv_exit_code(mkv_status code);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -621,7 +621,7 @@ int mkv_dump_write(mkv_dump_writer *w, int layer, char kind, int h0, int nh, int
     if (bad >= 0) {
         int64_t d = m->head_dim;
         return mkv_fail(err, MKV_EFORMAT, "%s: %s at [%" PRId64 ",%" PRId64 ",%" PRId64 "]", name,
-                        data[bad] != data[bad] ? "NaN" : "Inf", h0 + bad / (d * nt), t0 + bad / d % nt, bad % d);
+                        data[bad] != data[bad] ? "NaN" : data[bad] < 0 ? "-Inf" : "Inf", h0 + bad / (d * nt), t0 + bad / d % nt, bad % d);
     }
     void *buf = (void *)data;
     hid_t mtype = H5T_NATIVE_FLOAT;

@@ -209,6 +209,10 @@ int mkv_h5_create(const char *path, const char *protect, mkv_h5_out *out, mkv_er
         mkv_h5_discard(out);
         return mkv_fail_errno(err, MKV_EIO, e, "cannot create '%s'", path);
     }
+    /* mkstemp makes the file 0600; a dump should get the usual umask mode */
+    mode_t mask = umask(0);
+    umask(mask);
+    fchmod(fd, 0666 & ~mask);
     close(fd);
     track_temp(out->tmp_path);
     out->fid = H5Fcreate(out->tmp_path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);

@@ -58,16 +58,17 @@ static int check_attrs(hid_t fid, problems *p, mkv_dump_meta *m)
     }
     mkv_dump_meta_init(m);
     int bad = 0;
-    struct { const char *name; int *dst; } ints[] = {
-        {"n_layers", &m->n_layers}, {"n_heads", &m->n_heads},
-        {"n_kv_heads", &m->n_kv_heads}, {"head_dim", &m->head_dim},
+    /* the same limits mkv_dump_meta_check applies when a dump is opened */
+    struct { const char *name; int *dst; int64_t max; } ints[] = {
+        {"n_layers", &m->n_layers, 1000}, {"n_heads", &m->n_heads, 1000000},
+        {"n_kv_heads", &m->n_kv_heads, 1000000}, {"head_dim", &m->head_dim, 4096},
     };
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
         if (mkv_h5_attr_get_int(fid, ints[i].name, &v, &e)) {
             problem(p, "%s", e.msg);
             bad = 1;
-        } else if (v <= 0 || v > 1000000) {
-            problem(p, "attribute %s=%" PRId64 " must be positive", ints[i].name, v);
+        } else if (v <= 0 || v > ints[i].max) {
+            problem(p, "attribute %s=%" PRId64 " is out of range 1..%" PRId64, ints[i].name, v, ints[i].max);
             bad = 1;
         } else {
             *ints[i].dst = (int)v;
@@ -124,7 +125,7 @@ static void scan_values(hid_t ds, const char *name, mkv_dtype t, hsize_t dims[3]
     }
     uint64_t nonfinite = 0;
     int64_t first[3] = {0, 0, 0};
-    int first_nan = 0;
+    int first_nan = 0, first_neg = 0;
     for (hsize_t h = 0; h < dims[0]; h++)
         for (int64_t t0 = 0; t0 < (int64_t)dims[1]; t0 += block) {
             int64_t nt = (int64_t)dims[1] - t0 < block ? (int64_t)dims[1] - t0 : block;
@@ -141,13 +142,14 @@ static void scan_values(hid_t ds, const char *name, mkv_dtype t, hsize_t dims[3]
                         first[1] = t0 + (int64_t)(i / dims[2]);
                         first[2] = (int64_t)(i % dims[2]);
                         first_nan = isnan(buf[i]);
+                        first_neg = signbit(buf[i]) != 0;
                     }
                 }
         }
     free(buf);
     if (nonfinite)
         problem(p, "%s: %s at [%" PRId64 ",%" PRId64 ",%" PRId64 "] (%" PRIu64 " non-finite value%s)", name,
-                first_nan ? "NaN" : "Inf", first[0], first[1], first[2], nonfinite, nonfinite == 1 ? "" : "s");
+                first_nan ? "NaN" : first_neg ? "-Inf" : "Inf", first[0], first[1], first[2], nonfinite, nonfinite == 1 ? "" : "s");
 }
 
 /* Check /layers/NN/<kind>; returns 1 if its shape and type are right. */
@@ -247,12 +249,24 @@ int mkv_dump_validate(const char *path, mkv_problem_fn report, void *ctx, mkv_er
     problems p = {report, ctx, 0};
     mkv_dump_meta m;
     if (check_attrs(fid, &p, &m) == 0) {
+        /* T from /tokens when it is there, so one bad k dataset is blamed
+         * alone instead of every good one */
         int64_t T = -1, W = -1;
+        if (mkv_h5_has_link(fid, "/tokens")) {
+            hid_t ds = H5Dopen2(fid, "/tokens", H5P_DEFAULT);
+            hsize_t dims[3];
+            if (ds >= 0 && mkv_dump_dset_dims(ds, dims) == 1)
+                T = (int64_t)dims[0];
+            if (ds >= 0)
+                H5Dclose(ds);
+        }
         for (int l = 0; l < m.n_layers; l++) {
             check_tensor(fid, &m, l, 'k', &T, &p, 1);
             check_tensor(fid, &m, l, 'v', &T, &p, 1);
             check_tensor(fid, &m, l, 'q', &W, &p, 1);
         }
+        if (T == 0)
+            problem(&p, "the dump holds no tokens (T=0)");
         if (mkv_h5_has_link(fid, "/layers")) {
             const void *args[2] = {&m, &p};
             hid_t g = H5Gopen2(fid, "/layers", H5P_DEFAULT);

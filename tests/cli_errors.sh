@@ -1,0 +1,279 @@
+#!/bin/sh
+# Golden CLI test of mkv-analyze (and of mkv-capture's refusal to write
+# binary output to a terminal): for every bad input the exact stderr, the
+# exact stdout where there is one, and the exit status; then `stats` checked
+# against numpy on dumps written by h5py (tests/data_fixtures.py), which
+# shares no code with libmosaickv.
+#
+# Environment: top_builddir, top_srcdir (set by `make check`; default .),
+# PYTHON_H5PY (a python with h5py and numpy; default /usr/bin/python3).
+# Without h5py the cases that need its fixtures are skipped with a message;
+# without mkv-capture, the terminal case. Exit: 0 pass, 1 fail, 77 skip
+# (mkv-analyze not built).
+
+builddir=${top_builddir:-.}
+top_builddir=$(cd "$builddir" 2>/dev/null && pwd) || {
+    echo "SKIP: build directory '$builddir' does not exist"
+    exit 77
+}
+top_srcdir=$(cd "${top_srcdir:-.}" && pwd) || exit 1
+ANALYZE=$top_builddir/tools/mkv-analyze
+CAPTURE=$top_builddir/tools/mkv-capture
+PY=${PYTHON_H5PY:-/usr/bin/python3}
+FIXTURES=$top_srcdir/tests/data_fixtures.py
+
+if [ ! -x "$ANALYZE" ]; then
+    echo "SKIP: $ANALYZE is not built"
+    exit 77
+fi
+if "$PY" -c 'import h5py, numpy' 2>/dev/null; then
+    have_h5py=1
+else
+    have_h5py=0
+    echo "SKIP: cases needing h5py fixtures (no python with h5py and numpy; set PYTHON_H5PY)"
+fi
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/cli_errors.XXXXXX") || exit 1
+trap 'rm -rf "$tmp"' EXIT
+trap 'exit 1' HUP INT TERM
+# Files are named relative to here, as a user would type them.
+cd "$tmp" || exit 1
+
+fixture() { "$PY" "$FIXTURES" "$@" || { echo "FAIL: data_fixtures.py $*"; exit 1; }; }
+
+passed=0
+failed=0
+
+# expect NAME STATUS STDOUT STDERR CMD [ARG...]
+# Run CMD with stdin from $STDIN (default /dev/null) and compare its exit
+# status, stdout and stderr with the expectations. STDOUT and STDERR are the
+# exact text without the final newline ('' = nothing at all), or '*' for
+# "anything" (stdout) / "some message" (stderr: must not be empty).
+expect() {
+    name=$1 want_status=$2 want_out=$3 want_err=$4
+    shift 4
+    "$@" <"${STDIN:-/dev/null}" >got.out 2>got.err
+    status=$?
+    ok=1
+    if [ "$status" -ne "$want_status" ]; then
+        echo "FAIL: $name: exit status $status, expected $want_status ($*)"
+        ok=0
+    fi
+    for stream in out err; do
+        if [ "$stream" = out ]; then want=$want_out; else want=$want_err; fi
+        if [ "$want" = '*' ]; then
+            if [ "$stream" = err ] && [ ! -s got.err ]; then
+                echo "FAIL: $name: expected a message on stderr, got none"
+                ok=0
+            fi
+            continue
+        fi
+        if [ -n "$want" ]; then printf '%s\n' "$want" >want.$stream; else : >want.$stream; fi
+        if ! cmp -s want.$stream got.$stream; then
+            echo "FAIL: $name: std$stream differs (--- expected, +++ got):"
+            diff -u want.$stream got.$stream | sed '1,2d; s/^/    /'
+            ok=0
+        fi
+    done
+    if [ $ok = 1 ]; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1))
+    fi
+}
+
+E=mkv-analyze
+A=$ANALYZE
+
+# ---------------------------------------------------------------- fixtures
+: >empty.h5
+printf 'layer\thead\nnot an HDF5 file\n' >notes.txt
+# A valid dump of known shape: written by h5py (independent of our writer)
+# or, without h5py, by mkv-capture.
+if [ $have_h5py = 1 ]; then
+    fixture valid good.h5 --layers 2 --heads 4 --kv-heads 2 --head-dim 32 --tokens 40 --queries 3
+    fixture foreign foreign.h5
+    for defect in version format no-head-dim shape nan inf query-pos; do
+        fixture corrupt good.h5 $defect.h5 $defect
+    done
+elif [ -x "$CAPTURE" ]; then
+    "$CAPTURE" --synthetic --layers 2 --heads 4 --kv-heads 2 --head-dim 32 --tokens 40 \
+        --queries 3 -o good.h5 || { echo "FAIL: mkv-capture --synthetic"; exit 1; }
+fi
+if [ -f good.h5 ]; then
+    size=$(wc -c <good.h5)
+    head -c $((size / 2)) good.h5 >cut.h5
+else
+    echo "SKIP: cases needing a valid dump (neither h5py nor mkv-capture)"
+fi
+
+# ---------------------------------------------------------------- unreadable files
+for cmd in check info stats; do
+    expect "$cmd missing file" 1 '' "$E: cannot open 'nope.h5': No such file or directory" $A $cmd nope.h5
+    expect "$cmd directory" 1 '' "$E: cannot open '.': Is a directory" $A $cmd .
+    expect "$cmd empty file" 1 '' "$E: 'empty.h5' is empty" $A $cmd empty.h5
+    expect "$cmd not HDF5" 1 '' "$E: 'notes.txt' is not an HDF5 file" $A $cmd notes.txt
+    STDIN=empty.h5 expect "$cmd empty stdin" 1 '' "$E: standard input is empty" $A $cmd -
+    STDIN=notes.txt expect "$cmd stdin not HDF5" 1 '' "$E: standard input is not an HDF5 file" $A $cmd -
+    if [ -f cut.h5 ]; then
+        expect "$cmd truncated" 1 '' "$E: 'cut.h5' is truncated or damaged" $A $cmd cut.h5
+        STDIN=cut.h5 expect "$cmd truncated stdin" 1 '' \
+            "$E: standard input is a truncated or damaged HDF5 file" $A $cmd -
+    fi
+done
+
+# ---------------------------------------------------------------- usage errors: one line, exit 2
+expect "no command" 2 '' "$E: expected a command (check, info or stats); try '$E --help'" $A
+expect "unknown command" 2 '' "$E: unknown command 'frob'; try '$E --help'" $A frob good.h5
+expect "option before command" 2 '' "$E: expected a command before '-q'; try '$E --help'" \
+    $A -q check good.h5
+for cmd in check info stats; do
+    expect "$cmd missing FILE" 2 '' "$E: missing FILE; try '$E $cmd --help'" $A $cmd
+    expect "$cmd unknown long option" 2 '' "$E: unknown option '--bogus'; try '$E $cmd --help'" \
+        $A $cmd --bogus good.h5
+    expect "$cmd unknown short option" 2 '' "$E: unknown option '-x'; try '$E $cmd --help'" \
+        $A $cmd -x good.h5
+    expect "$cmd flag given a value" 2 '' "$E: option '--quiet' takes no value; try '$E $cmd --help'" \
+        $A $cmd --quiet=1 good.h5
+    expect "$cmd bad --threads" 2 '' "$E: invalid value '0' for --threads: must be in 1..1024" \
+        $A $cmd --threads 0 good.h5
+    expect "$cmd bad --device" 2 '' \
+        "$E: invalid value 'tpu' for --device: expected auto, cpu or gpu" $A $cmd --device tpu good.h5
+    expect "$cmd -h" 0 '*' '' $A $cmd -h
+    expect "$cmd --help after FILE" 0 '*' '' $A $cmd good.h5 --help
+done
+for cmd in info stats; do
+    expect "$cmd two files" 2 '' "$E: too many operands ('good.h5' after FILE); try '$E $cmd --help'" \
+        $A $cmd good.h5 good.h5
+done
+expect "stats --outlier-factor -1" 2 '' \
+    "$E: invalid value '-1' for --outlier-factor: must be in 1..1e+06" $A stats --outlier-factor -1 good.h5
+expect "stats --outlier-factor 0.5" 2 '' \
+    "$E: invalid value '0.5' for --outlier-factor: must be in 1..1e+06" $A stats --outlier-factor 0.5 good.h5
+expect "stats --outlier-factor abc" 2 '' \
+    "$E: invalid value 'abc' for --outlier-factor: not a number" $A stats --outlier-factor abc good.h5
+expect "stats --outlier-factor nan" 2 '' \
+    "$E: invalid value 'nan' for --outlier-factor: not a number" $A stats --outlier-factor nan good.h5
+expect "stats --outlier-factor without value" 2 '' \
+    "$E: option '--outlier-factor' needs a value; try '$E stats --help'" $A stats good.h5 --outlier-factor
+expect "-h" 0 '*' '' $A -h
+expect "--help" 0 '*' '' $A --help
+expect "--version" 0 '*' '' $A --version
+
+# ---------------------------------------------------------------- binary output to a terminal
+# script(1) gives the command a pseudo-terminal as stdout (and stderr: the
+# two arrive merged, with CR LF line ends).
+if [ ! -x "$CAPTURE" ]; then
+    echo "SKIP: output to a terminal ($CAPTURE is not built)"
+elif ! command -v script >/dev/null 2>&1; then
+    echo "SKIP: output to a terminal (no script(1) to make one)"
+else
+    script -qec "'$CAPTURE' --synthetic -o -" /dev/null </dev/null >tty.raw 2>&1
+    status=$?
+    tr -d '\r' <tty.raw >tty.out
+    printf '%s\n' "mkv-capture: refusing to write binary output to a terminal (use -o FILE or a pipe)" >tty.want
+    if [ $status -eq 2 ] && cmp -s tty.want tty.out; then
+        passed=$((passed + 1))
+    else
+        echo "FAIL: mkv-capture -o - to a terminal: exit status $status, expected 2; output:"
+        diff -u tty.want tty.out | sed '1,2d; s/^/    /'
+        failed=$((failed + 1))
+    fi
+fi
+
+# ---------------------------------------------------------------- a valid dump
+if [ -f good.h5 ]; then
+    expect "check valid" 0 'good.h5: ok' '' $A check good.h5
+    expect "check valid -q" 0 '' '' $A check -q good.h5
+    STDIN=good.h5 expect "check valid stdin" 0 '(stdin): ok' '' $A check -
+    expect "info valid" 0 '*' '' $A info good.h5
+    expect "stats valid" 0 '*' '' $A stats good.h5
+    STDIN=good.h5 expect "stats from stdin" 0 "$("$A" stats good.h5)" '' $A stats -
+fi
+
+# Everything below needs the h5py fixtures.
+if [ $have_h5py = 0 ]; then
+    echo "cli_errors: $passed passed, $failed failed"
+    [ $failed -eq 0 ]
+    exit
+fi
+
+# ---------------------------------------------------------------- check: one line per problem
+expect "check foreign HDF5" 1 'foreign.h5: not a mosaickv dump: no mkv_format attribute' '' \
+    $A check foreign.h5
+expect "check other mkv_format" 1 \
+    "format.h5: mkv_format is 'mosaickv-compressed', expected 'mosaickv-dump'" '' $A check format.h5
+expect "check wrong version" 1 \
+    'version.h5: unsupported mkv_version 2 (this build reads version 1)' '' $A check version.h5
+expect "check missing attribute" 1 "no-head-dim.h5: missing attribute 'head_dim'" '' \
+    $A check no-head-dim.h5
+expect "check shape mismatch" 1 \
+    'shape.h5: /layers/01/k: shape [2,39,32] does not match n_kv_heads=2, T=40, head_dim=32' '' \
+    $A check shape.h5
+expect "check NaN in k" 1 'nan.h5: /layers/00/k: NaN at [0,5,3] (1 non-finite value)' '' \
+    $A check nan.h5
+expect "check Inf in v" 1 'inf.h5: /layers/01/v: -Inf at [1,2,0] (1 non-finite value)' '' \
+    $A check inf.h5
+expect "check query_pos out of range" 1 \
+    'query-pos.h5: /query_pos: position 40 at index 2 is outside 0..39' '' $A check query-pos.h5
+# Several files: every one is checked, unreadable ones on stderr, status 1.
+expect "check several files" 1 "good.h5: ok
+nan.h5: /layers/00/k: NaN at [0,5,3] (1 non-finite value)" \
+    "$E: cannot open 'nope.h5': No such file or directory" $A check good.h5 nope.h5 nan.h5
+
+# ---------------------------------------------------------------- info and stats: stderr, nothing on stdout
+for cmd in info stats; do
+    expect "$cmd foreign HDF5" 1 '' \
+        "$E: 'foreign.h5' is not a mosaickv dump (no mkv_format attribute)" $A $cmd foreign.h5
+    expect "$cmd other mkv_format" 1 '' \
+        "$E: 'format.h5' is not a raw KV dump (mkv_format is 'mosaickv-compressed', expected 'mosaickv-dump')" \
+        $A $cmd format.h5
+    expect "$cmd wrong version" 1 '' \
+        "$E: 'version.h5': unsupported mkv_version 2 (this build reads version 1)" $A $cmd version.h5
+    expect "$cmd shape mismatch" 1 '' \
+        "$E: 'shape.h5': /layers/01/k has shape [2,39,32], expected [2,40,32] (n_kv_heads, T, head_dim)" \
+        $A $cmd shape.h5
+done
+# stats reads every value: no partial table before the error.
+expect "stats NaN in k" 1 '' "$E: 'nan.h5': /layers/00/k: NaN at [0,5,3]" $A stats nan.h5
+expect "stats -Inf in v" 1 '' "$E: 'inf.h5': /layers/01/v: -Inf at [1,2,0]" $A stats inf.h5
+
+# ---------------------------------------------------------------- stats against numpy
+# compare_stats NAME FACTOR DUMP: mkv-analyze stats against numpy within 1e-5.
+compare_stats() {
+    if "$A" stats --outlier-factor "$2" "$3" >stats.tsv 2>stats.err &&
+        "$PY" "$FIXTURES" compare-stats "$3" stats.tsv "$2" >compare.out 2>&1; then
+        passed=$((passed + 1))
+    else
+        echo "FAIL: stats vs numpy: $1"
+        sed 's/^/    /' stats.err compare.out
+        failed=$((failed + 1))
+    fi
+}
+compare_stats "float32" 4 good.h5
+fixture valid f16.h5 --dtype float16 --layers 1 --kv-heads 2 --heads 2 --head-dim 16 \
+    --tokens 5000 --queries 0 --seed 7
+# 5000 tokens span two of stats' 4096-token chunks: exercises the merge.
+compare_stats "float16, 5000 tokens, factor 2.5" 2.5 f16.h5
+fixture valid bf16.h5 --dtype bfloat16 --outlier-channels 3,17 --seed 3
+compare_stats "bfloat16 with planted outliers" 4 bf16.h5
+# Channels 3 and 17 of every key head were scaled 20x, the rest are
+# N(mu, 1): exactly 2 outliers per key head and none per value head.
+"$A" stats bf16.h5 >bf16.tsv 2>/dev/null
+wrong=$(awk -F'\t' 'NR > 1 && !(($3 == "k" && $10 == 2) || ($3 == "v" && $10 == 0))' bf16.tsv)
+rows=$(awk 'END { print NR - 1 }' bf16.tsv)
+if [ -z "$wrong" ] && [ "$rows" -eq 8 ]; then
+    passed=$((passed + 1))
+else
+    echo "FAIL: planted outliers: expected 2 per key head, 0 per value head, 8 rows; got:"
+    sed 's/^/    /' bf16.tsv
+    failed=$((failed + 1))
+fi
+if [ -x "$CAPTURE" ] && "$CAPTURE" --synthetic -o synthetic.h5 >/dev/null 2>capture.err; then
+    compare_stats "mkv-capture --synthetic dump" 4 synthetic.h5
+else
+    echo "SKIP: stats vs numpy on a synthetic dump (mkv-capture --synthetic unavailable)"
+fi
+
+echo "cli_errors: $passed passed, $failed failed"
+[ $failed -eq 0 ]

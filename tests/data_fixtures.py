@@ -1,0 +1,235 @@
+"""Dumps for the CLI tests, written and checked with h5py + numpy only.
+
+The point is independence from libmosaickv: valid dumps are written here
+straight from DESIGN.md section 4, corruptions are applied with h5py, and
+`compare-stats` recomputes `mkv-analyze stats` with numpy.
+
+  data_fixtures.py valid OUT [--dtype float32|float16|bfloat16] [--layers L]
+                   [--heads H] [--kv-heads KH] [--head-dim D] [--tokens T]
+                   [--queries W] [--seed S] [--outlier-channels 3,17]
+  data_fixtures.py corrupt IN OUT DEFECT     (DEFECT: see DEFECTS below)
+  data_fixtures.py foreign OUT               (an HDF5 file that is not a dump)
+  data_fixtures.py compare-stats DUMP TSV FACTOR
+"""
+import argparse
+import shutil
+import sys
+
+import h5py
+import numpy as np
+
+
+def write_float(group, name, x, dtype):
+    """Store float64 data x as float32, float16 or bfloat16 (uint16 + attr)."""
+    opts = dict(chunks=(x.shape[0], min(x.shape[1], 16), x.shape[2]) if x.shape[1] else None,
+                compression="gzip" if x.shape[1] else None)
+    if dtype == "bfloat16":
+        bits = x.astype(np.float32).view(np.uint32)
+        # round to nearest even on the upper 16 bits (no NaN in fixtures)
+        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+        ds = group.create_dataset(name, data=rounded, **opts)
+        ds.attrs["dtype"] = "bfloat16"
+    else:
+        group.create_dataset(name, data=x.astype(dtype), **opts)
+
+
+def read_float(ds):
+    """A float dataset of a dump as float64, decoding bfloat16."""
+    if ds.attrs.get("dtype") == "bfloat16":
+        return (ds[()].astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return ds[()].astype(np.float64)
+
+
+def cmd_valid(a):
+    rng = np.random.default_rng(a.seed)
+    T, W, D = a.tokens, a.queries, a.head_dim
+    outliers = [int(c) for c in a.outlier_channels.split(",")] if a.outlier_channels else []
+    with h5py.File(a.out, "w") as f:
+        f.attrs["mkv_format"] = "mosaickv-dump"
+        f.attrs["mkv_version"] = np.int64(1)
+        f.attrs["model"] = "fixture"
+        f.attrs["n_layers"] = np.int64(a.layers)
+        f.attrs["n_heads"] = np.int64(a.heads)
+        f.attrs["n_kv_heads"] = np.int64(a.kv_heads)
+        f.attrs["head_dim"] = np.int64(D)
+        f.attrs["rope_theta"] = 10000.0
+        f.attrs["k_rope"] = "post"
+        f.attrs["source"] = "import"
+        f.attrs["created_by"] = "tests/data_fixtures.py"
+        f.create_dataset("tokens", data=rng.integers(0, 512, T, dtype=np.int32))
+        f.create_dataset("query_pos", data=np.linspace(T // 2, T - 1, W).astype(np.int32))
+        for layer in range(a.layers):
+            g = f.create_group(f"layers/{layer:02d}")
+            # a per-layer offset so the mean is not ~0 everywhere
+            k = rng.normal(0.1 * layer, 1.0, (a.kv_heads, T, D))
+            k[:, :, outliers] *= 20.0
+            v = rng.normal(0.0, 0.5, (a.kv_heads, T, D)) * rng.uniform(0.5, 2.0, (1, T, 1))
+            q = rng.normal(0.0, 1.0, (a.heads, W, D))
+            write_float(g, "k", k, a.dtype)
+            write_float(g, "v", v, a.dtype)
+            write_float(g, "q", q, a.dtype)
+
+
+# Each defect rewrites IN (copied to OUT) with h5py.
+def defect_version(f):
+    f.attrs["mkv_version"] = np.int64(2)
+
+
+def defect_format(f):
+    f.attrs["mkv_format"] = "mosaickv-compressed"
+
+
+def defect_no_head_dim(f):
+    del f.attrs["head_dim"]
+
+
+def defect_shape(f):
+    """k of the last layer loses its last token."""
+    name = "layers/%02d/k" % (f.attrs["n_layers"] - 1)
+    k = f[name][()]
+    attrs = dict(f[name].attrs)
+    del f[name]
+    ds = f.create_dataset(name, data=k[:, :-1, :])
+    ds.attrs.update(attrs)
+
+
+def defect_nan(f):
+    k = f["layers/00/k"]
+    x = k[()]
+    x[0, 5, 3] = np.nan if k.dtype.kind == "f" else 0x7FC0  # bfloat16 quiet NaN
+    k[...] = x
+
+
+def defect_inf(f):
+    v = f["layers/01/v"]
+    x = v[()]
+    x[1, 2, 0] = -np.inf if v.dtype.kind == "f" else 0xFF80  # bfloat16 -inf
+    v[...] = x
+
+
+def defect_query_pos(f):
+    qp = f["query_pos"]
+    x = qp[()]
+    x[-1] = f["tokens"].shape[0] if "tokens" in f else f["layers/00/k"].shape[1]
+    qp[...] = x
+
+
+DEFECTS = {
+    "version": defect_version,
+    "format": defect_format,
+    "no-head-dim": defect_no_head_dim,
+    "shape": defect_shape,
+    "nan": defect_nan,
+    "inf": defect_inf,
+    "query-pos": defect_query_pos,
+}
+
+
+def cmd_corrupt(a):
+    shutil.copyfile(a.src, a.out)
+    with h5py.File(a.out, "r+") as f:
+        DEFECTS[a.defect](f)
+
+
+def cmd_foreign(a):
+    """Looks like someone's model weights: HDF5, but no mkv_format."""
+    with h5py.File(a.out, "w") as f:
+        f.attrs["framework"] = "keras"
+        f.create_dataset("dense/kernel", data=np.ones((4, 3), dtype=np.float32))
+
+
+def expected_stats(path, factor):
+    """numpy's own rows: {(layer, head, tensor): (tokens, mean, std, absmax,
+    rms_median, rms_max, outlier range)}."""
+    rows = {}
+    with h5py.File(path, "r") as f:
+        for layer in range(int(f.attrs["n_layers"])):
+            for tensor in "kv":
+                x = read_float(f["layers/%02d/%s" % (layer, tensor)])
+                for head in range(x.shape[0]):
+                    h = x[head]                          # [T, D]
+                    rms = np.sqrt(np.mean(h * h, axis=0))
+                    median = np.median(rms)
+                    # a channel within rounding of the threshold may go either way
+                    lo = int(np.sum(rms > factor * median * (1 + 1e-9)))
+                    hi = int(np.sum(rms > factor * median * (1 - 1e-9)))
+                    rows[(layer, head, tensor)] = (h.shape[0], h.mean(), h.std(),
+                                                   np.abs(h).max(), median, rms.max(), (lo, hi))
+    return rows
+
+
+def close(got, want, scale):
+    return abs(got - want) <= 1e-5 * max(abs(want), scale)
+
+
+def cmd_compare_stats(a):
+    expected = expected_stats(a.dump, a.factor)
+    with open(a.tsv) as fp:
+        lines = fp.read().splitlines()
+    header = ["layer", "head", "tensor", "tokens", "mean", "std", "absmax",
+              "rms_median", "rms_max", "outlier_channels"]
+    bad = []
+    if not lines or lines[0].split("\t") != header:
+        bad.append("header is %r, expected %r" % (lines[0] if lines else "", "\t".join(header)))
+    seen = set()
+    for line in lines[1:]:
+        c = line.split("\t")
+        key = (int(c[0]), int(c[1]), c[2])
+        if key not in expected:
+            bad.append("unexpected row %r" % line)
+            continue
+        seen.add(key)
+        tokens, mean, std, absmax, med, rmax, (lo, hi) = expected[key]
+        got = [float(x) for x in c[4:9]]
+        checks = [("tokens", int(c[3]) == tokens, tokens),
+                  # the mean may be ~0: compare it on the scale of the spread
+                  ("mean", close(got[0], mean, 1e-6 * std), mean),
+                  ("std", close(got[1], std, 0.0), std),
+                  ("absmax", close(got[2], absmax, 0.0), absmax),
+                  ("rms_median", close(got[3], med, 0.0), med),
+                  ("rms_max", close(got[4], rmax, 0.0), rmax),
+                  ("outlier_channels", lo <= int(c[9]) <= hi, lo)]
+        for name, ok, want in checks:
+            if not ok:
+                bad.append("layer %d head %d %s: %s is %s, numpy says %r" %
+                           (key[0], key[1], key[2], name, c[header.index(name)], want))
+    for key in sorted(set(expected) - seen):
+        bad.append("missing row for layer %d head %d %s" % key)
+    for b in bad:
+        print("compare-stats: %s" % b, file=sys.stderr)
+    if not bad:
+        print("compare-stats: %d rows match numpy" % len(seen))
+    return 1 if bad else 0
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    v = sub.add_parser("valid")
+    v.add_argument("out")
+    v.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    v.add_argument("--layers", type=int, default=2)
+    v.add_argument("--heads", type=int, default=4)
+    v.add_argument("--kv-heads", type=int, default=2)
+    v.add_argument("--head-dim", type=int, default=32)
+    v.add_argument("--tokens", type=int, default=40)
+    v.add_argument("--queries", type=int, default=3)
+    v.add_argument("--seed", type=int, default=1)
+    v.add_argument("--outlier-channels", default="")
+    c = sub.add_parser("corrupt")
+    c.add_argument("src")
+    c.add_argument("out")
+    c.add_argument("defect", choices=sorted(DEFECTS))
+    fo = sub.add_parser("foreign")
+    fo.add_argument("out")
+    s = sub.add_parser("compare-stats")
+    s.add_argument("dump")
+    s.add_argument("tsv")
+    s.add_argument("factor", type=float)
+    a = p.parse_args()
+    return {"valid": cmd_valid, "corrupt": cmd_corrupt, "foreign": cmd_foreign,
+            "compare-stats": cmd_compare_stats}[a.cmd](a) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

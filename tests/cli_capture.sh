@@ -1,0 +1,216 @@
+#!/bin/sh
+# Golden CLI test of mkv-capture: a small synthetic dump written to a file
+# and through a pipe, byte-identical for the same seed (cmp), different for
+# another; the exact stderr and exit status of each misuse; and, with h5py
+# (an HDF5 reader that shares no code with libmosaickv), the layout and
+# attributes of DESIGN.md section 4 and the planted statistics recomputed
+# in numpy.
+#
+# Environment: top_builddir, top_srcdir (set by `make check`; default .),
+# PYTHON_H5PY (a python with h5py and numpy; default /usr/bin/python3).
+# Exit: 0 pass, 1 fail, 77 skip (mkv-capture not built).
+
+top_builddir=$(cd "${top_builddir:-.}" && pwd)
+top_srcdir=$(cd "${top_srcdir:-.}" && pwd)
+CAPTURE=$top_builddir/tools/mkv-capture
+ANALYZE=$top_builddir/tools/mkv-analyze
+PY=${PYTHON_H5PY:-/usr/bin/python3}
+
+if [ ! -x "$CAPTURE" ]; then
+    echo "SKIP: $CAPTURE is not built"
+    exit 77
+fi
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/cli_capture.XXXXXX") || exit 1
+trap 'rm -rf "$tmp"' EXIT
+trap 'exit 1' HUP INT TERM
+cd "$tmp" || exit 1
+
+passed=0
+failed=0
+pass() { passed=$((passed + 1)); }
+fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
+
+# expect NAME STATUS STDERR CMD [ARG...]
+# Run CMD (stdin /dev/null, stdout to got.out) and compare its exit status
+# and its stderr (exact text without the final newline; '' = nothing).
+expect() {
+    name=$1 want_status=$2 want_err=$3
+    shift 3
+    "$@" </dev/null >got.out 2>got.err
+    status=$?
+    ok=1
+    if [ "$status" -ne "$want_status" ]; then
+        echo "FAIL: $name: exit status $status, expected $want_status ($*)"
+        ok=0
+    fi
+    if [ -n "$want_err" ]; then printf '%s\n' "$want_err" >want.err; else : >want.err; fi
+    if ! cmp -s want.err got.err; then
+        echo "FAIL: $name: stderr differs (--- expected, +++ got):"
+        diff -u want.err got.err | sed '1,2d; s/^/    /'
+        ok=0
+    fi
+    if [ $ok = 1 ]; then pass; else failed=$((failed + 1)); fi
+}
+
+SMALL="--synthetic --layers 2 --heads 4 --kv-heads 2 --head-dim 32 --tokens 300 --queries 6 --seed 5"
+
+# ---------------------------------------------------------------- output
+expect "write a file" 0 '' "$CAPTURE" $SMALL -o a.h5
+expect "write again" 0 '' "$CAPTURE" $SMALL -o b.h5
+if cmp -s a.h5 b.h5; then pass; else fail "same seed, different files"; fi
+
+# stdout through a pipe (an in-memory image written at the end)
+if "$CAPTURE" $SMALL -o - 2>pipe.err | cat >pipe.h5 && [ ! -s pipe.err ]; then pass
+else fail "writing to a pipe: $(cat pipe.err)"; fi
+if cmp -s a.h5 pipe.h5; then pass; else fail "the pipe gave other bytes than the file"; fi
+
+expect "another seed" 0 '' "$CAPTURE" $SMALL --seed 6 -o c.h5
+if cmp -s a.h5 c.h5; then fail "seeds 5 and 6 gave the same file"; else pass; fi
+
+# the model parameters of the synthetic_params attribute are accepted back
+expect "--param" 0 '' "$CAPTURE" $SMALL --param 'rank=4 noise=0.05' --param attn_mass=0.9 -o p.h5
+
+expect "--help" 0 '' "$CAPTURE" --help
+if head -n 1 got.out | grep -q '^Usage: mkv-capture --synthetic'; then pass
+else fail "--help: unexpected first line: $(head -n 1 got.out)"; fi
+expect "--version" 0 '' "$CAPTURE" --version
+if head -n 1 got.out | grep -q '^mkv-capture (mosaickv) [0-9]'; then pass
+else fail "--version: unexpected first line: $(head -n 1 got.out)"; fi
+
+if [ -x "$ANALYZE" ]; then
+    if "$CAPTURE" $SMALL -o - | "$ANALYZE" check - >check.out 2>&1 &&
+       [ "$(cat check.out)" = "(stdin): ok" ]; then pass
+    else fail "mkv-capture -o - | mkv-analyze check -: $(cat check.out)"; fi
+fi
+
+# ---------------------------------------------------------------- misuse
+P=mkv-capture
+TRY="; try '$P --help'"
+expect "unknown option" 2 "$P: unknown option '--frobnicate'$TRY" "$CAPTURE" --frobnicate
+expect "unknown short option" 2 "$P: unknown option '-x'$TRY" "$CAPTURE" -x
+expect "-o without a value" 2 "$P: option '-o' needs a value$TRY" "$CAPTURE" --synthetic -o
+expect "flag given a value" 2 "$P: option '--synthetic' takes no value$TRY" "$CAPTURE" --synthetic=yes -o x.h5
+expect "no mode" 2 "$P: nothing to do: give --synthetic or --import SRC$TRY" "$CAPTURE" -o x.h5
+expect "two modes" 2 "$P: --synthetic and --import exclude each other$TRY" "$CAPTURE" --synthetic --import a.npy -o x.h5
+expect "missing -o" 2 "$P: missing -o FILE (use '-o -' for stdout)$TRY" "$CAPTURE" --synthetic
+expect "operand" 2 "$P: unexpected operand 'model.bin'$TRY" "$CAPTURE" --synthetic -o x.h5 model.bin
+expect "--tokens 0" 2 "$P: invalid value '0' for --tokens: must be in 1..2147483647" "$CAPTURE" --synthetic --tokens 0 -o x.h5
+expect "--tokens abc" 2 "$P: invalid value 'abc' for --tokens: expected a number with an optional K, M or G suffix" "$CAPTURE" --synthetic --tokens abc -o x.h5
+expect "--heads 6 --kv-heads 4" 2 "$P: --heads 6 is not a multiple of --kv-heads 4" "$CAPTURE" --synthetic --heads 6 --kv-heads 4 -o x.h5
+expect "--dtype f8" 2 "$P: invalid value 'f8' for --dtype: expected f32, f16 or bf16" "$CAPTURE" --synthetic --dtype f8 -o x.h5
+expect "--deflate 10" 2 "$P: invalid value '10' for --deflate: must be in 0..9" "$CAPTURE" --synthetic --deflate 10 -o x.h5
+expect "odd --head-dim" 2 "$P: --head-dim 7 must be even: RoPE rotates channel pairs" "$CAPTURE" --synthetic --head-dim 7 -o x.h5
+expect "queries > tokens" 2 "$P: --queries 5120 is more than --tokens 4096" "$CAPTURE" --synthetic --tokens 4K --queries 5K -o x.h5
+expect "--layers 0" 2 "$P: invalid value '0' for --layers: must be in 1..1000" "$CAPTURE" --synthetic --layers 0 -o x.h5
+expect "--seed -1" 2 "$P: invalid value '-1' for --seed: expected an integer in 0..18446744073709551615" "$CAPTURE" --synthetic --seed -1 -o x.h5
+expect "--rope-theta 0" 2 "$P: invalid value '0' for --rope-theta: must be in 1..1e+12" "$CAPTURE" --synthetic --rope-theta 0 -o x.h5
+expect "--param without =" 2 "$P: invalid value 'rank' for --param: expected KEY=VALUE" "$CAPTURE" --synthetic --param rank -o x.h5
+expect "--param out of range" 2 "$P: --param: attn_mass=1 must be in (0, 1)" "$CAPTURE" --synthetic --param attn_mass=1 -o x.h5
+expect "--param unknown" 2 "$P: --param: unknown synthetic parameter 'colour' (known: seed, rank, noise, outliers, outlier_scale, region_len, region_sigma, value_sigma, targets, sink, recent_window, salience, query_content, attn_mass)" "$CAPTURE" --synthetic --param colour=red -o x.h5
+expect "--format with --synthetic" 2 "$P: --format is not an option of --synthetic$TRY" "$CAPTURE" --synthetic --format npy -o x.h5
+expect "--tokens with --import" 2 "$P: --tokens is not an option of --import$TRY" "$CAPTURE" --import a.npy --tokens 5 -o x.h5
+expect "--format bad" 2 "$P: invalid value 'hdf' for --format: expected auto, safetensors, vllm or npy" "$CAPTURE" --import a.npy --format hdf -o x.h5
+expect "--k-rope bad" 2 "$P: invalid value 'mid' for --k-rope: expected post or pre" "$CAPTURE" --import a.npy --k-rope mid -o x.h5
+expect "missing import source" 1 "$P: cannot open 'missing.npy': No such file or directory" "$CAPTURE" --import missing.npy -o x.h5
+expect "unwritable directory" 1 "$P: cannot create 'no-such-dir/x.h5': No such file or directory" "$CAPTURE" --synthetic -o no-such-dir/x.h5
+if [ -e x.h5 ]; then fail "a failed run left x.h5 behind"; else pass; fi
+
+# binary output to a terminal (needs script(1) for a pseudo-terminal)
+if command -v script >/dev/null 2>&1 &&
+   script -qec "'$CAPTURE' --synthetic --tokens 16 -o - 2>tty.err" /dev/null >/dev/null 2>&1
+then
+    fail "binary output to a terminal was not refused"
+elif [ -f tty.err ]; then
+    if [ "$(cat tty.err)" = "$P: refusing to write binary output to a terminal (use -o FILE or a pipe)" ]
+    then pass; else fail "terminal: unexpected message: $(cat tty.err)"; fi
+else
+    echo "note: no script(1) or no pseudo-terminal: terminal refusal not tested"
+fi
+
+# ---------------------------------------------------------------- h5py
+if "$PY" -c 'import h5py, numpy' 2>/dev/null; then
+    expect "bf16, no deflate, chunk 100" 0 '' "$CAPTURE" $SMALL --dtype bf16 --deflate 0 --chunk 100 -o bf.h5
+    if "$PY" - a.h5 bf.h5 <<'EOF'
+import sys
+import h5py
+import numpy as np
+
+def fail(msg):
+    print("FAIL: h5py: " + msg)
+    sys.exit(1)
+
+def check(path, dtype, compressed, chunk):
+    f = h5py.File(path, "r")
+    a = f.attrs
+    want = {"mkv_format": "mosaickv-dump", "mkv_version": 1, "model": "synthetic",
+            "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "head_dim": 32,
+            "rope_theta": 10000.0, "k_rope": "post", "source": "synthetic"}
+    for k, v in want.items():
+        if k not in a:
+            fail("%s: missing attribute %s" % (path, k))
+        got = a[k].decode() if isinstance(a[k], bytes) else a[k]
+        if got != v:
+            fail("%s: %s = %r, expected %r" % (path, k, got, v))
+    for k in ("mkv_version", "n_layers", "n_heads", "n_kv_heads", "head_dim"):
+        if not np.issubdtype(np.asarray(a[k]).dtype, np.integer):
+            fail("%s: %s is not an integer" % (path, k))
+    if not np.issubdtype(np.asarray(a["rope_theta"]).dtype, np.floating):
+        fail("rope_theta is not a float")
+    cb = a["created_by"]
+    cb = cb.decode() if isinstance(cb, bytes) else cb
+    if not cb.startswith("mosaickv") or ":" in cb:
+        fail("created_by %r (no timestamps allowed)" % cb)
+    if "tokens" in f:
+        fail("a synthetic dump has /tokens")
+    qp = f["query_pos"]
+    if qp.dtype != np.int32 or list(qp[:]) != list(range(294, 300)):
+        fail("query_pos %r %r" % (qp.dtype, qp[:]))
+    for l in range(2):
+        for kind, shape in (("k", (2, 300, 32)), ("v", (2, 300, 32)), ("q", (4, 6, 32))):
+            ds = f["layers/%02d/%s" % (l, kind)]
+            if ds.shape != shape:
+                fail("%s: shape %r, expected %r" % (ds.name, ds.shape, shape))
+            if ds.dtype != dtype:
+                fail("%s: dtype %r, expected %r" % (ds.name, ds.dtype, dtype))
+            if dtype == np.uint16 and ds.attrs.get("dtype") not in ("bfloat16", b"bfloat16"):
+                fail("%s: uint16 without dtype=bfloat16" % ds.name)
+            if (ds.compression == "gzip") != compressed:
+                fail("%s: compression %r" % (ds.name, ds.compression))
+            if kind != "q" and ds.chunks != (1, chunk, 32):
+                fail("%s: chunks %r" % (ds.name, ds.chunks))
+    return f
+
+f = check(sys.argv[1], np.float16, True, 300)
+check(sys.argv[2], np.uint16, False, 100)
+
+# statistics of the model, recomputed from the file
+sp = f.attrs["synthetic_params"]
+sp = dict(kv.split("=") for kv in (sp.decode() if isinstance(sp, bytes) else sp).split())
+if sp["seed"] != "5":
+    fail("synthetic_params %r" % sp)
+for l in range(2):
+    k = f["layers/%02d/k" % l][:].astype(np.float64)
+    q = f["layers/%02d/q" % l][:].astype(np.float64)
+    for h in range(2):
+        m = np.abs(k[h]).mean(axis=0)
+        ratio = np.sort(m)[::-1] / np.median(m)
+        # outliers=4 at most head_dim/4 = 8: the 4 largest stand out
+        if ratio[3] < 4:
+            fail("layer %d head %d: 4th largest channel only %.2fx the median" % (l, h, ratio[3]))
+    for hq in range(4):
+        for w, p in enumerate(range(294, 300)):
+            s = k[hq // 2, :p + 1] @ q[hq, w] / np.sqrt(32)
+            e = np.exp(s - s.max())
+            e /= e.sum()
+            top = np.sort(e)[::-1][:4].sum()   # targets=4
+            if top < 0.75:
+                fail("layer %d head %d query %d: top-4 mass %.3f" % (l, hq, w, top))
+EOF
+    then pass; else failed=$((failed + 1)); fi
+else
+    echo "note: no python with h5py and numpy: layout checks skipped"
+fi
+
+echo "cli_capture: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -301,7 +301,7 @@ static int vllm_shape(source *s, const char *file, const mkv_st_tensor *t, const
             (rc = agree("head_dim", o->head_dim, s->head_dim, file, where, err)))
             return rc;
     } else {
-        int merged;
+        int merged = 0;
         if ((rc = dim_int(file, "kv_cache", t->shape[2], &merged, err)))
             return rc;
         if (o->n_kv_heads == 0 && o->head_dim == 0)

@@ -459,7 +459,5 @@ int main(void)
     tcase_add_test(tc, deterministic_bytes);
     tcase_add_test(tc, meta_checks);
     suite_add_tcase(s, tc);
-    int rc = test_run(s);
-    rmdir(test_tmpdir());
-    return rc;
+    return test_run(s);
 }

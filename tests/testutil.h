@@ -4,6 +4,8 @@
 
 #include <check.h>
 #include <dirent.h>
+#include <ftw.h>
+#include <sys/stat.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,13 +59,23 @@ static inline int test_count_entries(const char *dir)
     return n;
 }
 
-/* Run a suite; CK_FORK follows the environment. Returns the exit status. */
+static inline int test_rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st; (void)flag; (void)ftw;
+    return remove(path);
+}
+
+/* Run a suite; CK_FORK follows the environment. The temporary directory is
+ * made before the tests fork (so every child shares it) and removed with
+ * whatever is left in it afterwards. Returns the exit status. */
 static inline int test_run(Suite *s)
 {
+    test_tmpdir();
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
+    nftw(test_tmpdir(), test_rm_entry, 16, FTW_DEPTH | FTW_PHYS);
     return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }
 

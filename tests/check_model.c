@@ -1,0 +1,1111 @@
+/* Models, tokenizer, CPU forward pass and sampling.
+ *
+ * References: the published stories260K sample and token ids
+ * (../shared/models/README.md), tests/model_ref.py (an independent float64
+ * numpy forward pass and llama2.c tokenizer), hand-worked BPE merges, and
+ * files this test writes itself with known contents.  Tests that need the
+ * stories260K files skip (exit 77 overall) when they are absent: set
+ * MKV_MODELS_DIR to the directory holding stories260K.bin and tok512.bin
+ * (default: ../shared/models beside the source tree).
+ */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+
+#include <check.h>
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "forward.h"
+#include "model.h"
+#include "sampler.h"
+#include "testutil.h"
+#include "tokenizer.h"
+
+static const char *const PUBLISHED =
+    "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+    "park. One day, she saw a big, red ball. She wanted to play with it, but it was too high.";
+
+/* ------------------------------------------------------------ environment */
+
+static int file_exists(const char *path) { return access(path, R_OK) == 0; }
+
+static int has_models(const char *dir)
+{
+    char a[4200], b[4200];
+    snprintf(a, sizeof a, "%s/stories260K.bin", dir);
+    snprintf(b, sizeof b, "%s/tok512.bin", dir);
+    return file_exists(a) && file_exists(b);
+}
+
+/* Directory with stories260K.bin and tok512.bin, or NULL.  MKV_MODELS_DIR,
+ * when set, is the only place looked at. */
+static const char *models_dir(void)
+{
+    static char dir[4096];
+    static int looked;
+    if (!looked) {
+        looked = 1;
+        const char *env = getenv("MKV_MODELS_DIR"), *top = getenv("top_srcdir");
+        if (env && *env) {
+            snprintf(dir, sizeof dir, "%s", env);
+        } else {
+            if (top && *top)
+                snprintf(dir, sizeof dir, "%s/../shared/models", top);
+            if (!dir[0] || !has_models(dir))
+                snprintf(dir, sizeof dir, "../shared/models");
+        }
+        if (!has_models(dir))
+            dir[0] = '\0';
+    }
+    return dir[0] ? dir : NULL;
+}
+
+static const char *model_file(const char *name)
+{
+    static char path[2][4200];
+    static int which;
+    which ^= 1;
+    snprintf(path[which], sizeof path[which], "%s/%s", models_dir(), name);
+    return path[which];
+}
+
+/* Python with numpy for the reference, or NULL. */
+static const char *python(void)
+{
+    static char py[1024];
+    static int looked;
+    if (!looked) {
+        looked = 1;
+        const char *cands[] = {getenv("PYTHON_H5PY"), "/usr/bin/python3", "python3"};
+        for (int i = 0; i < 3 && !py[0]; i++) {
+            if (!cands[i] || !*cands[i])
+                continue;
+            char cmd[1200];
+            snprintf(cmd, sizeof cmd, "'%s' -c 'import numpy' >/dev/null 2>&1", cands[i]);
+            if (system(cmd) == 0)
+                snprintf(py, sizeof py, "%s", cands[i]);
+        }
+    }
+    return py[0] ? py : NULL;
+}
+
+static const char *ref_script(void)
+{
+    static char path[4200];
+    const char *dirs[] = {getenv("top_srcdir"), getenv("srcdir"), "."};
+    for (int i = 0; i < 3; i++) {
+        if (!dirs[i] || !*dirs[i])
+            continue;
+        snprintf(path, sizeof path, "%s/tests/model_ref.py", dirs[i]);
+        if (file_exists(path))
+            return path;
+    }
+    return NULL;
+}
+
+/* Both python and the script, or a skip message and 0. */
+static int have_reference(const char *test)
+{
+    if (python() && ref_script())
+        return 1;
+    printf("check_model: %s skipped: python3 with numpy or tests/model_ref.py not found\n", test);
+    return 0;
+}
+
+/* ------------------------------------------------------------ files */
+
+/* A file in the run's temporary directory (testutil.h removes it). */
+static const char *tmp_file(const char *name)
+{
+    static char path[4][256];
+    static int which;
+    which = (which + 1) % 4;
+    return test_path(path[which], sizeof path[which], name);
+}
+
+static void write_bytes(const char *path, const void *data, size_t n)
+{
+    FILE *fp = fopen(path, "wb");
+    ck_assert_ptr_nonnull(fp);
+    ck_assert_uint_eq(fwrite(data, 1, n, fp), n);
+    ck_assert_int_eq(fclose(fp), 0);
+}
+
+static unsigned char *read_bytes(const char *path, size_t *n)
+{
+    FILE *fp = fopen(path, "rb");
+    ck_assert_ptr_nonnull(fp);
+    fseek(fp, 0, SEEK_END);
+    long size = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    unsigned char *buf = malloc((size_t)size + 1);
+    ck_assert_ptr_nonnull(buf);
+    ck_assert_uint_eq(fread(buf, 1, (size_t)size, fp), (size_t)size);
+    fclose(fp);
+    *n = (size_t)size;
+    return buf;
+}
+
+/* ------------------------------------------------------------ synthetic models */
+
+static void fill(float *p, size_t n, uint64_t *seed, double center, double spread)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = (float)(center + spread * (2.0 * test_uniform(seed) - 1.0));
+}
+
+/* Small model with GQA group 3 and an untied classifier; llama2.c format
+ * can hold it (head_dim = dim / n_heads). */
+static void synthetic_config(mkv_model_config *c)
+{
+    mkv_model_config_defaults(c);
+    snprintf(c->name, sizeof c->name, "synthetic");
+    c->dim = 48;
+    c->hidden_dim = 80;
+    c->n_layers = 2;
+    c->n_heads = 6;
+    c->n_kv_heads = 2;
+    c->head_dim = 8;
+    c->rope_dim = 8;
+    c->vocab_size = 40;
+    c->max_seq_len = 64;
+    c->tied_classifier = 0;
+}
+
+static void layer_tensors(const mkv_model_config *c, const mkv_layer_weights *w, float *ptrs[9],
+                          size_t sizes[9])
+{
+    size_t dim = (size_t)c->dim, hid = (size_t)c->hidden_dim;
+    size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
+    float *p[9] = {w->rms_att, w->wq, w->wk, w->wv, w->wo, w->rms_ffn, w->w1, w->w2, w->w3};
+    size_t s[9] = {dim, qd * dim, kvd * dim, kvd * dim, dim * qd, dim, hid * dim, dim * hid, hid * dim};
+    memcpy(ptrs, p, sizeof p);
+    memcpy(sizes, s, sizeof s);
+}
+
+static mkv_model *random_model(const mkv_model_config *c, uint64_t seed)
+{
+    mkv_model *m;
+    mkv_error err;
+    ck_assert_msg(mkv_model_create(c, &m, &err) == MKV_OK, "%s", err.msg);
+    size_t embed = (size_t)c->vocab_size * c->dim;
+    fill(m->tok_embedding, embed, &seed, 0.0, 1.0);
+    for (int l = 0; l < c->n_layers; l++) {
+        float *p[9];
+        size_t s[9];
+        layer_tensors(c, &m->layers[l], p, s);
+        for (int t = 0; t < 9; t++) {
+            int is_norm = t == 0 || t == 5;
+            fill(p[t], s[t], &seed, is_norm ? 1.0 : 0.0, is_norm ? 0.2 : 0.3);
+        }
+        if (c->has_qkv_bias) {
+            size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
+            fill(m->layers[l].bq, qd, &seed, 0.0, 0.5);
+            fill(m->layers[l].bk, kvd, &seed, 0.0, 0.5);
+            fill(m->layers[l].bv, kvd, &seed, 0.0, 0.5);
+        }
+    }
+    fill(m->rms_final, (size_t)c->dim, &seed, 1.0, 0.2);
+    if (!c->tied_classifier)
+        fill(m->classifier, embed, &seed, 0.0, 0.5);
+    return m;
+}
+
+/* Copy every weight of src into dst (same shapes; biases stay dst's). */
+static void copy_weights(mkv_model *dst, const mkv_model *src)
+{
+    const mkv_model_config *c = &src->cfg;
+    size_t embed = (size_t)c->vocab_size * c->dim;
+    memcpy(dst->tok_embedding, src->tok_embedding, embed * sizeof(float));
+    for (int l = 0; l < c->n_layers; l++) {
+        float *pd[9], *ps[9];
+        size_t s[9];
+        layer_tensors(c, &dst->layers[l], pd, s);
+        layer_tensors(c, &src->layers[l], ps, s);
+        for (int t = 0; t < 9; t++)
+            memcpy(pd[t], ps[t], s[t] * sizeof(float));
+    }
+    memcpy(dst->rms_final, src->rms_final, (size_t)c->dim * sizeof(float));
+    if (!c->tied_classifier)
+        memcpy(dst->classifier, src->classifier, embed * sizeof(float));
+}
+
+/* Write m as a llama2.c version-0 checkpoint, laid out as README.md says. */
+static void write_llama2c(const char *path, const mkv_model *m)
+{
+    const mkv_model_config *c = &m->cfg;
+    FILE *fp = fopen(path, "wb");
+    ck_assert_ptr_nonnull(fp);
+    int32_t h[7] = {c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads,
+                    c->tied_classifier ? c->vocab_size : -c->vocab_size, c->max_seq_len};
+    fwrite(h, sizeof h, 1, fp);
+    size_t embed = (size_t)c->vocab_size * c->dim;
+    fwrite(m->tok_embedding, sizeof(float), embed, fp);
+    for (int t = 0; t < 9; t++) {
+        for (int l = 0; l < c->n_layers; l++) {
+            float *p[9];
+            size_t s[9];
+            layer_tensors(c, &m->layers[l], p, s);
+            fwrite(p[t], sizeof(float), s[t], fp);
+        }
+    }
+    fwrite(m->rms_final, sizeof(float), (size_t)c->dim, fp);
+    /* Legacy RoPE tables: garbage the loader must skip. */
+    for (size_t i = 0; i < (size_t)c->max_seq_len * c->head_dim; i++) {
+        float junk = 1e30f;
+        fwrite(&junk, sizeof junk, 1, fp);
+    }
+    if (!c->tied_classifier)
+        fwrite(m->classifier, sizeof(float), embed, fp);
+    ck_assert_int_eq(ferror(fp), 0);
+    ck_assert_int_eq(fclose(fp), 0);
+}
+
+static void write_biases(const char *path, const mkv_model *m)
+{
+    const mkv_model_config *c = &m->cfg;
+    size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
+    FILE *fp = fopen(path, "wb");
+    ck_assert_ptr_nonnull(fp);
+    for (int l = 0; l < c->n_layers; l++) {
+        fwrite(m->layers[l].bq, sizeof(float), qd, fp);
+        fwrite(m->layers[l].bk, sizeof(float), kvd, fp);
+        fwrite(m->layers[l].bv, sizeof(float), kvd, fp);
+    }
+    ck_assert_int_eq(fclose(fp), 0);
+}
+
+/* A small llama2.c tokenizer: <unk>, BOS, EOS, 256 byte tokens, then
+ * pieces with hand-chosen scores (see test_scored_bpe_by_hand). */
+static const struct {
+    const char *piece;
+    float score;
+} SMALL_PIECES[] = {
+    {" ", -5.0f}, {"a", -5.0f}, {"b", -5.0f}, {"ab", -1.0f}, {" a", -2.0f}, {" ab", -0.5f},
+    {"aa", -1.5f}, {"x", -6.0f},
+};
+#define SMALL_FIRST_PIECE 259
+#define SMALL_VOCAB (SMALL_FIRST_PIECE + (int)(sizeof SMALL_PIECES / sizeof *SMALL_PIECES))
+
+static size_t small_tokenizer_bytes(unsigned char *out)
+{
+    size_t at = 0;
+#define PUT(ptr, n) (memcpy(out + at, (ptr), (n)), at += (n))
+    int32_t max_len = 7;
+    PUT(&max_len, 4);
+    for (int id = 0; id < SMALL_VOCAB; id++) {
+        char buf[16];
+        const char *s = buf;
+        float score = 0.0f;
+        if (id == 0)
+            s = "<unk>";
+        else if (id == 1)
+            s = "\n<s>\n";
+        else if (id == 2)
+            s = "\n</s>\n";
+        else if (id < SMALL_FIRST_PIECE)
+            snprintf(buf, sizeof buf, "<0x%02X>", id - 3);
+        else {
+            s = SMALL_PIECES[id - SMALL_FIRST_PIECE].piece;
+            score = SMALL_PIECES[id - SMALL_FIRST_PIECE].score;
+        }
+        int32_t len = (int32_t)strlen(s);
+        PUT(&score, 4);
+        PUT(&len, 4);
+        PUT(s, (size_t)len);
+    }
+#undef PUT
+    return at;
+}
+
+static int small_id(const char *piece)
+{
+    for (int i = 0; i < SMALL_VOCAB - SMALL_FIRST_PIECE; i++)
+        if (strcmp(SMALL_PIECES[i].piece, piece) == 0)
+            return SMALL_FIRST_PIECE + i;
+    ck_abort_msg("no piece '%s'", piece);
+    return -1;
+}
+
+/* ------------------------------------------------------------ capture */
+
+typedef struct {
+    int n_heads, n_kv, hd, T;
+    float *q, *k, *k_pre, *v; /* [layer][head][T][hd] */
+} capture_all;
+
+static void capture_init(capture_all *c, const mkv_model_config *cfg, int T)
+{
+    c->n_heads = cfg->n_heads;
+    c->n_kv = cfg->n_kv_heads;
+    c->hd = cfg->head_dim;
+    c->T = T;
+    size_t qn = (size_t)cfg->n_layers * cfg->n_heads * T * cfg->head_dim;
+    size_t kn = (size_t)cfg->n_layers * cfg->n_kv_heads * T * cfg->head_dim;
+    c->q = calloc(qn, sizeof(float));
+    c->k = calloc(kn, sizeof(float));
+    c->k_pre = calloc(kn, sizeof(float));
+    c->v = calloc(kn, sizeof(float));
+    ck_assert(c->q && c->k && c->k_pre && c->v);
+}
+
+static void capture_free(capture_all *c)
+{
+    free(c->q);
+    free(c->k);
+    free(c->k_pre);
+    free(c->v);
+}
+
+static void scatter(float *dst, const float *src, int layer, int heads, int hd, int T, int pos0, int n)
+{
+    for (int i = 0; i < n; i++)
+        for (int h = 0; h < heads; h++)
+            memcpy(dst + (((size_t)layer * heads + h) * T + pos0 + i) * hd,
+                   src + ((size_t)i * heads + h) * hd, (size_t)hd * sizeof(float));
+}
+
+static int capture_hook(void *user, const mkv_capture_batch *b, mkv_error *err)
+{
+    capture_all *c = user;
+    scatter(c->q, b->q, b->layer, c->n_heads, c->hd, c->T, b->pos0, b->n);
+    scatter(c->k, b->k, b->layer, c->n_kv, c->hd, c->T, b->pos0, b->n);
+    scatter(c->k_pre, b->k_pre, b->layer, c->n_kv, c->hd, c->T, b->pos0, b->n);
+    scatter(c->v, b->v, b->layer, c->n_kv, c->hd, c->T, b->pos0, b->n);
+    return MKV_OK;
+}
+
+/* ------------------------------------------------------------ helpers */
+
+static mkv_forward *make_forward(const mkv_model *m, int threads, int chunk, int max_seq)
+{
+    mkv_forward_opts o = {threads, chunk, max_seq};
+    mkv_forward *f;
+    mkv_error err;
+    ck_assert_msg(mkv_forward_create(m, &o, &f, &err) == MKV_OK, "%s", err.msg);
+    return f;
+}
+
+/* Logits of every position of tokens, in one call. */
+static float *all_logits(const mkv_model *m, const int32_t *tokens, int n, int threads, int chunk)
+{
+    mkv_forward *f = make_forward(m, threads, chunk, 0);
+    float *logits = malloc((size_t)n * m->cfg.vocab_size * sizeof(float));
+    ck_assert_ptr_nonnull(logits);
+    mkv_error err;
+    ck_assert_msg(mkv_forward_run(f, tokens, (size_t)n, logits, MKV_LOGITS_ALL, &err) == MKV_OK, "%s", err.msg);
+    mkv_forward_free(f);
+    return logits;
+}
+
+/* max |a - b| / max |b| over n values */
+static double rel_error_f(const float *a, const float *b, size_t n)
+{
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        num = fmax(num, fabs((double)a[i] - b[i]));
+        den = fmax(den, fabs((double)b[i]));
+    }
+    return den > 0 ? num / den : num;
+}
+
+static void expect_close_ref(const char *what, int layer, const float *c, const double *ref, size_t n,
+                             double tol)
+{
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        ck_assert_msg(isfinite(c[i]), "%s layer %d: non-finite value at %zu", what, layer, i);
+        num = fmax(num, fabs((double)c[i] - ref[i]));
+        den = fmax(den, fabs(ref[i]));
+    }
+    ck_assert_msg(den > 1e-3, "%s layer %d: reference is all zeros", what, layer);
+    ck_assert_msg(num / den <= tol, "%s layer %d: relative error %.3g > %.3g", what, layer, num / den, tol);
+}
+
+static int32_t *encode(const mkv_tokenizer *t, const char *text, size_t *n)
+{
+    int32_t *ids;
+    mkv_error err;
+    ck_assert_msg(mkv_tokenizer_encode(t, text, strlen(text), MKV_ENCODE_BOS, &ids, n, &err) == MKV_OK,
+                  "%s", err.msg);
+    return ids;
+}
+
+static mkv_model *load_stories(void)
+{
+    mkv_model *m;
+    mkv_error err;
+    ck_assert_msg(mkv_llama2c_load(model_file("stories260K.bin"), &m, &err) == MKV_OK, "%s", err.msg);
+    return m;
+}
+
+static mkv_tokenizer *load_tok512(void)
+{
+    mkv_tokenizer *t;
+    mkv_error err;
+    ck_assert_msg(mkv_tokenizer_load_llama2c(model_file("tok512.bin"), 512, &t, &err) == MKV_OK, "%s", err.msg);
+    return t;
+}
+
+/* Run the model over tokens capturing everything, run model_ref.py on the
+ * checkpoint with extra_args, compare to 1e-4 relative. */
+static void compare_with_reference(const mkv_model *m, const char *checkpoint, const int32_t *tokens,
+                                   int T, const char *extra_args, int threads, int chunk)
+{
+    const mkv_model_config *c = &m->cfg;
+    char tok_list[8192] = "";
+    for (int i = 0; i < T; i++)
+        snprintf(tok_list + strlen(tok_list), sizeof tok_list - strlen(tok_list), "%s%d", i ? "," : "",
+                 (int)tokens[i]);
+    const char *out = tmp_file("ref.f64");
+    char cmd[16384];
+    snprintf(cmd, sizeof cmd, "'%s' '%s' forward '%s' '%s' --tokens %s %s", python(), ref_script(),
+             checkpoint, out, tok_list, extra_args);
+    ck_assert_msg(system(cmd) == 0, "reference failed: %s", cmd);
+    size_t nbytes;
+    double *ref = (double *)read_bytes(out, &nbytes);
+    size_t qn = (size_t)c->n_heads * T * c->head_dim, kn = (size_t)c->n_kv_heads * T * c->head_dim;
+    size_t per_layer = qn + 3 * kn, ln = (size_t)T * c->vocab_size;
+    ck_assert_uint_eq(nbytes, (per_layer * c->n_layers + ln) * sizeof(double));
+
+    capture_all cap;
+    capture_init(&cap, c, T);
+    mkv_forward *f = make_forward(m, threads, chunk, 0);
+    mkv_forward_set_capture(f, capture_hook, &cap);
+    float *logits = malloc(ln * sizeof(float));
+    mkv_error err;
+    ck_assert_msg(mkv_forward_run(f, tokens, (size_t)T, logits, MKV_LOGITS_ALL, &err) == MKV_OK, "%s", err.msg);
+    for (int l = 0; l < c->n_layers; l++) {
+        const double *r = ref + (size_t)l * per_layer;
+        expect_close_ref("q", l, cap.q + (size_t)l * qn, r, qn, 1e-4);
+        expect_close_ref("k", l, cap.k + (size_t)l * kn, r + qn, kn, 1e-4);
+        expect_close_ref("k_pre", l, cap.k_pre + (size_t)l * kn, r + qn + kn, kn, 1e-4);
+        expect_close_ref("v", l, cap.v + (size_t)l * kn, r + qn + 2 * kn, kn, 1e-4);
+        /* The cache holds the captured post-RoPE keys and the values. */
+        for (int h = 0; h < c->n_kv_heads; h++) {
+            size_t off = (size_t)l * kn + (size_t)h * T * c->head_dim, bytes = (size_t)T * c->head_dim * 4;
+            ck_assert(memcmp(mkv_forward_k(f, l, h), cap.k + off, bytes) == 0);
+            ck_assert(memcmp(mkv_forward_v(f, l, h), cap.v + off, bytes) == 0);
+        }
+    }
+    expect_close_ref("logits", -1, logits, ref + per_layer * c->n_layers, ln, 1e-4);
+    free(logits);
+    free(ref);
+    capture_free(&cap);
+    mkv_forward_free(f);
+}
+
+/* ------------------------------------------------------------ tokenizer */
+
+START_TEST(test_tokenizer_known_ids)
+{
+    mkv_tokenizer *t = load_tok512();
+    size_t n;
+    int32_t *ids = encode(t, "Once upon a time", &n);
+    const int32_t want[] = {1, 403, 407, 261, 378};
+    ck_assert_uint_eq(n, 5);
+    for (size_t i = 0; i < n; i++)
+        ck_assert_int_eq(ids[i], want[i]);
+    ck_assert_int_eq(t->bos_id, 1);
+    ck_assert_int_eq(t->eos_id, 2);
+    free(ids);
+    mkv_tokenizer_free(t);
+}
+END_TEST
+
+static const char *const ROUNDTRIP[] = {
+    "Once upon a time",
+    "",
+    " leading and trailing spaces  ",
+    "Line one\nline two\ttab\r\n",
+    "caf\xc3\xa9 cr\xc3\xa8me br\xc3\xbbl\xc3\xa9" "e",           /* café crème brûlée */
+    "\xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e \xd0\x9f\xd1\x80\xd0\xb8\xd0\xb2\xd0\xb5\xd1\x82", /* 日本語 Привет */
+    "emoji \xf0\x9f\x98\x80\xf0\x9f\x8e\x89 done",                  /* 😀🎉 */
+    "\xd8\xa7\xd9\x84\xd8\xb9\xd8\xb1\xd8\xa8\xd9\x8a\xd8\xa9 and \xe0\xa4\xb9\xe0\xa4\xbf", /* Arabic, Hindi */
+    "invalid \xff\xfe\x80 bytes \xc3",                               /* not UTF-8 */
+    "<0x41> <s> looks special",
+};
+
+START_TEST(test_tokenizer_roundtrip)
+{
+    mkv_tokenizer *t = load_tok512();
+    for (size_t k = 0; k < sizeof ROUNDTRIP / sizeof *ROUNDTRIP; k++) {
+        size_t n, len;
+        int32_t *ids = encode(t, ROUNDTRIP[k], &n);
+        char *text;
+        mkv_error err;
+        ck_assert_msg(mkv_tokenizer_decode(t, ids, n, &text, &len, &err) == MKV_OK, "%s", err.msg);
+        ck_assert_uint_eq(len, strlen(ROUNDTRIP[k]));
+        ck_assert_msg(memcmp(text, ROUNDTRIP[k], len) == 0, "string %zu: got '%s'", k, text);
+        free(text);
+        free(ids);
+    }
+    mkv_tokenizer_free(t);
+}
+END_TEST
+
+START_TEST(test_tokenizer_matches_reference)
+{
+    if (!have_reference("tokenizer vs model_ref.py"))
+        return;
+    mkv_tokenizer *t = load_tok512();
+    const char *texts = tmp_file("texts"), *out = tmp_file("ids.txt");
+    const char *cases[sizeof ROUNDTRIP / sizeof *ROUNDTRIP + 2];
+    size_t count = 0;
+    for (size_t k = 0; k < sizeof ROUNDTRIP / sizeof *ROUNDTRIP; k++)
+        cases[count++] = ROUNDTRIP[k];
+    cases[count++] = PUBLISHED;
+    /* a few kilobytes of real multi-line English, when the system has it */
+    static char license[4001];
+    FILE *lic = fopen("/usr/share/common-licenses/GPL-3", "rb");
+    if (lic) {
+        license[fread(license, 1, sizeof license - 1, lic)] = '\0';
+        fclose(lic);
+        cases[count++] = license;
+    }
+    FILE *fp = fopen(texts, "wb");
+    ck_assert_ptr_nonnull(fp);
+    for (size_t k = 0; k < count; k++)
+        fwrite(cases[k], 1, strlen(cases[k]) + (k + 1 < count), fp); /* NUL-separated */
+    fclose(fp);
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "'%s' '%s' tokenize '%s' '%s' > '%s'", python(), ref_script(),
+             model_file("tok512.bin"), texts, out);
+    ck_assert_msg(system(cmd) == 0, "reference failed: %s", cmd);
+    fp = fopen(out, "r");
+    ck_assert_ptr_nonnull(fp);
+    char line[65536];
+    for (size_t k = 0; k < count; k++) {
+        ck_assert_ptr_nonnull(fgets(line, sizeof line, fp));
+        size_t n;
+        int32_t *ids = encode(t, cases[k], &n);
+        char *p = line;
+        for (size_t i = 0; i < n; i++) {
+            char *end;
+            long v = strtol(p, &end, 10);
+            ck_assert_msg(end != p, "string %zu: reference has %zu ids, we have %zu", k, i, n);
+            ck_assert_msg(v == ids[i], "string %zu id %zu: reference %ld, ours %d", k, i, v, (int)ids[i]);
+            p = end;
+        }
+        while (*p == ' ')
+            p++;
+        ck_assert_msg(*p == '\n' || *p == '\0', "string %zu: reference has more ids", k);
+        free(ids);
+    }
+    fclose(fp);
+    mkv_tokenizer_free(t);
+}
+END_TEST
+
+/* Merges worked out by hand for SMALL_PIECES. */
+START_TEST(test_scored_bpe_by_hand)
+{
+    unsigned char buf[8192];
+    const char *path = tmp_file("small.bin");
+    write_bytes(path, buf, small_tokenizer_bytes(buf));
+    mkv_tokenizer *t;
+    mkv_error err;
+    ck_assert_msg(mkv_tokenizer_load_llama2c(path, SMALL_VOCAB, &t, &err) == MKV_OK, "%s", err.msg);
+    struct {
+        const char *text;
+        int want[8];
+        int n;
+    } cases[] = {
+        /* " ab ab": "ab" (-1) twice, then " ab" (-0.5) twice */
+        {"ab ab", {1, small_id(" ab"), small_id(" ab")}, 3},
+        /* " aaa": "aa" ties at 1 and 2: the leftmost wins, leaving "a" */
+        {"aaa", {1, small_id(" "), small_id("aa"), small_id("a")}, 4},
+        /* "é" is no piece: two byte-fallback tokens, 3 + byte */
+        {"x\xc3\xa9", {1, small_id(" "), small_id("x"), 3 + 0xc3, 3 + 0xa9}, 5},
+        {"", {1}, 1},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        size_t n;
+        int32_t *ids = encode(t, cases[k].text, &n);
+        ck_assert_uint_eq(n, (size_t)cases[k].n);
+        for (size_t i = 0; i < n; i++)
+            ck_assert_msg(ids[i] == cases[k].want[i], "case %zu id %zu: %d != %d", k, i, ids[i], cases[k].want[i]);
+        free(ids);
+    }
+    /* With MKV_ENCODE_SPECIAL control pieces in the text become their ids;
+     * only the first segment gets the dummy prefix. */
+    const char *marked = "ab\n</s>\nab";
+    int32_t *sp;
+    size_t nsp;
+    ck_assert_int_eq(mkv_tokenizer_encode(t, marked, strlen(marked), MKV_ENCODE_BOS | MKV_ENCODE_SPECIAL,
+                                          &sp, &nsp, &err), MKV_OK);
+    ck_assert_uint_eq(nsp, 4);
+    ck_assert(sp[0] == 1 && sp[1] == small_id(" ab") && sp[2] == 2 && sp[3] == small_id("ab"));
+    free(sp);
+    /* decode: BOS and EOS emit nothing; the space after BOS is dropped. */
+    int32_t ids[] = {1, small_id(" ab"), 3 + 'Z', 2};
+    char *text;
+    size_t len;
+    ck_assert_int_eq(mkv_tokenizer_decode(t, ids, 4, &text, &len, &err), MKV_OK);
+    ck_assert_str_eq(text, "abZ");
+    free(text);
+    int32_t bad[] = {1, SMALL_VOCAB};
+    ck_assert_int_eq(mkv_tokenizer_decode(t, bad, 2, &text, &len, &err), MKV_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(err.msg, "outside the vocabulary"));
+    mkv_tokenizer_free(t);
+}
+END_TEST
+
+START_TEST(test_corrupt_tokenizer)
+{
+    unsigned char buf[8192];
+    size_t size = small_tokenizer_bytes(buf);
+    const char *path = tmp_file("tok.bin");
+    mkv_tokenizer *t;
+    mkv_error err;
+
+    write_bytes(path, buf, size - 3); /* ends inside the last piece */
+    ck_assert_int_eq(mkv_tokenizer_load_llama2c(path, 0, &t, &err), MKV_EFORMAT);
+    ck_assert_msg(strstr(err.msg, "truncated") && strstr(err.msg, path), "%s", err.msg);
+    ck_assert_ptr_null(t);
+
+    write_bytes(path, buf, size);  /* whole, but the model expects more tokens */
+    ck_assert_int_eq(mkv_tokenizer_load_llama2c(path, 512, &t, &err), MKV_EFORMAT);
+    ck_assert_msg(strstr(err.msg, "512"), "%s", err.msg);
+
+    unsigned char bad[8192];
+    memcpy(bad, buf, size);
+    int32_t huge = 1 << 30;
+    memcpy(bad, &huge, 4); /* absurd max_token_length */
+    write_bytes(path, bad, size);
+    ck_assert_int_eq(mkv_tokenizer_load_llama2c(path, 0, &t, &err), MKV_EFORMAT);
+    ck_assert_msg(strstr(err.msg, "max_token_length"), "%s", err.msg);
+
+    memcpy(bad, buf, size);
+    int32_t len = 1000; /* first entry longer than max_token_length */
+    memcpy(bad + 8, &len, 4);
+    write_bytes(path, bad, size);
+    ck_assert_int_eq(mkv_tokenizer_load_llama2c(path, 0, &t, &err), MKV_EFORMAT);
+    ck_assert_msg(strstr(err.msg, "corrupt entry 0"), "%s", err.msg);
+
+    write_bytes(path, buf, 2);
+    ck_assert_int_eq(mkv_tokenizer_load_llama2c(path, 0, &t, &err), MKV_EFORMAT);
+    ck_assert_int_eq(mkv_tokenizer_load_llama2c(tmp_file("absent"), 0, &t, &err), MKV_EIO);
+    ck_assert_msg(strstr(err.msg, "No such file"), "%s", err.msg);
+}
+END_TEST
+
+/* ------------------------------------------------------------ model */
+
+START_TEST(test_greedy_published_sample)
+{
+    mkv_model *m = load_stories();
+    mkv_tokenizer *t = load_tok512();
+    ck_assert_int_eq(m->cfg.dim, 64);
+    ck_assert_int_eq(m->cfg.n_kv_heads, 4);
+    ck_assert(m->cfg.tied_classifier && m->classifier == m->tok_embedding);
+    size_t n_prompt, n_want;
+    int32_t *prompt = encode(t, "Once upon a time", &n_prompt);
+    int32_t *want = encode(t, PUBLISHED, &n_want);
+    mkv_forward *f = make_forward(m, 1, 0, 0);
+    float logits[512];
+    mkv_error err;
+    ck_assert_int_eq(mkv_forward_run(f, prompt, n_prompt, logits, MKV_LOGITS_LAST, &err), MKV_OK);
+    int32_t got[256];
+    memcpy(got, prompt, n_prompt * sizeof *prompt);
+    for (size_t i = n_prompt; i < n_want; i++) {
+        got[i] = mkv_argmax(logits, 512);
+        ck_assert_msg(got[i] == want[i], "token %zu: generated %d, published %d", i, got[i], want[i]);
+        ck_assert_int_eq(mkv_forward_run(f, &got[i], 1, logits, MKV_LOGITS_LAST, &err), MKV_OK);
+    }
+    char *text;
+    size_t len;
+    ck_assert_int_eq(mkv_tokenizer_decode(t, got, n_want, &text, &len, &err), MKV_OK);
+    ck_assert_str_eq(text, PUBLISHED);
+    free(text);
+    free(prompt);
+    free(want);
+    mkv_forward_free(f);
+    mkv_tokenizer_free(t);
+    mkv_model_free(m);
+}
+END_TEST
+
+START_TEST(test_stories_matches_reference)
+{
+    if (!have_reference("stories260K vs model_ref.py"))
+        return;
+    mkv_model *m = load_stories();
+    mkv_tokenizer *t = load_tok512();
+    size_t n;
+    int32_t *ids = encode(t, "Once upon a time, there was a little girl named Lily. She loved to", &n);
+    /* chunks of 8 and two threads: several chunks and attention blocks */
+    compare_with_reference(m, model_file("stories260K.bin"), ids, (int)n, "", 2, 8);
+    free(ids);
+    mkv_tokenizer_free(t);
+    mkv_model_free(m);
+}
+END_TEST
+
+START_TEST(test_synthetic_matches_reference)
+{
+    mkv_model_config c;
+    synthetic_config(&c);
+    mkv_model *orig = random_model(&c, 42);
+    const char *ckpt = tmp_file("synthetic.bin");
+    write_llama2c(ckpt, orig);
+
+    /* The loader reads back exactly what was written (untied classifier
+     * after the RoPE tables). */
+    mkv_model *m;
+    mkv_error err;
+    ck_assert_msg(mkv_llama2c_load(ckpt, &m, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_int_eq(m->cfg.tied_classifier, 0);
+    ck_assert_int_eq(m->cfg.vocab_size, 40);
+    ck_assert_int_eq(m->cfg.head_dim, 8);
+    ck_assert_str_eq(m->cfg.name, "synthetic");
+    ck_assert(memcmp(m->classifier, orig->classifier, 40 * 48 * sizeof(float)) == 0);
+    ck_assert(memcmp(m->layers[1].w3, orig->layers[1].w3, 80 * 48 * sizeof(float)) == 0);
+    ck_assert(memcmp(m->rms_final, orig->rms_final, 48 * sizeof(float)) == 0);
+
+    if (have_reference("synthetic model vs model_ref.py")) {
+        int32_t tokens[37];
+        for (int i = 0; i < 37; i++)
+            tokens[i] = (i * 7 + 3) % 40;
+        compare_with_reference(m, ckpt, tokens, 37, "", 1, 16);
+
+        /* Same weights, Qwen2-like: biases, rotate_half pairs, another
+         * base, partial rotary (6 of 8 channels). */
+        mkv_model_config c2 = c;
+        c2.has_qkv_bias = 1;
+        c2.rope_layout = MKV_ROPE_HALF;
+        c2.rope_theta = 500000.0;
+        c2.rope_dim = 6;
+        mkv_model *q = random_model(&c2, 7);
+        copy_weights(q, m);
+        const char *bias = tmp_file("bias.bin");
+        write_biases(bias, q);
+        char args[512];
+        snprintf(args, sizeof args, "--rope-layout half --rope-theta 500000 --rope-dim 6 --bias '%s'", bias);
+        compare_with_reference(q, ckpt, tokens, 37, args, 2, 5);
+        mkv_model_free(q);
+    }
+    mkv_model_free(m);
+    mkv_model_free(orig);
+}
+END_TEST
+
+/* Threads change who computes a task, never what: identical logits. */
+START_TEST(test_threads_identical)
+{
+    /* Wide enough that every matrix product is split among the threads. */
+    mkv_model_config c;
+    synthetic_config(&c);
+    c.dim = 128;
+    c.hidden_dim = 256;
+    c.n_heads = 8;
+    c.head_dim = 16;
+    c.rope_dim = 16;
+    c.vocab_size = 300;
+    c.max_seq_len = 256;
+    mkv_model *syn = random_model(&c, 5);
+    mkv_model *stories = models_dir() ? load_stories() : NULL;
+    mkv_model *models[] = {syn, stories};
+    int32_t tokens[200];
+    for (int k = 0; k < 2 && models[k]; k++) {
+        const mkv_model *m = models[k];
+        int n = m->cfg.max_seq_len < 200 ? m->cfg.max_seq_len : 200;
+        for (int i = 0; i < n; i++)
+            tokens[i] = (int32_t)((i * 37 + 11) % m->cfg.vocab_size);
+        float *one = all_logits(m, tokens, n, 1, 64);
+        float *two = all_logits(m, tokens, n, 2, 64);
+        float *three = all_logits(m, tokens, n, 3, 64);
+        size_t bytes = (size_t)n * m->cfg.vocab_size * sizeof(float);
+        ck_assert_msg(memcmp(one, two, bytes) == 0, "%s: 1 and 2 threads differ", m->cfg.name);
+        ck_assert_msg(memcmp(one, three, bytes) == 0, "%s: 1 and 3 threads differ", m->cfg.name);
+        free(one);
+        free(two);
+        free(three);
+    }
+    mkv_model_free(syn);
+    mkv_model_free(stories);
+}
+END_TEST
+
+/* Prefill in chunks computes what one token at a time computes. */
+START_TEST(test_chunked_equals_stepwise)
+{
+    mkv_model_config c;
+    synthetic_config(&c);
+    mkv_model *syn = random_model(&c, 9);
+    mkv_model *stories = models_dir() ? load_stories() : NULL;
+    mkv_model *models[] = {syn, stories};
+    int32_t tokens[150];
+    for (int k = 0; k < 2 && models[k]; k++) {
+        const mkv_model *m = models[k];
+        int n = m->cfg.max_seq_len < 150 ? m->cfg.max_seq_len : 150, V = m->cfg.vocab_size;
+        for (int i = 0; i < n; i++)
+            tokens[i] = (int32_t)((i * 13 + 5) % V);
+        float *chunked = all_logits(m, tokens, n, 2, 64);
+        float *odd = all_logits(m, tokens, n, 1, 7);
+        mkv_forward *f = make_forward(m, 1, 64, 0);
+        float *step = malloc((size_t)n * V * sizeof(float));
+        mkv_error err;
+        for (int i = 0; i < n; i++)
+            ck_assert_int_eq(mkv_forward_run(f, &tokens[i], 1, step + (size_t)i * V, MKV_LOGITS_LAST, &err), MKV_OK);
+        ck_assert_int_eq(mkv_forward_pos(f), n);
+        double e1 = rel_error_f(chunked, step, (size_t)n * V), e2 = rel_error_f(odd, step, (size_t)n * V);
+        ck_assert_msg(e1 < 1e-5 && e2 < 1e-5, "%s: chunked vs stepwise %.3g, chunk 7 %.3g", m->cfg.name, e1, e2);
+        /* A prompt split across calls continues where the last call ended. */
+        mkv_forward_reset(f);
+        float last[512];
+        ck_assert_int_eq(mkv_forward_run(f, tokens, 10, NULL, MKV_LOGITS_NONE, &err), MKV_OK);
+        ck_assert_int_eq(mkv_forward_run(f, tokens + 10, (size_t)n - 10, last, MKV_LOGITS_LAST, &err), MKV_OK);
+        ck_assert(rel_error_f(last, step + (size_t)(n - 1) * V, (size_t)V) < 1e-5);
+        free(chunked);
+        free(odd);
+        free(step);
+        mkv_forward_free(f);
+    }
+    mkv_model_free(syn);
+    mkv_model_free(stories);
+}
+END_TEST
+
+START_TEST(test_corrupt_checkpoint)
+{
+    mkv_model_config c;
+    synthetic_config(&c);
+    mkv_model *orig = random_model(&c, 3);
+    const char *good = tmp_file("good.bin"), *bad = tmp_file("bad.bin");
+    write_llama2c(good, orig);
+    size_t size;
+    unsigned char *bytes = read_bytes(good, &size);
+    mkv_model *m;
+    mkv_error err;
+
+    write_bytes(bad, bytes, size - 10);
+    ck_assert_int_eq(mkv_llama2c_load(bad, &m, &err), MKV_EFORMAT);
+    ck_assert_msg(strstr(err.msg, "truncated") && strstr(err.msg, bad), "%s", err.msg);
+    ck_assert_ptr_null(m);
+
+    write_bytes(bad, bytes, 20);
+    ck_assert_int_eq(mkv_llama2c_load(bad, &m, &err), MKV_EFORMAT);
+    ck_assert_msg(strstr(err.msg, "too short"), "%s", err.msg);
+
+    unsigned char *big = malloc(size + 4);
+    memcpy(big, bytes, size);
+    memset(big + size, 0, 4);
+    write_bytes(bad, big, size + 4);
+    ck_assert_int_eq(mkv_llama2c_load(bad, &m, &err), MKV_EFORMAT);
+    ck_assert_msg(strstr(err.msg, "trailing data"), "%s", err.msg);
+    free(big);
+
+    unsigned char *edit = malloc(size);
+    struct {
+        int field;
+        int32_t value;
+        int code;
+        const char *msg;
+    } headers[] = {
+        {0, 1 << 30, MKV_EFORMAT, "dim"},                   /* absurd width */
+        {3, 0, MKV_EFORMAT, "header field 3"},              /* no heads */
+        {4, 5, MKV_EFORMAT, "n_kv_heads"},                  /* kv heads do not divide heads */
+        {2, -2, MKV_EFORMAT, "header field 2"},
+        {5, 1 << 24, MKV_EFORMAT, "implies"},               /* huge vocab: size mismatch, no allocation */
+        {0, 0x616b3432, MKV_EUNSUP, "version 1"},           /* llama2.c v1 magic */
+    };
+    for (size_t k = 0; k < sizeof headers / sizeof *headers; k++) {
+        memcpy(edit, bytes, size);
+        memcpy(edit + 4 * headers[k].field, &headers[k].value, 4);
+        write_bytes(bad, edit, size);
+        ck_assert_int_eq(mkv_llama2c_load(bad, &m, &err), headers[k].code);
+        ck_assert_msg(strstr(err.msg, headers[k].msg), "case %zu: %s", k, err.msg);
+    }
+    /* Every header field at its limit: sizes that overflow 64 bits must be
+     * caught before any allocation. */
+    int32_t extreme[7] = {65536, 1 << 20, 1024, 1024, 1024, -(1 << 24), 1 << 24};
+    memcpy(edit, bytes, size);
+    memcpy(edit, extreme, sizeof extreme);
+    write_bytes(bad, edit, size);
+    ck_assert_int_eq(mkv_llama2c_load(bad, &m, &err), MKV_EFORMAT);
+
+    memcpy(edit, bytes, size);
+    float nan = NAN;
+    memcpy(edit + 28 + 4 * 100, &nan, 4); /* inside the token embedding */
+    write_bytes(bad, edit, size);
+    ck_assert_int_eq(mkv_llama2c_load(bad, &m, &err), MKV_EFORMAT);
+    ck_assert_msg(strstr(err.msg, "non-finite"), "%s", err.msg);
+
+    ck_assert_int_eq(mkv_llama2c_load(tmp_file("absent.bin"), &m, &err), MKV_EIO);
+    ck_assert_msg(strstr(err.msg, "cannot open") && strstr(err.msg, "No such file"), "%s", err.msg);
+    ck_assert_int_eq(mkv_llama2c_load(test_tmpdir(), &m, &err), MKV_EIO);
+
+    free(edit);
+    free(bytes);
+    mkv_model_free(orig);
+}
+END_TEST
+
+static int failing_hook(void *user, const mkv_capture_batch *b, mkv_error *err)
+{
+    (void)user;
+    if (b->layer == 1)
+        return mkv_fail(err, MKV_EIO, "hook refused layer %d", b->layer);
+    return MKV_OK;
+}
+
+START_TEST(test_forward_errors)
+{
+    mkv_model_config c;
+    synthetic_config(&c);
+    mkv_model *m = random_model(&c, 11);
+    mkv_forward *f = make_forward(m, 2, 4, 16);
+    mkv_error err;
+    int32_t tokens[20] = {0};
+    float logits[40];
+
+    int32_t bad = 40;
+    ck_assert_int_eq(mkv_forward_run(f, &bad, 1, logits, MKV_LOGITS_LAST, &err), MKV_EFORMAT);
+    ck_assert_msg(strstr(err.msg, "outside the vocabulary"), "%s", err.msg);
+    ck_assert_int_eq(mkv_forward_run(f, tokens, 17, logits, MKV_LOGITS_LAST, &err), MKV_EFORMAT);
+    ck_assert_msg(strstr(err.msg, "context"), "%s", err.msg);
+    ck_assert_int_eq(mkv_forward_run(f, tokens, 0, logits, MKV_LOGITS_LAST, &err), MKV_EUSAGE);
+    ck_assert_int_eq(mkv_forward_pos(f), 0);
+
+    ck_assert_int_eq(mkv_forward_run(f, tokens, 10, logits, MKV_LOGITS_LAST, &err), MKV_OK);
+    ck_assert_int_eq(mkv_forward_run(f, tokens, 7, logits, MKV_LOGITS_LAST, &err), MKV_EFORMAT);
+    ck_assert_int_eq(mkv_forward_pos(f), 10);
+    mkv_forward_set_capture(f, failing_hook, NULL);
+    ck_assert_int_eq(mkv_forward_run(f, tokens, 6, logits, MKV_LOGITS_LAST, &err), MKV_EIO);
+    ck_assert_str_eq(err.msg, "hook refused layer 1");
+    ck_assert_int_eq(mkv_forward_pos(f), 10);
+    ck_assert_int_eq(mkv_forward_rewind(f, 11, &err), MKV_EUSAGE);
+    ck_assert_int_eq(mkv_forward_rewind(f, 3, &err), MKV_OK);
+    ck_assert_int_eq(mkv_forward_pos(f), 3);
+    mkv_forward_free(f);
+
+    mkv_forward_opts too_long = {1, 0, 65};
+    ck_assert_int_eq(mkv_forward_create(m, &too_long, &f, &err), MKV_EUSAGE);
+    ck_assert_ptr_null(f);
+    mkv_model_free(m);
+}
+END_TEST
+
+START_TEST(test_sampler)
+{
+    float logits[4] = {0.0f, logf(3.0f), -INFINITY, 0.5f};
+    ck_assert_int_eq(mkv_argmax(logits, 4), 1);
+    float tie[3] = {2.0f, 5.0f, 5.0f};
+    ck_assert_int_eq(mkv_argmax(tie, 3), 1);
+
+    mkv_sampler greedy;
+    mkv_error err;
+    mkv_sampler_init(&greedy, 0.0f, 1.0f, 1);
+    ck_assert_int_eq(mkv_sample(&greedy, logits, 4, &err), 1);
+    mkv_sampler_free(&greedy);
+
+    /* T = 1 over {0, ln 3, -inf, 0.5}: p = (1, 3, 0, e^0.5) / (4 + e^0.5). */
+    double z = 4.0 + exp(0.5), want[4] = {1.0 / z, 3.0 / z, 0.0, exp(0.5) / z};
+    mkv_sampler a, b;
+    mkv_sampler_init(&a, 1.0f, 1.0f, 1234);
+    mkv_sampler_init(&b, 1.0f, 1.0f, 1234);
+    int counts[4] = {0}, draws = 40000;
+    for (int i = 0; i < draws; i++) {
+        int ta = mkv_sample(&a, logits, 4, &err), tb = mkv_sample(&b, logits, 4, &err);
+        ck_assert_int_eq(ta, tb); /* same seed, same tokens */
+        ck_assert(ta >= 0 && ta < 4);
+        counts[ta]++;
+    }
+    for (int k = 0; k < 4; k++) {
+        double sd = sqrt(want[k] * (1 - want[k]) / draws);
+        ck_assert_msg(fabs((double)counts[k] / draws - want[k]) <= 5 * sd + 1e-12,
+                      "token %d: frequency %.4f, probability %.4f", k, (double)counts[k] / draws, want[k]);
+    }
+    /* top-p 0.5 keeps only the most likely token (p = 0.53) */
+    mkv_sampler nucleus;
+    mkv_sampler_init(&nucleus, 1.0f, 0.5f, 99);
+    for (int i = 0; i < 100; i++)
+        ck_assert_int_eq(mkv_sample(&nucleus, logits, 4, &err), 1);
+    /* another seed gives another sequence */
+    mkv_sampler other;
+    mkv_sampler_init(&other, 1.0f, 1.0f, 1235);
+    mkv_sampler_free(&a);
+    mkv_sampler_init(&a, 1.0f, 1.0f, 1234);
+    int differ = 0;
+    for (int i = 0; i < 100; i++)
+        differ += mkv_sample(&a, logits, 4, &err) != mkv_sample(&other, logits, 4, &err);
+    ck_assert_int_gt(differ, 0);
+    mkv_sampler_free(&a);
+    mkv_sampler_free(&b);
+    mkv_sampler_free(&nucleus);
+    mkv_sampler_free(&other);
+}
+END_TEST
+
+START_TEST(test_config_checks)
+{
+    mkv_model_config c;
+    synthetic_config(&c);
+    mkv_error err;
+    ck_assert_int_eq(mkv_model_config_check(&c, "x", &err), MKV_OK);
+    mkv_model_config bad = c;
+    bad.rope_dim = 7;
+    ck_assert_int_eq(mkv_model_config_check(&bad, "x", &err), MKV_EFORMAT);
+    bad = c;
+    bad.rope_dim = 10;
+    ck_assert_int_eq(mkv_model_config_check(&bad, "x", &err), MKV_EFORMAT);
+    bad = c;
+    bad.rms_eps = 0.0f;
+    ck_assert_int_eq(mkv_model_config_check(&bad, "x", &err), MKV_EFORMAT);
+    bad = c;
+    bad.bos_id = 40;
+    ck_assert_int_eq(mkv_model_config_check(&bad, "x", &err), MKV_EFORMAT);
+    bad = c;
+    bad.n_kv_heads = 4;
+    ck_assert_int_eq(mkv_model_config_check(&bad, "x", &err), MKV_EFORMAT);
+    ck_assert_msg(strstr(err.msg, "'x'") && strstr(err.msg, "n_kv_heads"), "%s", err.msg);
+    /* q width differs from dim (allowed: wo maps it back). */
+    mkv_model_config wide = c;
+    wide.head_dim = 16;
+    wide.rope_dim = 16;
+    mkv_model *m = random_model(&wide, 1);
+    float *logits = all_logits(m, (int32_t[]){1, 2, 3}, 3, 1, 0);
+    for (int i = 0; i < 3 * 40; i++)
+        ck_assert(isfinite(logits[i]));
+    free(logits);
+    mkv_model_free(m);
+}
+END_TEST
+
+int main(void)
+{
+    int have_models = models_dir() != NULL;
+    Suite *s = suite_create("model");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_scored_bpe_by_hand);
+    tcase_add_test(tc, test_corrupt_tokenizer);
+    tcase_add_test(tc, test_corrupt_checkpoint);
+    tcase_add_test(tc, test_config_checks);
+    tcase_add_test(tc, test_synthetic_matches_reference);
+    tcase_add_test(tc, test_threads_identical);
+    tcase_add_test(tc, test_chunked_equals_stepwise);
+    tcase_add_test(tc, test_forward_errors);
+    tcase_add_test(tc, test_sampler);
+    if (have_models) {
+        tcase_add_test(tc, test_tokenizer_known_ids);
+        tcase_add_test(tc, test_tokenizer_roundtrip);
+        tcase_add_test(tc, test_tokenizer_matches_reference);
+        tcase_add_test(tc, test_greedy_published_sample);
+        tcase_add_test(tc, test_stories_matches_reference);
+    }
+    suite_add_tcase(s, tc);
+    int status = test_run(s);
+    if (status == EXIT_SUCCESS && !have_models) {
+        printf("check_model: stories260K.bin/tok512.bin not found (set MKV_MODELS_DIR, "
+               "default ../shared/models): tokenizer, published-sample and reference tests skipped\n");
+        return 77;
+    }
+    return status;
+}

@@ -1,0 +1,224 @@
+#!/usr/bin/python3
+"""Independent reference for tests/check_model.c: a plain numpy (float64)
+LLaMA forward pass and the llama2.c tokenizer, written from the format
+description in ../shared/models/README.md, not from the C code.
+
+  model_ref.py forward CHECKPOINT OUT --tokens 1,403,407 [--rope-layout
+      interleaved|half] [--rope-theta T] [--rope-dim R] [--eps E] [--bias FILE]
+    Writes float64 little-endian: per layer q [n_heads][T][head_dim],
+    k [n_kv_heads][T][head_dim] (after RoPE), k before RoPE, v; then the
+    logits [T][vocab].  --bias: float32 bq, bk, bv of each layer in turn.
+
+  model_ref.py tokenize TOKENIZER TEXTS
+    TEXTS holds strings separated by NUL bytes; prints the ids of each (BOS
+    first) on one line, encoded the way llama2.c's run.c encodes.
+"""
+import struct
+import sys
+
+import numpy as np
+
+
+def read_checkpoint(path):
+    with open(path, "rb") as fp:
+        data = fp.read()
+    dim, hidden, n_layers, n_heads, n_kv_heads, vocab, seq_len = struct.unpack_from("<7i", data, 0)
+    shared = vocab > 0
+    vocab = abs(vocab)
+    head_dim = dim // n_heads
+    kv_dim = n_kv_heads * head_dim
+    floats = np.frombuffer(data, dtype="<f4", offset=28).astype(np.float64)
+    at = 0
+
+    def take(*shape):
+        nonlocal at
+        n = int(np.prod(shape))
+        out = floats[at:at + n].reshape(shape)
+        at += n
+        return out
+
+    w = {
+        "embedding": take(vocab, dim),
+        "rms_att": take(n_layers, dim),
+        "wq": take(n_layers, dim, dim),
+        "wk": take(n_layers, kv_dim, dim),
+        "wv": take(n_layers, kv_dim, dim),
+        "wo": take(n_layers, dim, dim),
+        "rms_ffn": take(n_layers, dim),
+        "w1": take(n_layers, hidden, dim),
+        "w2": take(n_layers, dim, hidden),
+        "w3": take(n_layers, hidden, dim),
+        "rms_final": take(dim),
+    }
+    take(seq_len, head_dim // 2)  # legacy RoPE tables, unused
+    take(seq_len, head_dim // 2)
+    w["classifier"] = w["embedding"] if shared else take(vocab, dim)
+    assert at == floats.size, "checkpoint size does not match its header"
+    shape = dict(dim=dim, hidden=hidden, n_layers=n_layers, n_heads=n_heads,
+                 n_kv_heads=n_kv_heads, vocab=vocab, head_dim=head_dim)
+    return shape, w
+
+
+def rmsnorm(x, weight, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
+
+
+def rope(x, positions, theta, rope_dim, layout):
+    """x: [T, heads, head_dim]; rotate pair j by pos * theta^(-2j/rope_dim)."""
+    out = x.copy()
+    half = rope_dim // 2
+    j = np.arange(half)
+    angle = positions[:, None] * theta ** (-2.0 * j / rope_dim)  # [T, half]
+    cos = np.cos(angle)[:, None, :]
+    sin = np.sin(angle)[:, None, :]
+    if layout == "interleaved":
+        a, b = x[..., 0:rope_dim:2], x[..., 1:rope_dim:2]
+        out[..., 0:rope_dim:2] = a * cos - b * sin
+        out[..., 1:rope_dim:2] = a * sin + b * cos
+    else:
+        a, b = x[..., :half], x[..., half:rope_dim]
+        out[..., :half] = a * cos - b * sin
+        out[..., half:rope_dim] = a * sin + b * cos
+    return out
+
+
+def forward(shape, w, tokens, theta, rope_dim, layout, eps, biases):
+    T = len(tokens)
+    H, KV, hd = shape["n_heads"], shape["n_kv_heads"], shape["head_dim"]
+    group = H // KV
+    positions = np.arange(T, dtype=np.float64)
+    x = w["embedding"][tokens]
+    captured = []
+    causal = np.tril(np.ones((T, T), dtype=bool))
+    for l in range(shape["n_layers"]):
+        xb = rmsnorm(x, w["rms_att"][l], eps)
+        q = xb @ w["wq"][l].T
+        k = xb @ w["wk"][l].T
+        v = xb @ w["wv"][l].T
+        if biases is not None:
+            q, k, v = q + biases[l][0], k + biases[l][1], v + biases[l][2]
+        q = q.reshape(T, H, hd)
+        k_pre = k.reshape(T, KV, hd)
+        v = v.reshape(T, KV, hd)
+        q = rope(q, positions, theta, rope_dim, layout)
+        k = rope(k_pre, positions, theta, rope_dim, layout)
+        att = np.empty((T, H, hd))
+        for h in range(H):
+            s = q[:, h, :] @ k[:, h // group, :].T / np.sqrt(hd)
+            s = np.where(causal, s, -np.inf)
+            p = np.exp(s - s.max(axis=1, keepdims=True))
+            p /= p.sum(axis=1, keepdims=True)
+            att[:, h, :] = p @ v[:, h // group, :]
+        x = x + att.reshape(T, H * hd) @ w["wo"][l].T
+        xb = rmsnorm(x, w["rms_ffn"][l], eps)
+        gate = xb @ w["w1"][l].T
+        x = x + ((gate / (1.0 + np.exp(-gate))) * (xb @ w["w3"][l].T)) @ w["w2"][l].T
+        captured.append([a.transpose(1, 0, 2) for a in (q, k, k_pre, v)])
+    logits = rmsnorm(x, w["rms_final"], eps) @ w["classifier"].T
+    return captured, logits
+
+
+def read_biases(path, shape):
+    q_dim = shape["n_heads"] * shape["head_dim"]
+    kv_dim = shape["n_kv_heads"] * shape["head_dim"]
+    raw = np.fromfile(path, dtype="<f4").astype(np.float64)
+    per = q_dim + 2 * kv_dim
+    assert raw.size == per * shape["n_layers"], "bias file size does not match the model"
+    out = []
+    for l in range(shape["n_layers"]):
+        b = raw[l * per:(l + 1) * per]
+        out.append((b[:q_dim], b[q_dim:q_dim + kv_dim], b[q_dim + kv_dim:]))
+    return out
+
+
+def cmd_forward(argv):
+    import argparse
+    ap = argparse.ArgumentParser(prog="model_ref.py forward")
+    ap.add_argument("checkpoint")
+    ap.add_argument("out")
+    ap.add_argument("--tokens", required=True)
+    ap.add_argument("--rope-layout", choices=["interleaved", "half"], default="interleaved")
+    ap.add_argument("--rope-theta", type=float, default=10000.0)
+    ap.add_argument("--rope-dim", type=int, default=0)
+    ap.add_argument("--eps", type=float, default=1e-5)
+    ap.add_argument("--bias")
+    a = ap.parse_args(argv)
+    shape, w = read_checkpoint(a.checkpoint)
+    tokens = [int(t) for t in a.tokens.split(",")]
+    rope_dim = a.rope_dim or shape["head_dim"]
+    biases = read_biases(a.bias, shape) if a.bias else None
+    captured, logits = forward(shape, w, tokens, a.rope_theta, rope_dim, a.rope_layout,
+                               np.float32(a.eps).astype(np.float64), biases)
+    with open(a.out, "wb") as fp:
+        for layer in captured:
+            for arr in layer:
+                fp.write(np.ascontiguousarray(arr, dtype="<f8").tobytes())
+        fp.write(np.ascontiguousarray(logits, dtype="<f8").tobytes())
+
+
+def read_tokenizer(path):
+    with open(path, "rb") as fp:
+        data = fp.read()
+    at = 4
+    pieces, scores = [], []
+    while at < len(data):
+        score, n = struct.unpack_from("<fi", data, at)
+        pieces.append(data[at + 8:at + 8 + n])
+        scores.append(score)
+        at += 8 + n
+    return pieces, scores
+
+
+def encode(pieces, scores, text):
+    """llama2.c run.c: BOS, dummy-prefix " ", UTF-8 characters (bytes + 3
+    when a character is not a piece), then merge the best-scored pair,
+    leftmost on ties, until no pair merges."""
+    lookup = {}
+    for i, p in enumerate(pieces):
+        lookup.setdefault(p, i)
+    ids = [1]
+    if text:
+        ids.append(lookup[b" "])
+    i = 0
+    while i < len(text):
+        j = i + 1
+        while j < len(text) and (text[j] & 0xC0) == 0x80 and j - i < 4:
+            j += 1
+        ch = text[i:j]
+        if ch in lookup:
+            ids.append(lookup[ch])
+        else:
+            ids.extend(b + 3 for b in ch)
+        i = j
+    while True:
+        best, best_at, best_id = -1e10, -1, -1
+        for k in range(1, len(ids) - 1):
+            merged = lookup.get(pieces[ids[k]] + pieces[ids[k + 1]], -1)
+            if merged != -1 and scores[merged] > best:
+                best, best_at, best_id = scores[merged], k, merged
+        if best_at < 0:
+            return ids
+        ids[best_at:best_at + 2] = [best_id]
+
+
+def cmd_tokenize(argv):
+    pieces, scores = read_tokenizer(argv[0])
+    with open(argv[1], "rb") as fp:
+        texts = fp.read().split(b"\0")
+    for text in texts:
+        print(" ".join(str(i) for i in encode(pieces, scores, text)))
+
+
+def main():
+    if len(sys.argv) < 2 or sys.argv[1] not in ("forward", "tokenize"):
+        sys.stderr.write(__doc__)
+        return 2
+    if sys.argv[1] == "forward":
+        cmd_forward(sys.argv[2:])
+    else:
+        cmd_tokenize(sys.argv[2:])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+## analysis: sources and tests of one work area (included by Makefile.am).

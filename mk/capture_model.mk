@@ -1,0 +1,1 @@
+## capture_model: sources and tests of one work area (included by Makefile.am).

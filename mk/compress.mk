@@ -1,0 +1,1 @@
+## compress: compressed dumps, methods, mkv-compress, mkv-attend (included by Makefile.am).

@@ -1,0 +1,1 @@
+## mosaic: MosaicKV dynamic 2-D compression (included by Makefile.am).

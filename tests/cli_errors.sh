@@ -3,7 +3,8 @@
 # binary output to a terminal): for every bad input the exact stderr, the
 # exact stdout where there is one, and the exit status; then `stats` checked
 # against numpy on dumps written by h5py (tests/data_fixtures.py), which
-# shares no code with libmosaickv.
+# shares no code with libmosaickv. The analyses' numbers are checked
+# against numpy by tests/cli_analysis.sh.
 #
 # Environment: top_builddir, top_srcdir (set by `make check`; default .),
 # PYTHON_H5PY (a python with h5py and numpy; default /usr/bin/python3).
@@ -108,7 +109,7 @@ else
 fi
 
 # ---------------------------------------------------------------- unreadable files
-for cmd in check info stats; do
+for cmd in check info stats overlap segments spectrum sparsity channels; do
     expect "$cmd missing file" 1 '' "$E: cannot open 'nope.h5': No such file or directory" $A $cmd nope.h5
     expect "$cmd directory" 1 '' "$E: cannot open '.': Is a directory" $A $cmd .
     expect "$cmd empty file" 1 '' "$E: 'empty.h5' is empty" $A $cmd empty.h5
@@ -123,11 +124,12 @@ for cmd in check info stats; do
 done
 
 # ---------------------------------------------------------------- usage errors: one line, exit 2
-expect "no command" 2 '' "$E: expected a command (check, info or stats); try '$E --help'" $A
+expect "no command" 2 '' \
+    "$E: expected a command (check, info, stats, overlap, segments, spectrum, sparsity or channels); try '$E --help'" $A
 expect "unknown command" 2 '' "$E: unknown command 'frob'; try '$E --help'" $A frob good.h5
 expect "option before command" 2 '' "$E: expected a command before '-q'; try '$E --help'" \
     $A -q check good.h5
-for cmd in check info stats; do
+for cmd in check info stats overlap segments spectrum sparsity channels; do
     expect "$cmd missing FILE" 2 '' "$E: missing FILE; try '$E $cmd --help'" $A $cmd
     expect "$cmd unknown long option" 2 '' "$E: unknown option '--bogus'; try '$E $cmd --help'" \
         $A $cmd --bogus good.h5
@@ -142,7 +144,7 @@ for cmd in check info stats; do
     expect "$cmd -h" 0 '*' '' $A $cmd -h
     expect "$cmd --help after FILE" 0 '*' '' $A $cmd good.h5 --help
 done
-for cmd in info stats; do
+for cmd in info stats overlap segments spectrum sparsity channels; do
     expect "$cmd two files" 2 '' "$E: too many operands ('good.h5' after FILE); try '$E $cmd --help'" \
         $A $cmd good.h5 good.h5
 done
@@ -156,6 +158,45 @@ expect "stats --outlier-factor nan" 2 '' \
     "$E: invalid value 'nan' for --outlier-factor: not a number" $A stats --outlier-factor nan good.h5
 expect "stats --outlier-factor without value" 2 '' \
     "$E: option '--outlier-factor' needs a value; try '$E stats --help'" $A stats good.h5 --outlier-factor
+# option values of the analyses (the dump is only read after they pass)
+expect "overlap --keep 0" 2 '' "$E: invalid value '0' for --keep: must be in (0, 1]" \
+    $A overlap --keep 0 good.h5
+expect "overlap --keep 1.5" 2 '' "$E: invalid value '1.5' for --keep: must be in (0, 1]" \
+    $A overlap --keep 1.5 good.h5
+expect "overlap --keep abc" 2 '' "$E: invalid value 'abc' for --keep: not a number" \
+    $A overlap --keep abc good.h5
+expect "overlap --lengths 0" 2 '' "$E: invalid value '0' for --lengths: must be in 1..1099511627776" \
+    $A overlap --lengths 0 good.h5
+expect "overlap --lengths 1X" 2 '' \
+    "$E: invalid value '1X' for --lengths: expected a number with an optional K, M or G suffix" \
+    $A overlap --lengths 256,1X good.h5
+expect "overlap --lengths empty item" 2 '' \
+    "$E: invalid value '256,,1K' for --lengths: expected a comma-separated list of at most 32 values" \
+    $A overlap --lengths 256,,1K good.h5
+expect "overlap --prefix=1" 2 '' "$E: option '--prefix' takes no value; try '$E overlap --help'" \
+    $A overlap --prefix=1 good.h5
+expect "overlap --keep without value" 2 '' "$E: option '--keep' needs a value; try '$E overlap --help'" \
+    $A overlap good.h5 --keep
+expect "segments --segment 0" 2 '' "$E: invalid value '0' for --segment: must be in 1..1099511627776" \
+    $A segments --segment 0 good.h5
+expect "segments --top 0" 2 '' "$E: invalid value '0' for --top: must be in 1..65536" \
+    $A segments --top 0 good.h5
+expect "segments --outlier-factor 0.5" 2 '' \
+    "$E: invalid value '0.5' for --outlier-factor: must be in 1..1e+06" \
+    $A segments --outlier-factor 0.5 good.h5
+expect "spectrum --energy 1.1" 2 '' "$E: invalid value '1.1' for --energy: must be in (0, 1]" \
+    $A spectrum --energy 0.9,1.1 good.h5
+expect "spectrum --segment -1" 2 '' "$E: invalid value '-1' for --segment: must be in 0..1099511627776" \
+    $A spectrum --segment -1 good.h5
+expect "spectrum --full=yes" 2 '' "$E: option '--full' takes no value; try '$E spectrum --help'" \
+    $A spectrum --full=yes good.h5
+expect "sparsity --fractions ''" 2 '' \
+    "$E: invalid value '' for --fractions: expected a comma-separated list of at most 32 values" \
+    $A sparsity --fractions '' good.h5
+expect "sparsity --fractions x" 2 '' "$E: invalid value 'x' for --fractions: not a number" \
+    $A sparsity --fractions 0.1,x good.h5
+expect "channels --shares 0" 2 '' "$E: invalid value '0' for --shares: must be in (0, 1]" \
+    $A channels --shares 0 good.h5
 expect "-h" 0 '*' '' $A -h
 expect "--help" 0 '*' '' $A --help
 expect "--version" 0 '*' '' $A --version
@@ -189,6 +230,17 @@ if [ -f good.h5 ]; then
     expect "info valid" 0 '*' '' $A info good.h5
     expect "stats valid" 0 '*' '' $A stats good.h5
     STDIN=good.h5 expect "stats from stdin" 0 "$("$A" stats good.h5)" '' $A stats -
+    for cmd in overlap segments spectrum sparsity channels; do
+        expect "$cmd valid" 0 '*' '' $A $cmd good.h5
+    done
+    # limits that depend on the dump: a runtime refusal, still exit 2
+    expect "overlap --lengths beyond T" 2 '' \
+        "$E: --lengths 4096 is longer than the context of 'good.h5' (40 tokens)" \
+        $A overlap --lengths 4K good.h5
+    expect "segments --top beyond head_dim" 2 '' "$E: --top 33 is more than head_dim (32)" \
+        $A segments --top 33 good.h5
+    expect "channels --top beyond head_dim" 2 '' "$E: --top 100 is more than head_dim (32)" \
+        $A channels --top 100 good.h5
 fi
 
 # Everything below needs the h5py fixtures.
@@ -237,6 +289,23 @@ done
 # stats reads every value: no partial table before the error.
 expect "stats NaN in k" 1 '' "$E: 'nan.h5': /layers/00/k: NaN at [0,5,3]" $A stats nan.h5
 expect "stats -Inf in v" 1 '' "$E: 'inf.h5': /layers/01/v: -Inf at [1,2,0]" $A stats inf.h5
+# The analyses neither: the table is printed only once every head is read.
+for cmd in overlap segments spectrum sparsity channels; do
+    expect "$cmd foreign HDF5" 1 '' \
+        "$E: 'foreign.h5' is not a mosaickv dump (no mkv_format attribute)" $A $cmd foreign.h5
+    expect "$cmd NaN in k" 1 '' "$E: 'nan.h5': /layers/00/k: NaN at [0,5,3]" $A $cmd nan.h5
+done
+for cmd in overlap segments spectrum; do
+    expect "$cmd -Inf in v" 1 '' "$E: 'inf.h5': /layers/01/v: -Inf at [1,2,0]" $A $cmd inf.h5
+done
+# sparsity and channels read only keys and queries
+for cmd in sparsity channels; do
+    expect "$cmd -Inf in v (not read)" 0 '*' '' $A $cmd inf.h5
+done
+fixture valid noq.h5 --queries 0
+for cmd in sparsity channels; do
+    expect "$cmd without queries" 1 '' "$E: 'noq.h5' has no queries (W = 0)" $A $cmd noq.h5
+done
 
 # ---------------------------------------------------------------- stats against numpy
 # compare_stats NAME FACTOR DUMP: mkv-analyze stats against numpy within 1e-5.

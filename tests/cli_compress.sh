@@ -1,0 +1,294 @@
+#!/bin/sh
+# Golden CLI test of mkv-compress and mkv-attend: for every misuse the exact
+# stderr and exit status, and that no output appears; then an end-to-end run
+# of method "full" on dumps written by h5py (tests/data_fixtures.py) and by
+# mkv-capture --synthetic, checked by tests/cdump_h5py.py with h5py/numpy:
+# byte accounting recomputed, stored values, every row of mkv-attend's table
+# recomputed, and the summary's statistics.
+#
+# Cases that need a method other than "full" run when that method is
+# registered and has the parameter concerned; otherwise they print SKIP.
+#
+# Environment: top_builddir, top_srcdir (set by `make check`; default .),
+# PYTHON_H5PY (default /usr/bin/python3). Exit: 0 pass, 1 fail, 77 skip.
+
+builddir=${top_builddir:-.}
+top_builddir=$(cd "$builddir" 2>/dev/null && pwd) || {
+    echo "SKIP: build directory '$builddir' does not exist"
+    exit 77
+}
+top_srcdir=$(cd "${top_srcdir:-.}" && pwd) || exit 1
+COMPRESS=$top_builddir/tools/mkv-compress
+ATTEND=$top_builddir/tools/mkv-attend
+CAPTURE=$top_builddir/tools/mkv-capture
+PY=${PYTHON_H5PY:-/usr/bin/python3}
+FIXTURES=$top_srcdir/tests/data_fixtures.py
+CHECK=$top_srcdir/tests/cdump_h5py.py
+
+for t in "$COMPRESS" "$ATTEND" "$CAPTURE"; do
+    if [ ! -x "$t" ]; then
+        echo "SKIP: $t is not built"
+        exit 77
+    fi
+done
+if ! "$PY" -c 'import h5py, numpy' 2>/dev/null; then
+    echo "SKIP: no python with h5py and numpy (set PYTHON_H5PY)"
+    exit 77
+fi
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/cli_compress.XXXXXX") || exit 1
+trap 'rm -rf "$tmp"' EXIT
+trap 'exit 1' HUP INT TERM
+# Files are named relative to here, as a user would type them.
+cd "$tmp" || exit 1
+
+passed=0
+failed=0
+pass() { passed=$((passed + 1)); }
+fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
+
+# expect NAME STATUS STDOUT STDERR CMD [ARG...]
+# Run CMD (stdin from $STDIN, default /dev/null) and compare its exit status,
+# stdout and stderr. STDOUT/STDERR: the exact text without the final newline
+# ('' = nothing), '*' = anything (stderr: some message), or 'PREFIX...' = a
+# single line starting with PREFIX.
+expect() {
+    name=$1 want_status=$2 want_out=$3 want_err=$4
+    shift 4
+    "$@" <"${STDIN:-/dev/null}" >got.out 2>got.err
+    status=$?
+    ok=1
+    if [ "$status" -ne "$want_status" ]; then
+        echo "FAIL: $name: exit status $status, expected $want_status ($*)"
+        ok=0
+    fi
+    for stream in out err; do
+        if [ "$stream" = out ]; then want=$want_out; else want=$want_err; fi
+        case $want in
+        '*')
+            if [ "$stream" = err ] && [ ! -s got.err ]; then
+                echo "FAIL: $name: expected a message on stderr, got none"
+                ok=0
+            fi
+            continue ;;
+        *...)
+            prefix=${want%...}
+            lines=$(wc -l <got.$stream)
+            first=$(head -n 1 got.$stream)
+            case $first in
+            "$prefix"*) [ "$lines" -eq 1 ] && continue ;;
+            esac
+            echo "FAIL: $name: std$stream should be one line starting with '$prefix', got:"
+            sed 's/^/    /' got.$stream
+            ok=0
+            continue ;;
+        esac
+        if [ -n "$want" ]; then printf '%s\n' "$want" >want.$stream; else : >want.$stream; fi
+        if ! cmp -s want.$stream got.$stream; then
+            echo "FAIL: $name: std$stream differs (--- expected, +++ got):"
+            diff -u want.$stream got.$stream | sed '1,2d; s/^/    /'
+            ok=0
+        fi
+    done
+    if [ $ok = 1 ]; then pass; else failed=$((failed + 1)); fi
+}
+
+# no_output NAME: nothing but the fixtures in the directory (no partial or
+# temporary output left behind).
+no_output() {
+    extra=$(ls -A | grep -v -x -e 'raw.*\.h5' -e 'got\..*' -e 'want\..*' -e 'c-.*\.h5' -e '.*\.tsv' \
+        -e 'nan\.h5' -e 'small\.h5' -e 'nodir' -e '.*\.sum')
+    if [ -z "$extra" ]; then pass; else fail "$1: left behind: $extra"; fi
+}
+
+C=mkv-compress
+A=mkv-attend
+
+# ---------------------------------------------------------------- fixtures
+# raw.h5: written by h5py, float32 (so float16 storage is visible), 2 layers,
+# 4 query heads on 2 KV heads, head_dim 32, 40 tokens, 3 queries.
+"$PY" "$FIXTURES" valid raw.h5 --dtype float32 --tokens 40 --queries 3 --seed 5 ||
+    { echo "FAIL: data_fixtures.py valid"; exit 1; }
+"$PY" "$FIXTURES" corrupt raw.h5 nan.h5 nan || { echo "FAIL: data_fixtures.py corrupt"; exit 1; }
+"$PY" "$FIXTURES" valid small.h5 --dtype float32 --tokens 30 --queries 3 ||
+    { echo "FAIL: data_fixtures.py valid small"; exit 1; }
+# the shape of the golden byte counts below
+shape=$("$PY" -c 'import h5py,sys; f=h5py.File(sys.argv[1]); a=f.attrs
+print(a["n_layers"], a["n_heads"], a["n_kv_heads"], a["head_dim"], f["layers/00/k"].shape[1])' raw.h5)
+[ "$shape" = "2 4 2 32 40" ] || { echo "FAIL: fixture shape is '$shape', expected '2 4 2 32 40'"; exit 1; }
+sum_raw=$(cksum <raw.h5)
+
+methods=$("$COMPRESS" --help | sed -n 's/^Methods: //p')
+method_list=$(echo "$methods" | sed 's/ /, /g')
+# has_param METHOD PARAM: the method is registered and takes PARAM
+has_param() {
+    "$COMPRESS" -m "$1" --help-method 2>/dev/null | grep -q "^    $2="
+}
+
+# ---------------------------------------------------------------- mkv-compress usage errors: exit 2
+expect "no operand" 2 '' "$C: missing IN (the raw dump to compress); try '$C --help'" $COMPRESS
+expect "two operands" 2 '' "$C: too many operands ('raw.h5' after IN); try '$C --help'" \
+    $COMPRESS raw.h5 raw.h5 -o c.h5 -m full
+expect "missing --method" 2 '' "$C: missing --method NAME (see --list-methods); try '$C --help'" \
+    $COMPRESS raw.h5 -o c.h5
+expect "unknown method" 2 '' "$C: unknown method 'foo' (methods: $method_list)" \
+    $COMPRESS raw.h5 -o c.h5 --method foo
+expect "missing -o" 2 '' "$C: missing -o FILE (use '-o -' for stdout); try '$C --help'" \
+    $COMPRESS raw.h5 -m full
+expect "unknown parameter" 2 '' "$C: method 'full': unknown parameter 'keep' (the method takes none)" \
+    $COMPRESS raw.h5 -o c.h5 -m full -p keep=1
+expect "parameter without value" 2 '' "$C: method 'full': invalid parameter 'keep': expected KEY=VALUE" \
+    $COMPRESS raw.h5 -o c.h5 -m full -p keep
+expect "empty --param" 2 '' "$C: invalid value ' ' for --param: expected KEY=VALUE" \
+    $COMPRESS raw.h5 -o c.h5 -m full -p ' '
+expect "unknown option" 2 '' "$C: unknown option '--bogus'; try '$C --help'" $COMPRESS --bogus raw.h5
+expect "-o without value" 2 '' "$C: option '-o' needs a value; try '$C --help'" $COMPRESS raw.h5 -m full -o
+expect "bad --threads" 2 '' "$C: invalid value '0' for --threads: must be in 1..1024" \
+    $COMPRESS raw.h5 -o c.h5 -m full --threads 0
+expect "--help-method without --method" 2 '' "$C: --help-method needs --method NAME; try '$C --help'" \
+    $COMPRESS --help-method
+expect "--help-method unknown" 2 '' "$C: unknown method 'foo' (methods: $method_list)" \
+    $COMPRESS --help-method -m foo
+expect "-o same as input" 2 '' "$C: output 'raw.h5' would overwrite the input" \
+    $COMPRESS raw.h5 -o raw.h5 -m full
+expect "-o same file by another name" 2 '' "$C: output './raw.h5' would overwrite the input" \
+    $COMPRESS raw.h5 -o ./raw.h5 -m full
+if [ "$(cksum <raw.h5)" = "$sum_raw" ]; then pass; else fail "the input changed"; fi
+expect "--device gpu" 1 '' "$C: --device gpu: compression runs on the CPU in this build (use --device cpu or auto)" \
+    $COMPRESS raw.h5 -o c.h5 -m full --device gpu
+no_output "usage errors"
+
+# Parameters of the other methods, when they are registered: refused with
+# exit status 2 and one line naming the method and the parameter.
+refused() {   # refused METHOD PARAM VALUE
+    expect "$1 $2=$3" 2 '' "$C: method '$1': ..." $COMPRESS raw.h5 -o c.h5 -m $1 -p $2=$3
+    grep -q "$2" got.err || fail "$1 $2=$3: the message does not name '$2': $(cat got.err)"
+}
+for m in $methods; do
+    # keep > 100% (a fraction) or not a whole number of tokens (a count)
+    has_param $m keep && refused $m keep 1.5
+    has_param $m block && refused $m block 0
+    # 41 tokens per step in a 40-token context
+    has_param $m budget && refused $m budget 41
+done
+if has_param mosaic group; then
+    # group sizes must divide the kept rotated channels: 3 divides no power of two
+    expect "mosaic group=3" 2 '' "$C: method 'mosaic': ..." $COMPRESS raw.h5 -o c.h5 -m mosaic -p group=3
+    grep -q group got.err || fail "mosaic group=3: the message does not name the group: $(cat got.err)"
+else
+    echo "SKIP: group not dividing the rank (no method 'mosaic' with a parameter 'group')"
+fi
+no_output "parameter errors"
+
+# ---------------------------------------------------------------- mkv-compress runtime errors: exit 1
+expect "missing input" 1 '' "$C: cannot open 'nope.h5': No such file or directory" \
+    $COMPRESS nope.h5 -o c.h5 -m full
+expect "NaN in the input" 1 '' "$C: 'nan.h5': /layers/00/k: NaN at [0,5,3]" $COMPRESS nan.h5 -o c.h5 -m full
+expect "output directory missing" 1 '' "$C: cannot create 'nodir/c.h5': No such file or directory" \
+    $COMPRESS raw.h5 -o nodir/c.h5 -m full
+no_output "runtime errors"
+
+# ---------------------------------------------------------------- help and listings
+expect "-h" 0 '*' '' $COMPRESS -h
+expect "--version" 0 '*' '' $COMPRESS --version
+expect "--list-methods" 0 '*' '' $COMPRESS --list-methods
+expect "--help-method full" 0 "full - uncompressed baseline: dense float16 K and V, attends to every token
+    (no parameters)" '' $COMPRESS -m full --help-method
+for m in $methods; do
+    expect "--help-method $m" 0 '*' '' $COMPRESS --help-method --method $m
+    grep -q "^$m - " got.out || fail "--help-method $m: no '$m - summary' line"
+done
+
+# ---------------------------------------------------------------- end to end: full
+expect "compress full" 0 '' \
+    "$C: c-full.h5: method full, logical 20480 bytes, physical 20480 bytes, ratio 1.000" \
+    $COMPRESS raw.h5 -o c-full.h5 -m full
+if "$PY" "$CHECK" accounting c-full.h5 raw.h5 && "$PY" "$CHECK" full c-full.h5 raw.h5; then pass; else
+    fail "h5py checks of c-full.h5"; fi
+expect "compress -q" 0 '' '' $COMPRESS -q raw.h5 -o c-full2.h5 -m full --threads 2
+if cmp -s c-full.h5 c-full2.h5; then pass; else fail "1 and 2 threads give different files"; fi
+expect "compressed given as raw" 1 '' \
+    "$C: 'c-full.h5' is not a raw KV dump (mkv_format is 'mosaickv-compressed', expected 'mosaickv-dump')" \
+    $COMPRESS c-full.h5 -o c-x.h5 -m full
+[ -e c-x.h5 ] && fail "c-x.h5 was written"
+
+expect "attend full" 0 '*' '*' $ATTEND c-full.h5 -o table.tsv
+mv got.err summary-stderr.tsv
+if "$PY" "$CHECK" attend-full table.tsv c-full.h5 raw.h5 && "$PY" "$CHECK" summary summary-stderr.tsv table.tsv; then
+    pass; else fail "numpy disagrees with mkv-attend"; fi
+# full: rel_l2 < 2e-3 on every row, recall 1
+bad=$(awk -F'\t' 'NR > 1 && !($6 < 2e-3 && $7 == 1)' table.tsv)
+rows=$(awk 'END { print NR - 1 }' table.tsv)
+if [ -z "$bad" ] && [ "$rows" -eq 24 ]; then pass; else fail "full: rows $rows (expected 24), bad rows: $bad"; fi
+expect "attend --summary" 0 '*' '' $ATTEND c-full.h5 --summary --reference raw.h5
+cp got.out summary.tsv
+if cmp -s summary.tsv summary-stderr.tsv; then pass; else fail "--summary differs from the summary on stderr"; fi
+check_summary=$(awk -F'\t' 'NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
+    { print $col["method"], $col["params"], $col["device"], $col["ratio"], $col["rows"], $col["recall_mean"],
+      ($col["rel_l2_mean"] < 2e-3 ? "small" : "LARGE") }' summary.tsv)
+if [ "$check_summary" = "full - cpu 1.0000 24 1.000000 small" ]; then pass; else
+    fail "summary: '$check_summary'"; fi
+expect "attend --threads 1" 0 '*' '' $ATTEND -q c-full.h5 --threads 1
+cp got.out t1.tsv
+expect "attend --threads 3" 0 '*' '' $ATTEND -q c-full.h5 --threads 3
+if cmp -s got.out t1.tsv && cmp -s t1.tsv table.tsv; then pass; else fail "tables differ with the thread count"; fi
+expect "attend -o -" 0 '*' '' $ATTEND -q c-full.h5 -o -
+if cmp -s got.out table.tsv; then pass; else fail "-o - differs from -o FILE"; fi
+
+# A synthetic dump from mkv-capture, through a pipe.
+"$CAPTURE" --synthetic --dtype f32 --layers 1 --heads 4 --kv-heads 2 --head-dim 16 --tokens 300 --queries 5 \
+    -o raw-syn.h5 || fail "mkv-capture --synthetic"
+STDIN=raw-syn.h5 expect "compress from stdin" 0 '' '' $COMPRESS -q - -o c-syn.h5 -m full
+expect "source was stdin" 2 '' "$A: 'c-syn.h5' was compressed from standard input: give --reference RAW" \
+    $ATTEND c-syn.h5
+expect "attend synthetic" 0 '*' '' $ATTEND c-syn.h5 -r raw-syn.h5 --summary
+if awk -F'\t' 'NR == 2 { exit !($8 < 2e-3 && $12 == 1) }' got.out; then pass; else
+    fail "synthetic: summary $(sed -n 2p got.out)"; fi
+"$COMPRESS" -q raw-syn.h5 -o - -m full | cat >c-pipe.h5
+if "$PY" "$CHECK" accounting c-pipe.h5 raw-syn.h5; then pass; else fail "compress to stdout"; fi
+
+# ---------------------------------------------------------------- mkv-attend errors
+expect "attend no operand" 2 '' "$A: missing COMPRESSED (a dump made by mkv-compress); try '$A --help'" $ATTEND
+expect "attend raw dump" 1 '' "$A: 'raw.h5' is a raw KV dump; $A needs a compressed dump (mkv-compress)" \
+    $ATTEND raw.h5
+expect "attend compressed as reference" 1 '' \
+    "$A: 'c-full.h5' is not a raw KV dump (mkv_format is 'mosaickv-compressed', expected 'mosaickv-dump')" \
+    $ATTEND c-full.h5 --reference c-full.h5
+expect "attend wrong reference" 1 '' "$A: 'small.h5' is not the dump 'c-full.h5' was made from: n_tokens is 30 there, 40 here" \
+    $ATTEND c-full.h5 -r small.h5
+expect "attend missing file" 1 '' "$A: cannot open 'nope.h5': No such file or directory" $ATTEND nope.h5
+expect "attend --device gpu" 1 '' \
+    "$A: --device gpu: GPU attention is not available in this build yet (use --device cpu or auto)" \
+    $ATTEND c-full.h5 --device gpu
+expect "attend --budget for full" 2 '' "$A: --budget: method 'full' has no token budget" \
+    $ATTEND c-full.h5 --budget 0.1
+expect "attend --budget 0" 2 '' "$A: invalid value '0' for --budget: must be positive" \
+    $ATTEND c-full.h5 --budget 0
+expect "attend -o over an input" 2 '' "$A: output 'c-full.h5' would overwrite an input" \
+    $ATTEND c-full.h5 -o c-full.h5
+expect "attend -o over the reference" 2 '' "$A: output 'raw.h5' would overwrite an input" \
+    $ATTEND c-full.h5 -o raw.h5
+if [ "$(cksum <raw.h5)" = "$sum_raw" ]; then pass; else fail "the reference changed"; fi
+expect "attend NaN in the reference" 1 '' "$A: 'nan.h5': /layers/00/k: NaN at [0,5,3]" \
+    $ATTEND c-full.h5 -r nan.h5 -o nan.tsv
+[ -e nan.tsv ] && fail "nan.tsv was written"
+cp raw.h5 raw-gone.h5
+"$COMPRESS" -q raw-gone.h5 -o c-gone.h5 -m full
+rm raw-gone.h5
+expect "recorded source gone" 1 '' \
+    "$A: cannot open 'raw-gone.h5': No such file or directory (the source recorded in 'c-gone.h5'; give --reference RAW)" \
+    $ATTEND c-gone.h5
+expect "attend -h" 0 '*' '' $ATTEND --help
+no_output "mkv-attend errors"
+
+# Methods with a token budget: --budget beyond the context is refused too.
+for m in $methods; do
+    if has_param $m budget && "$COMPRESS" -q raw.h5 -o c-$m.h5 -m $m; then
+        expect "attend $m --budget 41" 2 '' "$A: method '$m': ..." $ATTEND c-$m.h5 --budget 41
+        expect "attend $m --budget 0.5" 0 '*' '' $ATTEND c-$m.h5 --budget 0.5 --summary
+        grep -q 'budget=0.5' got.out || fail "attend $m --budget 0.5: the summary does not show budget=0.5"
+    fi
+done
+
+echo "cli_compress: $passed passed, $failed failed"
+[ $failed -eq 0 ]

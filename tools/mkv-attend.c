@@ -1,0 +1,667 @@
+/* mkv-attend: run attention for a dump's queries over a compressed cache
+ * and measure it against exact attention over the raw dump.
+ *
+ * Examples:
+ *   mkv-attend kv-mosaic.h5 > fidelity.tsv             # reference: the recorded source
+ *   mkv-attend kv-mosaic.h5 --reference kv.h5 -o fidelity.tsv
+ *   mkv-attend kv-quest.h5 --summary                    # one-row summary TSV only
+ *   mkv-attend kv-quest.h5 --summary --budget 0.05 | tail -n 1
+ *   for m in full quest mosaic; do mkv-attend kv-$m.h5 --summary | tail -n 1; done
+ *
+ * Work is split over (layer, KV head): the main thread reads a batch of
+ * layers from the raw dump, workers load the method's state for one head,
+ * answer every query with it and with exact attention, and fill their own
+ * rows of the result table, so the output does not depend on --threads.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <libgen.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cdump.h"
+#include "cli.h"
+#include "dump.h"
+#include "log.h"
+#include "method.h"
+#include "metrics.h"
+#include "mkv.h"
+#include "tensor.h"
+
+enum { OPT_REFERENCE = MKV_OPT_FIRST_TOOL, OPT_SUMMARY, OPT_BUDGET };
+
+static const struct option longopts[] = {
+    MKV_COMMON_LONGOPTS,
+    {"output", required_argument, NULL, 'o'},
+    {"reference", required_argument, NULL, 'r'},
+    {"summary", no_argument, NULL, OPT_SUMMARY},
+    {"budget", required_argument, NULL, OPT_BUDGET},
+    {NULL, 0, NULL, 0}};
+
+/* Leading ':' so a missing value is told apart from an unknown option. */
+#define SHORTOPTS ":" MKV_COMMON_SHORTOPTS "o:r:"
+
+#define ROW_HEADER "query\tpos\tlayer\thead\tkv_head\trel_l2\trecall\ttokens\tbytes_read"
+#define SUMMARY_HEADER                                                                       \
+    "method\tparams\tdevice\tratio\tlogical_bytes\tphysical_bytes\trows\trel_l2_mean\t"      \
+    "rel_l2_median\trel_l2_p90\trel_l2_max\trecall_mean\ttokens_mean\tbytes_read_mean\t"     \
+    "dense_bytes_mean"
+
+static void usage(FILE *fp, int status)
+{
+    fprintf(fp,
+            "Usage: %s COMPRESSED [--reference RAW] [-o OUT.tsv] [--summary] [options]\n\n"
+            "Answer every query of the dump with the compressed cache COMPRESSED (made by\n"
+            "mkv-compress) and with exact attention over the raw dump RAW, and report the\n"
+            "fidelity per query x layer x query head as TSV:\n"
+            "  " ROW_HEADER "\n"
+            "rel_l2 is ||o - o_exact|| / ||o_exact||, recall the exact softmax mass of the\n"
+            "tokens the method attended, bytes_read what the step read of the KV head's\n"
+            "compressed state (shared by the query heads of the group).\n"
+            "A one-row summary TSV follows on stderr (unless -q):\n"
+            "  " SUMMARY_HEADER "\n\n"
+            "Options:\n"
+            "  -r, --reference RAW  the raw dump (default: the source COMPRESSED records)\n"
+            "  -o, --output FILE    write the table to FILE instead of stdout\n"
+            "      --summary        write only the summary TSV (to stdout or FILE)\n"
+            "      --budget X       override the method's token budget per step: a fraction\n"
+            "                       of the context when <= 1, a count of tokens above 1\n\n",
+            mkv_progname());
+    fputs(MKV_COMMON_USAGE, fp);
+    fprintf(fp, "\nOnly the CPU path exists in this build: --device gpu is refused.\n");
+    exit(status);
+}
+
+static void misuse(const char *what)
+{
+    mkv_usage_error("%s; try '%s --help'", what, mkv_progname());
+    exit(2);
+}
+
+/* Say which option getopt_long just rejected, as the user wrote it. glibc
+ * leaves optopt 0 for an unknown long option and sets it to the option's
+ * value for a long option given a value it does not take. */
+static void bad_option(int opt, char **argv)
+{
+    char what[300];
+    const char *arg = argv[optind - 1];
+    int name_len = (int)strcspn(arg, "=");
+    int is_short = optopt > 0 && optopt < 0x100;
+    if (opt == ':' && is_short)
+        snprintf(what, sizeof what, "option '-%c' needs a value", optopt);
+    else if (opt == ':')
+        snprintf(what, sizeof what, "option '%s' needs a value", arg);
+    else if (optopt == 0)
+        snprintf(what, sizeof what, "unknown option '%.*s'", name_len, arg);
+    else if (!is_short || strchr(SHORTOPTS, optopt))
+        snprintf(what, sizeof what, "option '%.*s' takes no value", name_len, arg);
+    else
+        snprintf(what, sizeof what, "unknown option '-%c'", optopt);
+    misuse(what);
+}
+
+typedef struct {
+    const char *compressed;
+    const char *reference;
+    const char *output;
+    const char *budget;
+    int summary_only;
+    mkv_common_opts common;
+} attend_args;
+
+static void parse_args(int argc, char **argv, attend_args *a)
+{
+    memset(a, 0, sizeof *a);
+    mkv_common_init(&a->common);
+    opterr = 0;   /* bad_option prints the one-line message */
+    int opt;
+    double budget;
+    while ((opt = getopt_long(argc, argv, SHORTOPTS, longopts, NULL)) != -1) {
+        switch (opt) {
+        case 'h':
+            usage(stdout, 0);
+            break;
+        case MKV_OPT_VERSION:
+            mkv_print_version(stdout);
+            exit(0);
+        case '?':
+        case ':':
+            bad_option(opt, argv);
+            break;
+        case 'o':
+            /* '-' is stdout, where the table goes anyway */
+            a->output = strcmp(optarg, "-") == 0 ? NULL : optarg;
+            break;
+        case 'r':
+            a->reference = optarg;
+            break;
+        case OPT_SUMMARY:
+            a->summary_only = 1;
+            break;
+        case OPT_BUDGET:
+            /* the method's own range check follows once it is known */
+            if (mkv_parse_double(optarg, "budget", 0, 1e18, &budget))
+                exit(2);
+            if (budget <= 0) {
+                mkv_usage_error("invalid value '%s' for --budget: must be positive", optarg);
+                exit(2);
+            }
+            a->budget = optarg;
+            break;
+        default: {
+            int handled = mkv_common_option(&a->common, opt, optarg);
+            if (handled < 0)
+                exit(2);
+            if (!handled)
+                misuse("internal error: unhandled option");
+        }
+        }
+    }
+    if (optind >= argc)
+        misuse("missing COMPRESSED (a dump made by mkv-compress)");
+    if (argc - optind > 1) {
+        char what[300];
+        snprintf(what, sizeof what, "too many operands ('%s' after COMPRESSED)", argv[optind + 1]);
+        misuse(what);
+    }
+    a->compressed = argv[optind];
+    if (a->common.device == MKV_DEVICE_GPU) {
+        mkv_usage_error("--device gpu: GPU attention is not available in this build yet (use --device cpu or auto)");
+        exit(1);
+    }
+}
+
+/* ------------------------------------------------------------ setup */
+
+typedef struct {
+    const char *c_label;        /* the compressed dump as messages name it */
+    const char *raw_path;
+    mkv_cdump *c;
+    mkv_dump *raw;
+    const mkv_method *method;
+    mkv_params params;
+    const mkv_cdump_meta *cm;
+    const mkv_dump_meta *m;     /* of the raw dump */
+    int32_t *query_pos;         /* [W] */
+} session;
+
+/* Rebuild the parameters the file records (every one, in canonical form). */
+static int load_params(session *s, mkv_error *err)
+{
+    mkv_params_init(&s->params, s->method->params);
+    char *copy = strdup(s->cm->params);
+    if (!copy)
+        return mkv_fail(err, MKV_ENOMEM, "out of memory");
+    int rc = MKV_OK;
+    for (char *save = NULL, *tok = strtok_r(copy, " ", &save); tok && !rc; tok = strtok_r(NULL, " ", &save))
+        if (mkv_params_parse(&s->params, tok, err)) {
+            mkv_error_prefix(err, "'%s': the recorded parameters of method '%s'", s->c_label, s->method->name);
+            rc = err->code = MKV_EFORMAT;
+        }
+    free(copy);
+    return rc;
+}
+
+static int method_names(char *buf, size_t size)
+{
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int i = 0; mkv_methods[i] && len < size; i++)
+        len += (size_t)snprintf(buf + len, size - len, "%s%s", i ? ", " : "", mkv_methods[i]->name);
+    return (int)len;
+}
+
+/* The raw dump must be the one the compressed dump was made from. */
+static int match_reference(session *s, mkv_error *err)
+{
+    const mkv_dump_meta *r = s->m, *c = &s->cm->raw;
+    struct { const char *name; int64_t raw, comp; } f[] = {
+        {"n_layers", r->n_layers, c->n_layers}, {"n_heads", r->n_heads, c->n_heads},
+        {"n_kv_heads", r->n_kv_heads, c->n_kv_heads}, {"head_dim", r->head_dim, c->head_dim},
+        {"n_tokens", r->n_tokens, c->n_tokens}, {"queries", r->n_queries, c->n_queries},
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (f[i].raw != f[i].comp)
+            return mkv_fail(err, MKV_EFORMAT, "'%s' is not the dump '%s' was made from: %s is %" PRId64
+                            " there, %" PRId64 " here", mkv_dump_path(s->raw), s->c_label, f[i].name,
+                            f[i].raw, f[i].comp);
+    int32_t *raw_pos = calloc((size_t)r->n_queries + 1, sizeof *raw_pos);
+    if (!raw_pos)
+        return mkv_fail(err, MKV_ENOMEM, "out of memory");
+    int rc = mkv_dump_read_query_pos(s->raw, raw_pos, err);
+    for (int64_t w = 0; !rc && w < r->n_queries; w++)
+        if (raw_pos[w] != s->query_pos[w])
+            rc = mkv_fail(err, MKV_EFORMAT, "'%s' is not the dump '%s' was made from: query %" PRId64
+                          " is at position %d there, %d here", mkv_dump_path(s->raw), s->c_label, w,
+                          raw_pos[w], s->query_pos[w]);
+    free(raw_pos);
+    return rc;
+}
+
+static int open_inputs(const attend_args *a, session *s, mkv_error *err)
+{
+    s->c_label = strcmp(a->compressed, "-") == 0 ? "(stdin)" : a->compressed;
+    int rc = mkv_cdump_open(a->compressed, &s->c, err);
+    if (rc)
+        return rc;
+    s->cm = mkv_cdump_meta_of(s->c);
+    s->method = mkv_method_find(s->cm->method);
+    if (!s->method) {
+        char names[512];
+        method_names(names, sizeof names);
+        return mkv_fail(err, MKV_EFORMAT, "'%s' was made with method '%s', which this build lacks (methods: %s)",
+                        s->c_label, s->cm->method, names);
+    }
+    if ((rc = load_params(s, err)))
+        return rc;
+    if (a->budget) {
+        if (!mkv_params_str(&s->params, "budget"))
+            return mkv_fail(err, MKV_EUSAGE, "--budget: method '%s' has no token budget", s->method->name);
+        if (mkv_params_set(&s->params, "budget", a->budget, err))
+            return mkv_error_prefix(err, "--budget: method '%s'", s->method->name);
+    }
+    if (s->cm->raw.n_queries == 0)
+        return mkv_fail(err, MKV_EFORMAT, "'%s' has no queries to answer (capture some with --queries N)",
+                        s->c_label);
+    s->query_pos = calloc((size_t)s->cm->raw.n_queries, sizeof *s->query_pos);
+    if (!s->query_pos)
+        return mkv_fail(err, MKV_ENOMEM, "out of memory");
+    mkv_cdump_read_query_pos(s->c, s->query_pos, err);
+
+    s->raw_path = a->reference ? a->reference : s->cm->source;
+    if (!a->reference && (!s->raw_path[0] || strcmp(s->raw_path, "-") == 0))
+        return mkv_fail(err, MKV_EUSAGE, "'%s' was compressed from standard input: give --reference RAW", s->c_label);
+    if (strcmp(s->raw_path, "-") == 0 && strcmp(a->compressed, "-") == 0)
+        return mkv_fail(err, MKV_EUSAGE, "COMPRESSED and --reference cannot both be standard input");
+    if ((rc = mkv_dump_open(s->raw_path, &s->raw, err))) {
+        if (!a->reference) {
+            /* say where the name came from and how to give another */
+            char msg[MKV_ERRMSG_MAX];
+            snprintf(msg, sizeof msg, "%s (the source recorded in '%s'; give --reference RAW)", err->msg, s->c_label);
+            memcpy(err->msg, msg, sizeof msg);
+        }
+        return rc;
+    }
+    s->m = mkv_dump_meta_of(s->raw);
+    if ((rc = match_reference(s, err)))
+        return rc;
+    if ((rc = s->method->check(&s->params, s->m, err)))
+        return mkv_error_prefix(err, "method '%s'", s->method->name);
+    return MKV_OK;
+}
+
+static void close_inputs(session *s)
+{
+    mkv_cdump_close(s->c);
+    mkv_dump_close(s->raw);
+    free(s->query_pos);
+}
+
+/* ------------------------------------------------------------ attention */
+
+/* Read all heads of /layers/NN/<kind> and refuse NaN/Inf the way
+ * mkv-analyze does: "'kv.h5': /layers/00/k: NaN at [head,position,channel]". */
+static int read_finite(mkv_dump *d, int layer, char kind, int heads, int64_t len, int dim, float *out, mkv_error *err)
+{
+    int rc = mkv_dump_read(d, layer, kind, 0, heads, 0, len, out, err);
+    if (rc)
+        return rc;
+    int64_t bad = mkv_find_nonfinite(out, (size_t)heads * (size_t)len * (size_t)dim);
+    if (bad < 0)
+        return MKV_OK;
+    float v = out[bad];
+    return mkv_fail(err, MKV_EFORMAT, "'%s': /layers/%02d/%c: %s at [%" PRId64 ",%" PRId64 ",%" PRId64 "]",
+                    mkv_dump_path(d), layer, kind, isnan(v) ? "NaN" : v > 0 ? "Inf" : "-Inf",
+                    bad / (len * dim), bad / dim % len, bad % dim);
+}
+
+typedef struct {
+    double rel_l2, recall;
+    int64_t tokens;
+    uint64_t bytes_read;
+} row;
+
+/* A batch of layers read from the raw dump, and the (layer, KV head) tasks
+ * over it the workers share. */
+typedef struct {
+    const session *s;
+    int first_layer, n_layers;
+    float *k, *v;               /* [n_layers][n_kv_heads][T][d] */
+    float *q;                   /* [n_layers][n_heads][W][d] */
+    row *rows;                  /* [W][L][n_heads] for the whole dump */
+    pthread_mutex_t mu;
+    int next_task, stop;
+    int *rc;                    /* [n_layers * n_kv_heads] */
+    mkv_error *errs;
+    mkv_progress *progress;
+    int64_t *done;
+} batch;
+
+/* Answer every query of one (layer, KV head) with the method and exactly. */
+static int attend_head(const batch *b, int slot, int h, mkv_error *err)
+{
+    const session *s = b->s;
+    const mkv_dump_meta *m = s->m;
+    int layer = b->first_layer + slot, d = m->head_dim, G = m->n_heads / m->n_kv_heads;
+    int64_t T = m->n_tokens, W = m->n_queries;
+    size_t kv_head = (size_t)T * (size_t)d;
+    const float *k = b->k + ((size_t)slot * (size_t)m->n_kv_heads + (size_t)h) * kv_head;
+    const float *v = b->v + ((size_t)slot * (size_t)m->n_kv_heads + (size_t)h) * kv_head;
+    const float *q = b->q + (size_t)slot * (size_t)m->n_heads * (size_t)W * (size_t)d;
+
+    void *state = NULL;
+    int rc = s->method->load(&s->params, s->c, layer, h, &state, err);
+    if (rc)
+        return rc;
+    float *qbuf = malloc(sizeof(float) * (size_t)G * (size_t)d);
+    float *out = malloc(sizeof(float) * (size_t)G * (size_t)d);
+    float *exact = malloc(sizeof(float) * (size_t)G * (size_t)d);
+    double *probs = malloc(sizeof(double) * (size_t)G * (size_t)T);
+    uint8_t *attended = malloc((size_t)T);
+    if (!qbuf || !out || !exact || !probs || !attended)
+        rc = mkv_fail(err, MKV_ENOMEM, "out of memory");
+    for (int64_t w = 0; w < W && !rc; w++) {
+        int64_t pos = s->query_pos[w], n = pos + 1;
+        for (int g = 0; g < G; g++)
+            memcpy(qbuf + (size_t)g * (size_t)d, q + ((size_t)(h * G + g) * (size_t)W + (size_t)w) * (size_t)d,
+                   sizeof(float) * (size_t)d);
+        mkv_attend_query aq = {.G = G, .d = d, .q = qbuf, .pos = pos, .scale = 1.0 / sqrt((double)d)};
+        mkv_attend_exact(k, v, d, &aq, exact, probs);
+        memset(attended, 0, (size_t)T);
+        for (size_t i = 0; i < (size_t)G * (size_t)d; i++)
+            out[i] = NAN;
+        mkv_attend_result r = {.out = out, .attended = attended, .bytes_read = 0};
+        if ((rc = s->method->attend(state, &aq, &r, err))) {
+            mkv_error_prefix(err, "query %" PRId64 " (position %" PRId64 ")", w, pos);
+            break;
+        }
+        int64_t bad = mkv_find_nonfinite(out, (size_t)G * (size_t)d);
+        if (bad >= 0) {
+            rc = mkv_fail(err, MKV_EFORMAT, "method '%s' gave a non-finite output for query %" PRId64
+                          " (position %" PRId64 "), query head %" PRId64 ", channel %" PRId64,
+                          s->method->name, w, pos, h * G + bad / d, bad % d);
+            break;
+        }
+        int64_t tokens = 0;
+        for (int64_t t = 0; t < T; t++) {
+            if (attended[t] && t > pos) {
+                rc = mkv_fail(err, MKV_EFORMAT, "method '%s' attended token %" PRId64 " after the position %"
+                              PRId64 " of query %" PRId64, s->method->name, t, pos, w);
+                break;
+            }
+            tokens += attended[t] != 0;
+        }
+        for (int g = 0; g < G && !rc; g++) {
+            row *rw = &b->rows[((size_t)w * (size_t)m->n_layers + (size_t)layer) * (size_t)m->n_heads +
+                               (size_t)(h * G + g)];
+            rw->rel_l2 = mkv_rel_l2(out + (size_t)g * (size_t)d, exact + (size_t)g * (size_t)d, d);
+            rw->recall = mkv_recall(probs + (size_t)g * (size_t)n, attended, n);
+            rw->tokens = tokens;
+            rw->bytes_read = r.bytes_read;
+        }
+    }
+    free(qbuf);
+    free(out);
+    free(exact);
+    free(probs);
+    free(attended);
+    s->method->free_state(state);
+    return rc;
+}
+
+static void *worker(void *arg)
+{
+    batch *b = arg;
+    int n_kv = b->s->m->n_kv_heads, n_tasks = b->n_layers * n_kv;
+    for (;;) {
+        pthread_mutex_lock(&b->mu);
+        int t = b->stop || b->next_task >= n_tasks ? -1 : b->next_task++;
+        pthread_mutex_unlock(&b->mu);
+        if (t < 0)
+            return NULL;
+        mkv_error_clear(&b->errs[t]);
+        b->rc[t] = attend_head(b, t / n_kv, t % n_kv, &b->errs[t]);
+        pthread_mutex_lock(&b->mu);
+        if (b->rc[t])
+            b->stop = 1;
+        mkv_progress_update(b->progress, ++*b->done);
+        pthread_mutex_unlock(&b->mu);
+    }
+}
+
+static int run_batch(batch *b, int threads, mkv_error *err)
+{
+    int n_tasks = b->n_layers * b->s->m->n_kv_heads;
+    int workers = threads < n_tasks ? threads : n_tasks;
+    b->next_task = 0;
+    b->stop = 0;
+    for (int t = 0; t < n_tasks; t++)
+        b->rc[t] = MKV_OK;
+    pthread_t *tids = calloc((size_t)workers, sizeof *tids);
+    int started = 0;
+    if (tids)
+        for (; started < workers - 1; started++)
+            if (pthread_create(&tids[started], NULL, worker, b) != 0)
+                break;
+    worker(b);   /* the calling thread works too */
+    for (int i = 0; i < started; i++)
+        pthread_join(tids[i], NULL);
+    free(tids);
+    int n_kv = b->s->m->n_kv_heads;
+    for (int t = 0; t < n_tasks; t++)
+        if (b->rc[t]) {
+            *err = b->errs[t];
+            mkv_error_prefix(err, "layer %d head %d", b->first_layer + t / n_kv, t % n_kv);
+            return b->rc[t];
+        }
+    return MKV_OK;
+}
+
+/* Fill rows [W][L][n_heads] for the whole dump. */
+static int attend_all(const session *s, int threads, row *rows, mkv_error *err)
+{
+    const mkv_dump_meta *m = s->m;
+    /* enough layers at once to give every thread a (layer, head) */
+    int per_batch = (threads + m->n_kv_heads - 1) / m->n_kv_heads;
+    if (per_batch > m->n_layers)
+        per_batch = m->n_layers;
+    size_t kv_layer, q_layer, kv_n, q_n;
+    if (mkv_mul_size3((size_t)m->n_kv_heads, (size_t)m->n_tokens, (size_t)m->head_dim, &kv_layer) ||
+        mkv_mul_size3((size_t)m->n_heads, (size_t)m->n_queries, (size_t)m->head_dim, &q_layer) ||
+        mkv_mul_size(kv_layer, (size_t)per_batch, &kv_n) || mkv_mul_size(q_layer, (size_t)per_batch, &q_n))
+        return mkv_fail(err, MKV_ENOMEM, "'%s': a layer is too large to hold in memory", mkv_dump_path(s->raw));
+    batch b = {.s = s, .rows = rows};
+    int64_t done = 0;
+    mkv_progress progress;
+    b.progress = &progress;
+    b.done = &done;
+    b.k = mkv_alloc(kv_n, sizeof(float), "keys", err);
+    b.v = mkv_alloc(kv_n, sizeof(float), "values", err);
+    b.q = mkv_alloc(q_n, sizeof(float), "queries", err);
+    b.rc = calloc((size_t)per_batch * (size_t)m->n_kv_heads, sizeof *b.rc);
+    b.errs = calloc((size_t)per_batch * (size_t)m->n_kv_heads, sizeof *b.errs);
+    int rc = MKV_OK;
+    if (!b.k || !b.v || !b.q || !b.rc || !b.errs)
+        rc = mkv_fail(err, MKV_ENOMEM, "out of memory for %d layers of '%s'", per_batch, mkv_dump_path(s->raw));
+    pthread_mutex_init(&b.mu, NULL);
+    mkv_progress_start(&progress, "attending", (int64_t)m->n_layers * m->n_kv_heads);
+    for (int l0 = 0; l0 < m->n_layers && !rc; l0 += per_batch) {
+        b.first_layer = l0;
+        b.n_layers = m->n_layers - l0 < per_batch ? m->n_layers - l0 : per_batch;
+        /* all raw reading happens here, never while workers read the compressed dump */
+        for (int i = 0; i < b.n_layers && !rc; i++)
+            if ((rc = read_finite(s->raw, l0 + i, 'k', m->n_kv_heads, m->n_tokens, m->head_dim, b.k + i * kv_layer, err)) ||
+                (rc = read_finite(s->raw, l0 + i, 'v', m->n_kv_heads, m->n_tokens, m->head_dim, b.v + i * kv_layer, err)) ||
+                (rc = read_finite(s->raw, l0 + i, 'q', m->n_heads, m->n_queries, m->head_dim, b.q + i * q_layer, err)))
+                break;
+        if (!rc)
+            rc = run_batch(&b, threads, err);
+    }
+    mkv_progress_finish(&progress);
+    pthread_mutex_destroy(&b.mu);
+    mkv_free(b.k);
+    mkv_free(b.v);
+    mkv_free(b.q);
+    free(b.rc);
+    free(b.errs);
+    return rc;
+}
+
+/* ------------------------------------------------------------ output */
+
+static void print_rows(FILE *fp, const session *s, const row *rows)
+{
+    const mkv_dump_meta *m = s->m;
+    int G = m->n_heads / m->n_kv_heads;
+    fputs(ROW_HEADER "\n", fp);
+    for (int64_t w = 0; w < m->n_queries; w++)
+        for (int l = 0; l < m->n_layers; l++)
+            for (int h = 0; h < m->n_heads; h++) {
+                const row *r = &rows[((size_t)w * (size_t)m->n_layers + (size_t)l) * (size_t)m->n_heads + (size_t)h];
+                fprintf(fp, "%" PRId64 "\t%d\t%d\t%d\t%d\t%.6g\t%.6f\t%" PRId64 "\t%" PRIu64 "\n", w,
+                        s->query_pos[w], l, h, h / G, r->rel_l2, r->recall, r->tokens, r->bytes_read);
+            }
+}
+
+static int print_summary(FILE *fp, const session *s, const row *rows, mkv_error *err)
+{
+    const mkv_dump_meta *m = s->m;
+    int64_t n = m->n_queries * m->n_layers * m->n_heads;
+    double *rel = malloc(sizeof(double) * (size_t)n);
+    if (!rel)
+        return mkv_fail(err, MKV_ENOMEM, "out of memory");
+    double recall = 0, tokens = 0, bytes = 0, dense = 0;
+    for (int64_t i = 0; i < n; i++) {
+        rel[i] = rows[i].rel_l2;
+        recall += rows[i].recall;
+        tokens += (double)rows[i].tokens;
+        bytes += (double)rows[i].bytes_read;
+        /* a dense float16 cache reads K and V of tokens 0..pos */
+        int64_t w = i / ((int64_t)m->n_layers * m->n_heads);
+        dense += (double)(s->query_pos[w] + 1) * m->head_dim * 2 * 2;
+    }
+    mkv_summary st;
+    int fail = mkv_summarize(rel, n, &st);
+    free(rel);
+    if (fail)
+        return mkv_fail(err, MKV_ENOMEM, "out of memory");
+    char params[sizeof s->cm->params];
+    mkv_params_format(&s->params, params, sizeof params);
+    fprintf(fp, SUMMARY_HEADER "\n");
+    fprintf(fp, "%s\t%s\tcpu\t%.4f\t%" PRIu64 "\t%" PRIu64 "\t%" PRId64 "\t%.6g\t%.6g\t%.6g\t%.6g\t%.6f\t%.2f\t%.1f\t%.1f\n",
+            s->method->name, params[0] ? params : "-",
+            (double)s->cm->logical_bytes / (double)s->cm->physical_bytes, s->cm->logical_bytes,
+            s->cm->physical_bytes, n, st.mean, st.median, st.p90, st.max, recall / (double)n,
+            tokens / (double)n, bytes / (double)n, dense / (double)n);
+    return MKV_OK;
+}
+
+static int same_file(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    if (strcmp(a, b) == 0)
+        return 1;
+    if (stat(a, &sa) != 0 || stat(b, &sb) != 0)
+        return 0;
+    return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+/* Write the report to path atomically (temporary file, fsync, rename), so a
+ * failed run never leaves a partial table under the name. */
+static int write_report(const char *path, const attend_args *a, const session *s, const row *rows, mkv_error *err)
+{
+    if (!path) {
+        int rc = a->summary_only ? print_summary(stdout, s, rows, err) : (print_rows(stdout, s, rows), MKV_OK);
+        if (!rc && fflush(stdout) != 0)
+            rc = mkv_fail_errno(err, MKV_EIO, errno, "cannot write standard output");
+        return rc;
+    }
+    char *dcopy = strdup(path), *bcopy = strdup(path);
+    size_t len = strlen(path) + 16;
+    char *tmp = malloc(len);
+    if (!dcopy || !bcopy || !tmp) {
+        free(dcopy);
+        free(bcopy);
+        free(tmp);
+        return mkv_fail(err, MKV_ENOMEM, "out of memory");
+    }
+    snprintf(tmp, len, "%s/.%s.XXXXXX", dirname(dcopy), basename(bcopy));
+    free(dcopy);
+    free(bcopy);
+    int fd = mkstemp(tmp);
+    if (fd < 0) {
+        int e = errno;
+        free(tmp);
+        return mkv_fail_errno(err, MKV_EIO, e, "cannot create '%s'", path);
+    }
+    mode_t mask = umask(0);
+    umask(mask);
+    fchmod(fd, 0666 & ~mask);
+    FILE *fp = fdopen(fd, "w");
+    int rc = MKV_OK;
+    if (!fp) {
+        close(fd);
+        rc = mkv_fail_errno(err, MKV_EIO, errno, "cannot write '%s'", path);
+    } else {
+        if (a->summary_only)
+            rc = print_summary(fp, s, rows, err);
+        else
+            print_rows(fp, s, rows);
+        if (!rc && (fflush(fp) != 0 || fsync(fileno(fp)) != 0))
+            rc = mkv_fail_errno(err, MKV_EIO, errno, "cannot write '%s'", path);
+        if (fclose(fp) != 0 && !rc)
+            rc = mkv_fail_errno(err, MKV_EIO, errno, "cannot write '%s'", path);
+    }
+    if (!rc && rename(tmp, path) != 0)
+        rc = mkv_fail_errno(err, MKV_EIO, errno, "cannot write '%s'", path);
+    if (rc)
+        unlink(tmp);
+    free(tmp);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    mkv_log_init(argv[0]);
+    attend_args a;
+    parse_args(argc, argv, &a);
+
+    mkv_error err;
+    mkv_error_clear(&err);
+    session s;
+    memset(&s, 0, sizeof s);
+    row *rows = NULL;
+    int rc = open_inputs(&a, &s, &err);
+    if (!rc && a.output && (same_file(a.output, a.compressed) || same_file(a.output, s.raw_path)))
+        rc = mkv_fail(&err, MKV_EUSAGE, "output '%s' would overwrite an input", a.output);
+    if (!rc) {
+        const mkv_dump_meta *m = s.m;
+        rows = calloc((size_t)m->n_queries * (size_t)m->n_layers * (size_t)m->n_heads, sizeof *rows);
+        if (!rows)
+            rc = mkv_fail(&err, MKV_ENOMEM, "out of memory for the result table");
+    }
+    if (!rc) {
+        int threads = a.common.threads ? a.common.threads : mkv_ncpus();
+        mkv_info("%s: method %s, reference %s, %d threads on the CPU", s.c_label, s.method->name,
+                 mkv_dump_path(s.raw), threads);
+        rc = attend_all(&s, threads, rows, &err);
+    }
+    if (!rc)
+        rc = write_report(a.output, &a, &s, rows, &err);
+    if (!rc && !a.summary_only && a.common.verbosity > MKV_LOG_ERROR)
+        rc = print_summary(stderr, &s, rows, &err);
+    if (rc)
+        mkv_report(&err);
+    free(rows);
+    close_inputs(&s);
+    return mkv_exit_code(rc);
+}

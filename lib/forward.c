@@ -378,7 +378,10 @@ static void rmsnorm(float *out, const float *x, const float *weight, int n, floa
 
 void mkv_rope_angle(const mkv_model_config *cfg, int pos, int j, double *c, double *s)
 {
-    double angle = pos * pow(cfg->rope_theta, -2.0 * j / cfg->rope_dim);
+    double inv_freq = pow(cfg->rope_theta, -2.0 * j / cfg->rope_dim);
+    if (cfg->has_rope_freq_factors)
+        inv_freq /= cfg->rope_freq_factors[j];
+    double angle = pos * inv_freq;
     *c = cos(angle);
     *s = sin(angle);
 }

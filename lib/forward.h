@@ -81,7 +81,8 @@ const float *mkv_forward_k(const mkv_forward *f, int layer, int kv_head);
 const float *mkv_forward_v(const mkv_forward *f, int layer, int kv_head);
 
 /* Cosine and sine of RoPE pair j at position pos, computed in double:
- * angle pos * theta^(-2j/rope_dim). */
+ * angle pos * theta^(-2j/rope_dim) / rope_freq_factors[j] (no divisor
+ * unless cfg->has_rope_freq_factors). */
 void mkv_rope_angle(const mkv_model_config *cfg, int pos, int j, double *c, double *s);
 
 #endif

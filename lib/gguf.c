@@ -832,6 +832,61 @@ static int token_id_key(const mkv_gguf *g, const char *key, int def, int n_vocab
     return MKV_OK;
 }
 
+/* RoPE frequency divisors, as llama.cpp applies them: rope_freqs.weight
+ * (one per rotated pair; Llama 3.1 files carry it) times the linear factor
+ * of arch.rope.scaling.factor (or the older arch.rope.scale_linear) unless
+ * arch.rope.scaling.type is "none".  Other scaling types are refused by
+ * name.  c->rope_dim must be set. */
+static int rope_scaling(const mkv_gguf *g, const meta *m, mkv_model_config *c, mkv_error *err)
+{
+    double scale;
+    int rc, pairs = c->rope_dim / 2;
+    if ((rc = meta_float(m, "rope.scaling.factor", 0.0, &scale)))
+        return rc;
+    if (scale == 0.0 && (rc = meta_float(m, "rope.scale_linear", 0.0, &scale)))
+        return rc;
+    if (scale < 0.0)
+        return mkv_fail(err, MKV_EFORMAT, "'%s': RoPE scaling factor %g is negative", g->path, scale);
+    char key[256];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", m->arch);
+    const mkv_gguf_value *type = mkv_gguf_find(g, key);
+    const char *scaling = type ? mkv_gguf_value_str(type, NULL) : "linear";
+    if (!scaling)
+        return mkv_fail(err, MKV_EFORMAT, "'%s': '%s' is a %s, not a string", g->path, key,
+                        mkv_gguf_type_name(type->type));
+    if (!strcmp(scaling, "none") || scale == 0.0)
+        scale = 1.0;
+    if (scale != 1.0 && strcmp(scaling, "linear") != 0)
+        return mkv_fail(err, MKV_EUNSUP, "'%s': RoPE scaling of type '%.64s' (factor %g) is not "
+                        "supported (supported: none, linear, rope_freqs.weight)", g->path, scaling, scale);
+
+    const mkv_gguf_tensor *t = mkv_gguf_find_tensor(g, "rope_freqs.weight");
+    if (!t && scale == 1.0)
+        return MKV_OK;
+    if (pairs < 1 || pairs > MKV_ROPE_MAX_PAIRS)
+        return mkv_fail(err, MKV_EFORMAT, "'%s': scaled RoPE over %d channels per head (supported: "
+                        "2 to %d)", g->path, c->rope_dim, 2 * MKV_ROPE_MAX_PAIRS);
+    if (t) {
+        if (t->n_dims != 1 || t->ne[0] != (uint64_t)pairs)
+            return mkv_fail(err, MKV_EFORMAT, "'%s': tensor 'rope_freqs.weight' must be a vector of "
+                            "%d values (one per rotated pair)", g->path, pairs);
+        if ((rc = mkv_gguf_dequantize(g, t, c->rope_freq_factors, err)))
+            return rc;
+        for (int j = 0; j < pairs; j++)
+            if (!(c->rope_freq_factors[j] > 0.0f && isfinite(c->rope_freq_factors[j])))
+                return mkv_fail(err, MKV_EFORMAT, "'%s': tensor 'rope_freqs.weight' holds %g at "
+                                "element %d (frequency divisors must be finite and > 0)", g->path,
+                                (double)c->rope_freq_factors[j], j);
+    } else {
+        for (int j = 0; j < pairs; j++)
+            c->rope_freq_factors[j] = 1.0f;
+    }
+    for (int j = 0; j < pairs; j++)
+        c->rope_freq_factors[j] = (float)(c->rope_freq_factors[j] * scale);
+    c->has_rope_freq_factors = 1;
+    return MKV_OK;
+}
+
 static int read_config(const mkv_gguf *g, mkv_model_config *c, mkv_error *err)
 {
     size_t arch_len;
@@ -865,17 +920,11 @@ static int read_config(const mkv_gguf *g, mkv_model_config *c, mkv_error *err)
     c->head_dim = key_len;
     if ((rc = meta_int(&m, "rope.dimension_count", 0, c->head_dim, 1, INT32_MAX, &c->rope_dim)))
         return rc;
-    double theta, eps, scale;
+    double theta, eps;
     if ((rc = meta_float(&m, "rope.freq_base", 10000.0, &theta)) ||
         (rc = meta_float(&m, "attention.layer_norm_rms_epsilon", 1e-5, &eps)) ||
-        (rc = meta_float(&m, "rope.scaling.factor", 1.0, &scale)))
+        (rc = rope_scaling(g, &m, c, err)))
         return rc;
-    char key[256];
-    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
-    const char *scaling = mkv_gguf_value_str(mkv_gguf_find(g, key), NULL);
-    if (scale != 1.0 && !(scaling && strcmp(scaling, "none") == 0))
-        return mkv_fail(err, MKV_EUNSUP, "'%s': RoPE scaling ('%s', factor %g) is not supported",
-                        g->path, scaling ? scaling : "linear", scale);
     c->rope_theta = theta;
     c->rms_eps = (float)eps;
     c->rope_layout = MKV_ROPE_INTERLEAVED;
@@ -919,9 +968,6 @@ int mkv_gguf_model(const mkv_gguf *g, mkv_model **out, mkv_error *err)
     int rc = read_config(g, &c, err);
     if (rc)
         return rc;
-    if (mkv_gguf_find_tensor(g, "rope_freqs.weight"))
-        return mkv_fail(err, MKV_EUNSUP, "'%s': the model scales its RoPE frequencies "
-                        "(rope_freqs.weight, LLaMA-3.1-style); this is not supported", g->path);
     mkv_model *m;
     if ((rc = mkv_model_create(&c, &m, err)))
         return rc;
@@ -990,6 +1036,9 @@ int mkv_gguf_model(const mkv_gguf *g, mkv_model **out, mkv_error *err)
             goto done;
         }
     }
+    const mkv_gguf_tensor *freqs = mkv_gguf_find_tensor(g, "rope_freqs.weight");
+    if (freqs) /* read into the config by read_config */
+        used[freqs - mkv_gguf_tensor_at(g, 0)] = 1;
     for (uint64_t i = 0; i < g->n_tensors; i++) {
         if (!used[i]) {
             rc = mkv_fail(err, MKV_EUNSUP, "'%s': tensor '%s' is not part of a LLaMA model this "

@@ -158,8 +158,12 @@ void mkv_gguf_extra_free(mkv_gguf_extra *x);
  * ffn_gate, ffn_down, ffn_up}.weight (+ optional attn_{q,k,v}.bias), every
  * shape checked, dequantized to float32.  RoPE is MKV_ROPE_INTERLEAVED:
  * llama.cpp's converter permutes the rows of Hugging Face Q and K weights
- * so that pairs are adjacent channels, as in llama2.c.  Refused: MoE
- * (expert_count), per-layer head counts, RoPE scaling, rope_freqs. */
+ * so that pairs are adjacent channels, as in llama2.c.  RoPE frequency
+ * divisors (mkv_model_config.rope_freq_factors), as llama.cpp applies
+ * them: the rope_freqs.weight tensor (Llama 3.1) times the linear factor
+ * of llama.rope.scaling.factor (type "linear" or absent; "none" ignores
+ * it).  Refused: MoE (expert_count), per-layer head counts, other RoPE
+ * scaling types (yarn, ...). */
 int mkv_gguf_model(const mkv_gguf *g, mkv_model **out, mkv_error *err);
 
 /* The vocabulary: tokenizer.ggml.model "gpt2" (byte-level BPE with merges

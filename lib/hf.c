@@ -135,29 +135,81 @@ static int parse_arch(const mkv_json *root, const char *path, hf_arch *arch, cha
     return MKV_OK;
 }
 
-/* rope_scaling (or transformers 5's rope_parameters): only unscaled RoPE. */
-static int check_rope_scaling(const mkv_json *root, const char *path, double *theta, mkv_error *err)
+/* A number that must be present, finite and > 0. */
+static int get_positive(const mkv_json *obj, const char *path, const char *where, const char *key,
+                        double *out, mkv_error *err)
+{
+    const mkv_json *v = member(obj, key);
+    if (!v)
+        return mkv_fail(err, MKV_EFORMAT, "'%s': %s.%s is missing", path, where, key);
+    if (mkv_json_double(v, out) != 0 || !(*out > 0.0 && isfinite(*out)))
+        return mkv_fail(err, MKV_EFORMAT, "'%s': %s.%s must be a number > 0", path, where, key);
+    return MKV_OK;
+}
+
+/* Frequency divisors of one rope_scaling object of a known type. */
+static int rope_factors(const mkv_json *s, const char *path, const char *where, const char *type,
+                        mkv_model_config *c, mkv_error *err)
+{
+    double factor, low, high, orig;
+    int rc;
+    if ((rc = get_positive(s, path, where, "factor", &factor, err)))
+        return rc;
+    if (c->rope_dim / 2 > MKV_ROPE_MAX_PAIRS)
+        return mkv_fail(err, MKV_EFORMAT, "'%s': %d rotated channels per head is more than the "
+                        "%d supported", path, c->rope_dim, 2 * MKV_ROPE_MAX_PAIRS);
+    if (!strcmp(type, "linear")) {
+        for (int j = 0; j < c->rope_dim / 2; j++)
+            c->rope_freq_factors[j] = (float)factor;
+    } else {
+        if ((rc = get_positive(s, path, where, "low_freq_factor", &low, err)) ||
+            (rc = get_positive(s, path, where, "high_freq_factor", &high, err)) ||
+            (rc = get_positive(s, path, where, "original_max_position_embeddings", &orig, err)))
+            return rc;
+        if (!(high > low))
+            return mkv_fail(err, MKV_EFORMAT, "'%s': %s.high_freq_factor = %g must exceed "
+                            "low_freq_factor = %g", path, where, high, low);
+        mkv_rope_llama3_factors(c->rope_theta, c->rope_dim, factor, low, high, orig,
+                                c->rope_freq_factors);
+    }
+    c->has_rope_freq_factors = 1;
+    return MKV_OK;
+}
+
+/* rope_scaling (or transformers 5's rope_parameters, which also carries
+ * rope_theta): plain RoPE, "linear" (every frequency divided by factor) or
+ * Llama 3.1's "llama3".  The others (dynamic NTK, YaRN, LongRoPE) change
+ * more than the frequencies and are refused by name. */
+static int parse_rope_scaling(const mkv_json *root, const char *path, mkv_model_config *c,
+                              mkv_error *err)
 {
     const char *keys[] = {"rope_scaling", "rope_parameters"};
+    int rc;
+    /* The base first: the llama3 factors depend on it. */
+    for (int k = 0; k < 2; k++) {
+        const mkv_json *s = member(root, keys[k]);
+        if (s && mkv_json_type_of(s) != MKV_JSON_OBJECT)
+            return mkv_fail(err, MKV_EFORMAT, "'%s': \"%s\" must be an object or null", path, keys[k]);
+        if (s && (rc = get_number(s, path, "rope_theta", &c->rope_theta, err)))
+            return rc;
+    }
     for (int k = 0; k < 2; k++) {
         const mkv_json *s = member(root, keys[k]);
         if (!s)
             continue;
-        if (mkv_json_type_of(s) != MKV_JSON_OBJECT)
-            return mkv_fail(err, MKV_EFORMAT, "'%s': \"%s\" must be an object or null", path, keys[k]);
         const mkv_json *type = member(s, "rope_type");
         if (!type)
             type = member(s, "type");
         const char *name = type ? mkv_json_str(type, NULL) : "default";
         if (!name)
             return mkv_fail(err, MKV_EFORMAT, "'%s': %s.rope_type must be a string", path, keys[k]);
-        if (strcmp(name, "default") != 0)
-            return mkv_fail(err, MKV_EUNSUP,
-                            "'%s': %s of type '%s' is not supported: the forward pass implements "
-                            "plain RoPE only (no frequency scaling)", path, keys[k], name);
-        int rc = get_number(s, path, "rope_theta", theta, err);
-        if (rc)
-            return rc;
+        if (!strcmp(name, "linear") || !strcmp(name, "llama3")) {
+            if ((rc = rope_factors(s, path, keys[k], name, c, err)))
+                return rc;
+        } else if (strcmp(name, "default") != 0) {
+            return mkv_fail(err, MKV_EUNSUP, "'%s': %s of type '%s' is not supported (supported: "
+                            "default, linear, llama3)", path, keys[k], name);
+        }
     }
     return MKV_OK;
 }
@@ -221,7 +273,7 @@ static int parse_config(const mkv_json *root, const char *path, const char *dir,
     double eps = c->rms_eps;
     if ((rc = get_number(root, path, "rms_norm_eps", &eps, err)) ||
         (rc = get_number(root, path, "rope_theta", &c->rope_theta, err)) ||
-        (rc = check_rope_scaling(root, path, &c->rope_theta, err)) ||
+        (rc = parse_rope_scaling(root, path, c, err)) ||
         (rc = get_bool(root, path, "tie_word_embeddings", &c->tied_classifier, err)) ||
         (rc = get_token_id(root, path, "bos_token_id", &c->bos_id, err)) ||
         (rc = get_token_id(root, path, "eos_token_id", &c->eos_id, err)))

@@ -9,9 +9,11 @@
  * Architectures: LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM
  * (q/k/v biases); others are refused by name.  HF stores q/k rows in
  * rotate_half order, so the model uses MKV_ROPE_HALF and the weights are
- * taken as they are.  rope_scaling other than none/"default" (linear,
- * dynamic, yarn, llama3 of LLaMA-3.1) is refused: the forward pass has no
- * frequency scaling.  A sliding window narrower than the context (Mistral
+ * taken as they are.  rope_scaling (or transformers 5's rope_parameters)
+ * of type "default", "linear" or "llama3" (Llama 3.1) becomes per-pair
+ * frequency divisors in the config (mkv_model_config.rope_freq_factors);
+ * the others (dynamic, yarn, longrope, ...) change more than the
+ * frequencies and are refused by name.  A sliding window narrower than the context (Mistral
  * v0.1; Qwen2 with use_sliding_window) caps max_seq_len at the window, the
  * length up to which full attention computes the same thing.
  *

@@ -22,6 +22,8 @@
 #define MAX_VOCAB      (1 << 24)
 #define MAX_SEQ_LEN    (1 << 24)
 
+_Static_assert(MAX_HEAD_DIM / 2 <= MKV_ROPE_MAX_PAIRS, "rope_freq_factors too short for MAX_HEAD_DIM");
+
 /* Each tensor starts on a 64-byte boundary inside the storage block. */
 #define TENSOR_ALIGN_FLOATS 16
 
@@ -72,6 +74,10 @@ int mkv_model_config_check(const mkv_model_config *c, const char *what, mkv_erro
                         what, c->rope_theta);
     if (c->rope_layout != MKV_ROPE_INTERLEAVED && c->rope_layout != MKV_ROPE_HALF)
         return mkv_fail(err, MKV_EFORMAT, "'%s': unknown RoPE layout %d", what, (int)c->rope_layout);
+    for (int j = 0; c->has_rope_freq_factors && j < c->rope_dim / 2; j++)
+        if (!(c->rope_freq_factors[j] > 0.0f && isfinite(c->rope_freq_factors[j])))
+            return mkv_fail(err, MKV_EFORMAT, "'%s': RoPE frequency factor %d = %g must be a finite "
+                            "number > 0", what, j, (double)c->rope_freq_factors[j]);
     if (!(c->rms_eps > 0.0f && c->rms_eps < 1.0f))
         return mkv_fail(err, MKV_EFORMAT, "'%s': rms_eps = %g must be in (0, 1)",
                         what, (double)c->rms_eps);
@@ -81,6 +87,27 @@ int mkv_model_config_check(const mkv_model_config *c, const char *what, mkv_erro
     if (mkv_model_storage_floats(c) == 0)
         return mkv_fail(err, MKV_ENOMEM, "'%s': the weights' size overflows", what);
     return MKV_OK;
+}
+
+void mkv_rope_llama3_factors(double theta, int rope_dim, double factor, double low, double high,
+                             double orig, float *out)
+{
+    const double two_pi = 6.283185307179586;
+    double short_wavelen = orig / high, long_wavelen = orig / low;
+    for (int j = 0; j < rope_dim / 2; j++) {
+        double wavelen = two_pi / pow(theta, -2.0 * j / rope_dim);
+        double divisor;
+        if (wavelen < short_wavelen) {
+            divisor = 1.0;
+        } else if (wavelen > long_wavelen) {
+            divisor = factor;
+        } else {
+            /* inv' = (1 - s) inv / factor + s inv, as a divisor of inv */
+            double s = (orig / wavelen - low) / (high - low);
+            divisor = 1.0 / ((1.0 - s) / factor + s);
+        }
+        out[j] = (float)divisor;
+    }
 }
 
 /* Advance *offset past a tensor of n floats, keeping alignment; returns the

@@ -13,12 +13,16 @@
 #include "mkv.h"
 
 /* How RoPE pairs the channels of a head.  Both rotate pair number j
- * (0 <= j < rope_dim/2) by the angle pos * theta^(-2j/rope_dim). */
+ * (0 <= j < rope_dim/2) by the angle pos * theta^(-2j/rope_dim), divided
+ * by rope_freq_factors[j] when the model scales its frequencies. */
 typedef enum {
     MKV_ROPE_INTERLEAVED = 0, /* pairs (2j, 2j+1): llama2.c, GGUF "llama" */
     MKV_ROPE_HALF = 1         /* pairs (j, j + rope_dim/2): Hugging Face
                                  rotate_half, GGUF "qwen2"/NeoX */
 } mkv_rope_layout;
+
+/* Most RoPE pairs a head can have (head_dim is at most 1024). */
+#define MKV_ROPE_MAX_PAIRS 512
 
 typedef struct {
     char name[128];        /* for messages and the dump's "model" attribute */
@@ -34,6 +38,13 @@ typedef struct {
                               (even, <= head_dim; usually head_dim) */
     double rope_theta;     /* RoPE base, 10000 for LLaMA-2, 500000 LLaMA-3 */
     mkv_rope_layout rope_layout;
+    /* Frequency scaling (Llama 3.1's "llama3" rope_scaling, "linear", GGUF
+     * rope_freqs.weight): pair j's frequency is divided by
+     * rope_freq_factors[j], j < rope_dim/2.  Stored in the config, not
+     * pointed to, because configs are copied by value and read without a
+     * model.  Ignored unless has_rope_freq_factors. */
+    int has_rope_freq_factors;
+    float rope_freq_factors[MKV_ROPE_MAX_PAIRS];
     float rms_eps;
     int tied_classifier;   /* 1: logits use the token embedding matrix */
     int has_qkv_bias;      /* 1: q, k, v projections have biases (Qwen2) */
@@ -70,9 +81,22 @@ void mkv_model_config_defaults(mkv_model_config *cfg);
 
 /* Reject configurations the forward pass cannot run or that are absurd
  * (non-positive or huge shapes, n_heads not a multiple of n_kv_heads, odd
- * rope_dim, bad eps/theta, bos/eos outside the vocabulary).  Messages name
+ * rope_dim, bad eps/theta, RoPE frequency factors that are not finite and
+ * positive, bos/eos outside the vocabulary).  Messages name
  * `what` (a file name).  Returns MKV_OK or MKV_EFORMAT. */
 int mkv_model_config_check(const mkv_model_config *cfg, const char *what, mkv_error *err);
+
+/* Per-pair RoPE frequency divisors of Llama 3.1's "llama3" scaling, as
+ * Hugging Face defines it: for pair j (j < rope_dim/2) with frequency
+ * inv = theta^(-2j/rope_dim) and wavelength 2 pi / inv, against
+ * orig = original_max_position_embeddings: wavelengths below orig / high
+ * keep their frequency (divisor 1), those above orig / low are divided by
+ * factor, and in between s = (orig / wavelength - low) / (high - low)
+ * blends the two: inv' = (1 - s) inv / factor + s inv.  out[j] = inv / inv'
+ * (what GGUF files store as rope_freqs.weight).  Requires high > low > 0
+ * and factor > 0. */
+void mkv_rope_llama3_factors(double theta, int rope_dim, double factor, double low, double high,
+                             double orig, float *out);
 
 /* Floats of storage all weights of cfg take, alignment padding included
  * (0 on size_t overflow). */

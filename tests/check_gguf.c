@@ -3,10 +3,13 @@
  * References: GGUF files this test writes itself byte by byte (metadata of
  * every type, tensors of every supported type with blocks whose values are
  * worked out here from the GGML block layouts), the llama2.c loader on the
- * same weights (stories260K converted to GGUF here: the same logits), the
- * published stories260K token ids and sample, hand-worked BPE merges, and
- * token ids and pre-token splits produced by Hugging Face's `tokenizers`
- * (tests/gguf_ref.py says how).
+ * same weights (stories260K converted to GGUF here: the same logits), a
+ * GGUF with rope_freqs.weight (computed here the way llama.cpp's converter
+ * does) against the same weights under a config.json with Llama 3.1's
+ * "llama3" rope_scaling read by the Hugging Face loader (the same logits),
+ * the published stories260K token ids and sample, hand-worked BPE merges,
+ * and token ids and pre-token splits produced by Hugging Face's
+ * `tokenizers` (tests/gguf_ref.py says how).
  *
  * Real models, each skipped with a message when absent (exit 77 then):
  *   stories260K.bin + tok512.bin: $MKV_MODELS_DIR, else ../shared/models
@@ -22,12 +25,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "bpe_gpt2.h"
 #include "forward.h"
 #include "gguf.h"
+#include "hf.h"
 #include "model.h"
 #include "sampler.h"
 #include "testutil.h"
@@ -835,6 +840,7 @@ typedef struct {
     const char *q4k_tensor;    /* written as (zeroed) Q4_K */
     void (*extra)(gguf_w *w);
     const char *tok512;        /* add tok512.bin as a "llama" vocabulary */
+    const float *rope_freqs;   /* rope_dim/2 values written as rope_freqs.weight */
 } llama_opts;
 
 static int8_t pattern_q8(uint64_t i) { return (int8_t)((i * 37 + 11) % 256 - 128); }
@@ -984,6 +990,8 @@ static void write_llama_gguf(const char *path, const mkv_model *m, const llama_o
     }
     if (o->extra)
         o->extra(&w);
+    if (o->rope_freqs)
+        w_tensor_f32(&w, "rope_freqs.weight", (uint64_t)c->rope_dim / 2, 0, o->rope_freqs);
     uint64_t dim = (uint64_t)c->dim, hid = (uint64_t)c->hidden_dim, vocab = (uint64_t)c->vocab_size;
     uint64_t qd = (uint64_t)c->n_heads * c->head_dim, kvd = (uint64_t)c->n_kv_heads * c->head_dim;
     size_t embed = (size_t)(vocab * dim);
@@ -1119,7 +1127,9 @@ static void x_rope_freqs(gguf_w *w) { float f[8] = {1}; w_tensor_f32(w, "rope_fr
 static void x_extra_tensor(gguf_w *w) { float f[64] = {1}; w_tensor_f32(w, "blk.0.attn_q_norm.weight", 64, 0, f); }
 static void x_per_layer(gguf_w *w) { int32_t v[2] = {2, 2}; kv_arr_i32(w, "llama.attention.head_count_kv", v, 2); }
 static void x_vocab(gguf_w *w) { kv_u32(w, "llama.vocab_size", 41); }
-static void x_scaling(gguf_w *w) { kv_str(w, "llama.rope.scaling.type", "linear"); kv_f32(w, "llama.rope.scaling.factor", 4.0f); }
+static void x_short_rope_freqs(gguf_w *w) { float f[4] = {1, 1, 1, 1}; w_tensor_f32(w, "rope_freqs.weight", 4, 0, f); }
+static void x_yarn(gguf_w *w) { kv_str(w, "llama.rope.scaling.type", "yarn"); kv_f32(w, "llama.rope.scaling.factor", 4.0f); }
+static void x_negative_scale(gguf_w *w) { kv_f32(w, "llama.rope.scaling.factor", -2.0f); }
 
 START_TEST(test_llama_errors)
 {
@@ -1136,12 +1146,14 @@ START_TEST(test_llama_errors)
          "tensor 'blk.0.attn_k.weight' has shape [32, 64] (ne), the configuration implies [64, 32]"},
         {{.nan_tensor = "blk.1.ffn_gate.weight"}, "'blk.1.ffn_gate.weight' holds a non-finite value"},
         {{.extra = x_expert}, "mixture-of-experts"},
-        {{.extra = x_rope_freqs}, "rope_freqs.weight"},
+        {{.extra = x_rope_freqs}, "tensor 'rope_freqs.weight' holds 0 at element 1"},
+        {{.extra = x_short_rope_freqs}, "'rope_freqs.weight' must be a vector of 8 values"},
         {{.extra = x_extra_tensor}, "tensor 'blk.0.attn_q_norm.weight' is not part of a LLaMA model"},
         {{.skip_key = "llama.attention.head_count_kv", .extra = x_per_layer}, "is per-layer"},
         {{.skip_key = "llama.vocab_size", .extra = x_vocab},
          "llama.vocab_size = 41 but token_embd.weight has 40 rows"},
-        {{.extra = x_scaling}, "RoPE scaling ('linear', factor 4) is not supported"},
+        {{.extra = x_yarn}, "RoPE scaling of type 'yarn' (factor 4) is not supported"},
+        {{.extra = x_negative_scale}, "RoPE scaling factor -2 is negative"},
     };
     mkv_model *m = tiny_model(0, 0);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -1273,6 +1285,169 @@ START_TEST(test_stories_gguf_equivalence)
     mkv_tokenizer_free(tok);
     mkv_model_free(m);
     mkv_model_free(ref);
+}
+END_TEST
+
+/* ------------------------------------------------------------ scaled RoPE */
+
+/* Llama 3.1's frequency divisors the way llama.cpp's convert_hf_to_gguf.py
+ * derives rope_freqs.weight from config.json: per pair, from the wavelength
+ * 2 pi / freq against orig / high and orig / low, 1, factor, or
+ * 1 / ((1 - smooth) / factor + smooth) in between. */
+static void converter_rope_freqs(double theta, int rope_dim, double factor, double low, double high,
+                                 double orig, float *out)
+{
+    for (int j = 0; j < rope_dim / 2; j++) {
+        double freq = 1.0 / pow(theta, 2.0 * j / rope_dim);
+        double wavelen = 2.0 * 3.14159265358979324 / freq;
+        if (wavelen < orig / high) {
+            out[j] = 1.0f;
+        } else if (wavelen > orig / low) {
+            out[j] = (float)factor;
+        } else {
+            double smooth = (orig / wavelen - low) / (high - low);
+            out[j] = (float)(1.0 / ((1.0 - smooth) / factor + smooth));
+        }
+    }
+}
+
+/* Rows of the q or k matrix reordered per head from GGUF's interleaved
+ * pairs (2j, 2j+1) to Hugging Face's rotate_half (j, j + hd/2). */
+static void to_rotate_half(float *w, int heads, int hd, int dim)
+{
+    size_t n = (size_t)heads * hd * dim;
+    float *copy = malloc(n * sizeof(float));
+    ck_assert_ptr_nonnull(copy);
+    memcpy(copy, w, n * sizeof(float));
+    for (int h = 0; h < heads; h++)
+        for (int r = 0; r < hd; r++) {
+            int src = r < hd / 2 ? 2 * r : 2 * (r - hd / 2) + 1;
+            memcpy(w + ((size_t)h * hd + r) * dim, copy + ((size_t)h * hd + src) * dim,
+                   (size_t)dim * sizeof(float));
+        }
+    free(copy);
+}
+
+static double max_rel_diff(const float *a, const float *b, size_t n)
+{
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        num = fmax(num, fabs((double)a[i] - b[i]));
+        den = fmax(den, fabs((double)b[i]));
+    }
+    ck_assert(den > 1e-3);
+    return num / den;
+}
+
+/* tiny_model with theta 10000, so that its 8 RoPE wavelengths, 2 pi x
+ * 10^(j/2), straddle the llama3 band of orig 256, low 1, high 8: pairs 0-1
+ * keep their frequency, 2-3 are blended, 4-7 divided by 8. */
+#define SCALED_THETA 10000.0
+#define SCALED_CONFIG_JSON                                                                       \
+    "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64, \"intermediate_size\": 96, " \
+    "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "          \
+    "\"max_position_embeddings\": 32, \"vocab_size\": 40, \"rms_norm_eps\": 1e-06, "              \
+    "\"rope_theta\": 10000.0, \"tie_word_embeddings\": false, \"hidden_act\": \"silu\", "          \
+    "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, "       \
+    "\"high_freq_factor\": 8.0, \"original_max_position_embeddings\": 256}}\n"
+
+/* A GGUF with rope_freqs.weight (as llama.cpp converts Llama 3.1) gives the
+ * logits of the same weights under the Hugging Face config.json that
+ * declares the llama3 scaling, read by the HF loader. */
+START_TEST(test_llama3_rope_freqs)
+{
+    mkv_model *m = tiny_model(0, 0);
+    m->cfg.rope_theta = SCALED_THETA;
+    float freqs[8];
+    converter_rope_freqs(SCALED_THETA, 16, 8.0, 1.0, 8.0, 256.0, freqs);
+    ck_assert(freqs[1] == 1.0f && freqs[2] > 1.0f && freqs[3] < 8.0f && freqs[4] == 8.0f);
+    const char *path = tmp_file("llama3.gguf");
+    llama_opts o = {.rope_freqs = freqs};
+    write_llama_gguf(path, m, &o);
+    mkv_model *g;
+    mkv_error err;
+    ck_assert_msg(mkv_gguf_load(path, &g, NULL, NULL, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_int_eq(g->cfg.has_rope_freq_factors, 1);
+    assert_same_floats(g->cfg.rope_freq_factors, freqs, 8, "rope_freqs");
+
+    /* The HF version: config.json through the HF loader's parser, weights
+     * with q and k rows in rotate_half order. */
+    const char *dir = tmp_file("llama3-hf");
+    ck_assert(mkdir(dir, 0755) == 0);
+    char json[4400];
+    snprintf(json, sizeof json, "%s/config.json", dir);
+    write_bytes(json, SCALED_CONFIG_JSON, strlen(SCALED_CONFIG_JSON));
+    mkv_model_config hc;
+    ck_assert_msg(mkv_hf_read_config(dir, &hc, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_int_eq(hc.rope_layout, MKV_ROPE_HALF);
+    ck_assert_int_eq(hc.has_rope_freq_factors, 1);
+    for (int j = 0; j < 8; j++)
+        ck_assert_msg(fabs(hc.rope_freq_factors[j] - freqs[j]) <= 1e-6 * freqs[j], "pair %d: %g vs %g",
+                      j, (double)hc.rope_freq_factors[j], (double)freqs[j]);
+    mkv_model *h;
+    ck_assert_msg(mkv_model_create(&hc, &h, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_uint_eq(h->storage_floats, g->storage_floats);
+    memcpy(h->storage, g->storage, g->storage_floats * sizeof(float));
+    for (int l = 0; l < 2; l++) {
+        to_rotate_half(h->layers[l].wq, 4, 16, 64);
+        to_rotate_half(h->layers[l].wk, 2, 16, 64);
+    }
+
+    int32_t ids[24];
+    for (int i = 0; i < 24; i++)
+        ids[i] = (int32_t)((i * 7 + 3) % 40);
+    size_t n = 24 * 40;
+    float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float));
+    logits_of(g, ids, 24, a);
+    logits_of(h, ids, 24, b);
+    double e = max_rel_diff(a, b, n);
+    ck_assert_msg(e <= 1e-5, "GGUF rope_freqs vs HF llama3 logits: relative difference %.3g", e);
+    /* ... and the divisors matter at these positions. */
+    g->cfg.has_rope_freq_factors = 0;
+    logits_of(g, ids, 24, b);
+    e = max_rel_diff(b, a, n);
+    ck_assert_msg(e > 1e-2, "plain RoPE logits differ by only %.3g", e);
+    free(a);
+    free(b);
+    mkv_model_free(h);
+    mkv_model_free(g);
+    mkv_model_free(m);
+}
+END_TEST
+
+static void x_linear(gguf_w *w) { kv_str(w, "llama.rope.scaling.type", "linear"); kv_f32(w, "llama.rope.scaling.factor", 4.0f); }
+static void x_none(gguf_w *w) { kv_str(w, "llama.rope.scaling.type", "none"); kv_f32(w, "llama.rope.scaling.factor", 4.0f); }
+static void x_scale_linear(gguf_w *w) { kv_f32(w, "llama.rope.scale_linear", 2.0f); }
+
+/* llama.cpp's reading of the metadata: the linear factor (type "linear" or
+ * none given) divides every frequency, on top of rope_freqs.weight; type
+ * "none" turns it off. */
+START_TEST(test_rope_scaling_metadata)
+{
+    struct {
+        void (*extra)(gguf_w *w);
+        int with_freqs;
+        double want; /* factor of pair j: want x (with_freqs ? j + 1 : 1); 0 = no factors */
+    } cases[] = {
+        {NULL, 0, 0.0}, {x_linear, 0, 4.0}, {x_linear, 1, 4.0}, {x_none, 0, 0.0}, {x_none, 1, 1.0},
+        {x_scale_linear, 0, 2.0},
+    };
+    float freqs[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    mkv_model *m = tiny_model(0, 0);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        llama_opts o = {.extra = cases[i].extra, .rope_freqs = cases[i].with_freqs ? freqs : NULL};
+        const char *path = tmp_file("scaled.gguf");
+        write_llama_gguf(path, m, &o);
+        mkv_model *g;
+        mkv_error err;
+        ck_assert_msg(mkv_gguf_load(path, &g, NULL, NULL, &err) == MKV_OK, "case %zu: %s", i, err.msg);
+        ck_assert_int_eq(g->cfg.has_rope_freq_factors, cases[i].want != 0.0);
+        for (int j = 0; cases[i].want != 0.0 && j < 8; j++)
+            ck_assert_msg(g->cfg.rope_freq_factors[j] == (float)(cases[i].want * (cases[i].with_freqs ? j + 1 : 1)),
+                          "case %zu pair %d: %g", i, j, (double)g->cfg.rope_freq_factors[j]);
+        mkv_model_free(g);
+    }
+    mkv_model_free(m);
 }
 END_TEST
 
@@ -1941,6 +2116,8 @@ int main(void)
     tcase_add_test(tc, test_llama_quantized_matrices);
     tcase_add_test(tc, test_llama_errors);
     tcase_add_test(tc, test_llama_unsupported_quant);
+    tcase_add_test(tc, test_llama3_rope_freqs);
+    tcase_add_test(tc, test_rope_scaling_metadata);
     tcase_add_test(tc, test_bpe_by_hand);
     tcase_add_test(tc, test_pretokenize_reference);
     if (have_stories)

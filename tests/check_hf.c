@@ -4,7 +4,8 @@
  * here into HF layout: q/k rows permuted from interleaved pairs to
  * rotate_half order, so equal logits show the layouts agree), the published
  * stories260K sample and token ids, tests/model_ref.py (float64 numpy
- * forward with biases and rotate_half RoPE) for a Qwen2-style model, and
+ * forward with biases and rotate_half RoPE) for a Qwen2-style model and
+ * for LLaMA models with "llama3" and "linear" rope_scaling, and
  * token ids worked out by hand for small tokenizer.json files.  Every file
  * is written by this test: safetensors by hand (header JSON + raw data),
  * bf16 by its own rounding.  The stories260K tests skip (exit 77 overall)
@@ -1279,6 +1280,56 @@ static void write_biases(const char *path, const mkv_model *m)
     ck_assert_int_eq(fclose(fp), 0);
 }
 
+/* Logits [n][vocab] of model_ref.py's float64 forward pass over m's
+ * weights (written as a llama2.c checkpoint, plus biases when m has them),
+ * with `args` for RoPE and eps; NULL when python3 with numpy or the script
+ * is missing. */
+static double *reference_logits(const mkv_model *m, const int32_t *ids, size_t n, const char *tag,
+                                const char *args)
+{
+    if (!python() || !ref_script())
+        return NULL;
+    char name[3][128];
+    snprintf(name[0], sizeof name[0], "%s.bin", tag);
+    snprintf(name[1], sizeof name[1], "%s.bias", tag);
+    snprintf(name[2], sizeof name[2], "%s.f64", tag);
+    const char *ckpt = tmp_path(name[0]), *bias = tmp_path(name[1]), *out = tmp_path(name[2]);
+    const mkv_model_config *c = &m->cfg;
+    write_llama2c(ckpt, m);
+    char cmd[8192], list[2048] = "", bias_arg[4500] = "";
+    if (c->has_qkv_bias) {
+        write_biases(bias, m);
+        snprintf(bias_arg, sizeof bias_arg, "--bias '%s'", bias);
+    }
+    for (size_t i = 0; i < n; i++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%d", i ? "," : "", (int)ids[i]);
+    snprintf(cmd, sizeof cmd, "'%s' '%s' forward '%s' '%s' --tokens %s %s %s", python(), ref_script(),
+             ckpt, out, list, args, bias_arg);
+    ck_assert_msg(system(cmd) == 0, "reference failed: %s", cmd);
+    FILE *fp = fopen(out, "rb");
+    ck_assert_ptr_nonnull(fp);
+    size_t per_layer = (size_t)(c->n_heads + 3 * c->n_kv_heads) * n * c->head_dim;
+    size_t V = (size_t)c->vocab_size;
+    double *ref = malloc(n * V * sizeof(double));
+    ck_assert_ptr_nonnull(ref);
+    ck_assert_int_eq(fseek(fp, (long)(per_layer * c->n_layers * sizeof(double)), SEEK_SET), 0);
+    ck_assert_uint_eq(fread(ref, sizeof(double), n * V, fp), n * V);
+    fclose(fp);
+    return ref;
+}
+
+/* max |a - ref| / max |ref|, asserting the reference is not all zero. */
+static double rel_error_ref(const float *a, const double *ref, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        num = fmax(num, fabs(a[i] - ref[i]));
+        den = fmax(den, fabs(ref[i]));
+    }
+    ck_assert(den > 1e-3);
+    return num / den;
+}
+
 static const char *write_qwen2_dir(const char *name, mkv_model **weights)
 {
     mkv_model_config c;
@@ -1319,41 +1370,140 @@ START_TEST(test_qwen2_matches_reference)
     size_t n;
     int32_t *ids = encode_flags(t, "<|im_start|>the 1234!a the<|im_end|> xyz", MKV_ENCODE_SPECIAL, &n);
     ck_assert_uint_ge(n, 10);
-    if (!python() || !ref_script()) {
+    double *ref = reference_logits(orig, ids, n, "qwen2", "--rope-layout half --rope-theta 1000000 --eps 1e-6");
+    if (!ref) {
         printf("check_hf: Qwen2 vs model_ref.py skipped: python3 with numpy or tests/model_ref.py not found\n");
     } else {
-        const char *ckpt = tmp_path("qwen2.bin"), *bias = tmp_path("qwen2.bias");
-        const char *out = tmp_path("qwen2.f64");
-        write_llama2c(ckpt, orig);
-        write_biases(bias, orig);
-        char cmd[8192], list[2048] = "";
-        for (size_t i = 0; i < n; i++)
-            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%d", i ? "," : "", (int)ids[i]);
-        snprintf(cmd, sizeof cmd, "'%s' '%s' forward '%s' '%s' --tokens %s --rope-layout half "
-                 "--rope-theta 1000000 --eps 1e-6 --bias '%s'", python(), ref_script(), ckpt, out, list, bias);
-        ck_assert_msg(system(cmd) == 0, "reference failed: %s", cmd);
-        FILE *fp = fopen(out, "rb");
-        ck_assert_ptr_nonnull(fp);
-        const mkv_model_config *c = &m->cfg;
-        size_t per_layer = (size_t)(c->n_heads + 3 * c->n_kv_heads) * n * c->head_dim;
-        size_t V = (size_t)c->vocab_size;
-        double *ref = malloc(n * V * sizeof(double));
-        ck_assert_int_eq(fseek(fp, (long)(per_layer * c->n_layers * sizeof(double)), SEEK_SET), 0);
-        ck_assert_uint_eq(fread(ref, sizeof(double), n * V, fp), n * V);
-        fclose(fp);
         float *logits = all_logits(m, ids, n);
-        double num = 0, den = 0;
-        for (size_t i = 0; i < n * V; i++) {
-            num = fmax(num, fabs(logits[i] - ref[i]));
-            den = fmax(den, fabs(ref[i]));
-        }
-        ck_assert_msg(den > 1e-3 && num / den <= 1e-4, "Qwen2 logits vs model_ref.py: relative error %.3g", num / den);
+        double e = rel_error_ref(logits, ref, n * (size_t)m->cfg.vocab_size);
+        ck_assert_msg(e <= 1e-4, "Qwen2 logits vs model_ref.py: relative error %.3g", e);
         free(ref);
         free(logits);
     }
     free(ids);
     mkv_hf_info_free(&info);
     mkv_tokenizer_free(t);
+    mkv_model_free(m);
+    mkv_model_free(orig);
+}
+END_TEST
+
+/* ------------------------------------------------------------ RoPE scaling vs model_ref.py */
+
+/* Llama 3.1's rope_scaling with the context scaled down to the test model:
+ * head_dim 8 and theta 10000 give wavelengths 2 pi x (1, 10, 100, 1000),
+ * so against 160 / 4 and 160 / 1 pair 0 keeps its frequency, pair 1 is
+ * blended and pairs 2 and 3 are divided by 8. */
+#define LLAMA3_PARAMS "\"factor\": 8.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, " \
+                      "\"original_max_position_embeddings\": 160"
+#define LLAMA3_REF_ARGS "--rope-layout half --rope-theta 10000 --eps 1e-6 --rope-scaling llama3 " \
+                        "--factor 8 --low-freq-factor 1 --high-freq-factor 4 --original-max-pos 160"
+
+/* A LLaMA directory (random weights, no tokenizer) whose config.json has
+ * `scaling` in place of "rope_scaling": null. */
+static const char *write_scaled_llama(const char *name, const char *scaling, mkv_model **weights)
+{
+    mkv_model_config c;
+    qwen2_config(&c);
+    c.has_qkv_bias = 0;
+    c.rope_theta = 10000.0;
+    mkv_model *m = random_model(&c, 31);
+    const char *dir = make_dir(name);
+    hf_tensors t = hf_from_model(m, 0);
+    write_weights(dir, &t, 1);
+    hf_tensors_free(&t);
+    write_config(dir, &c, "LlamaForCausalLM", "", NULL);
+    edit_file(in_dir(dir, "config.json"), "\"rope_scaling\": null", scaling);
+    *weights = m;
+    return dir;
+}
+
+/* Logits of m with and without its RoPE frequency factors differ by more
+ * than `at_least` (relative): the scaling is not lost in the noise. */
+static void expect_scaling_matters(mkv_model *m, const int32_t *ids, size_t n, const float *scaled,
+                                   double at_least)
+{
+    m->cfg.has_rope_freq_factors = 0;
+    float *plain = all_logits(m, ids, n);
+    m->cfg.has_rope_freq_factors = 1;
+    double d = rel_error(plain, scaled, n * (size_t)m->cfg.vocab_size);
+    ck_assert_msg(d > at_least, "scaled and plain RoPE logits differ by only %.3g", d);
+    free(plain);
+}
+
+START_TEST(test_llama3_rope_matches_reference)
+{
+    mkv_model *orig, *m;
+    mkv_error err;
+    const char *dir = write_scaled_llama("llama3-rope", "\"rope_scaling\": {\"rope_type\": \"llama3\", "
+                                         LLAMA3_PARAMS "}", &orig);
+    ck_assert_msg(mkv_hf_load(dir, &m, NULL, NULL, &err) == MKV_OK, "%s", err.msg);
+    const mkv_model_config *c = &m->cfg;
+    ck_assert_int_eq(c->has_rope_freq_factors, 1);
+    ck_assert(c->rope_theta == 10000.0);
+    /* pair 1: wavelength 20 pi, s = (160 / (20 pi) - 1) / (4 - 1) */
+    double s = (160.0 / (20.0 * 3.14159265358979324) - 1.0) / 3.0;
+    ck_assert(c->rope_freq_factors[0] == 1.0f);
+    ck_assert_msg(fabs(c->rope_freq_factors[1] - 1.0 / ((1.0 - s) / 8.0 + s)) < 1e-6, "pair 1: %g",
+                  (double)c->rope_freq_factors[1]);
+    ck_assert(c->rope_freq_factors[2] == 8.0f && c->rope_freq_factors[3] == 8.0f);
+
+    enum { N = 40 };
+    int32_t ids[N];
+    for (int i = 0; i < N; i++)
+        ids[i] = (int32_t)((i * 37 + 5) % 300);
+    float *logits = all_logits(m, ids, N);
+    double *ref = reference_logits(orig, ids, N, "llama3", LLAMA3_REF_ARGS);
+    if (!ref) {
+        printf("check_hf: llama3 RoPE vs model_ref.py skipped: python3 with numpy or tests/model_ref.py not found\n");
+    } else {
+        double e = rel_error_ref(logits, ref, N * (size_t)c->vocab_size);
+        ck_assert_msg(e <= 1e-4, "llama3 RoPE logits vs model_ref.py: relative error %.3g", e);
+        free(ref);
+    }
+    expect_scaling_matters(m, ids, N, logits, 1e-2);
+
+    /* transformers 5 writes rope_parameters, whose rope_theta wins over the
+     * top-level one: the same frequencies. */
+    mkv_model_config v5;
+    write_config(dir, c, "LlamaForCausalLM", "\"rope_parameters\": {\"rope_type\": \"llama3\", "
+                 "\"rope_theta\": 10000.0, " LLAMA3_PARAMS "}", NULL);
+    edit_file(in_dir(dir, "config.json"), "\"rope_theta\": 10000.0,", "\"rope_theta\": 500000.0,");
+    ck_assert_msg(mkv_hf_read_config(dir, &v5, &err) == MKV_OK, "%s", err.msg);
+    ck_assert(v5.rope_theta == 10000.0 && v5.has_rope_freq_factors);
+    ck_assert(memcmp(v5.rope_freq_factors, c->rope_freq_factors, 4 * sizeof(float)) == 0);
+    free(logits);
+    mkv_model_free(m);
+    mkv_model_free(orig);
+}
+END_TEST
+
+START_TEST(test_linear_rope_matches_reference)
+{
+    mkv_model *orig, *m;
+    mkv_error err;
+    const char *dir = write_scaled_llama("linear-rope", "\"rope_scaling\": {\"type\": \"linear\", "
+                                         "\"factor\": 4}", &orig);
+    ck_assert_msg(mkv_hf_load(dir, &m, NULL, NULL, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_int_eq(m->cfg.has_rope_freq_factors, 1);
+    for (int j = 0; j < 4; j++)
+        ck_assert(m->cfg.rope_freq_factors[j] == 4.0f);
+    enum { N = 24 };
+    int32_t ids[N];
+    for (int i = 0; i < N; i++)
+        ids[i] = (int32_t)((i * 53 + 11) % 300);
+    float *logits = all_logits(m, ids, N);
+    double *ref = reference_logits(orig, ids, N, "linear", "--rope-layout half --rope-theta 10000 "
+                                   "--eps 1e-6 --rope-scaling linear --factor 4");
+    if (!ref) {
+        printf("check_hf: linear RoPE vs model_ref.py skipped: python3 with numpy or tests/model_ref.py not found\n");
+    } else {
+        double e = rel_error_ref(logits, ref, N * (size_t)m->cfg.vocab_size);
+        ck_assert_msg(e <= 1e-4, "linear RoPE logits vs model_ref.py: relative error %.3g", e);
+        free(ref);
+    }
+    expect_scaling_matters(m, ids, N, logits, 1e-2);
+    free(logits);
     mkv_model_free(m);
     mkv_model_free(orig);
 }
@@ -1457,11 +1607,31 @@ START_TEST(test_config_errors)
     expect_load_error(dir, MKV_EFORMAT, "num_hidden_layers");
     write_config(dir, &c, "GPTNeoXForCausalLM", "", NULL);
     expect_load_error(dir, MKV_EUNSUP, "GPTNeoXForCausalLM", "not supported");
+    /* RoPE scalings that change more than the frequencies, and bad parameters */
+    write_config(dir, &c, "LlamaForCausalLM", "", NULL);
+    edit_file(in_dir(dir, "config.json"), "\"rope_scaling\": null",
+              "\"rope_scaling\": {\"factor\": 4.0, \"original_max_position_embeddings\": 32, "
+              "\"rope_type\": \"yarn\"}");
+    expect_load_error(dir, MKV_EUNSUP, "rope_scaling", "'yarn'", "not supported");
+    write_config(dir, &c, "LlamaForCausalLM", "\"rope_parameters\": {\"rope_type\": \"dynamic\", \"factor\": 2}", NULL);
+    expect_load_error(dir, MKV_EUNSUP, "rope_parameters", "'dynamic'");
     write_config(dir, &c, "LlamaForCausalLM", "", NULL);
     edit_file(in_dir(dir, "config.json"), "\"rope_scaling\": null",
               "\"rope_scaling\": {\"factor\": 8.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, "
+              "\"rope_type\": \"llama3\"}");
+    expect_load_error(dir, MKV_EFORMAT, "rope_scaling.original_max_position_embeddings is missing");
+    write_config(dir, &c, "LlamaForCausalLM", "", NULL);
+    edit_file(in_dir(dir, "config.json"), "\"rope_scaling\": null",
+              "\"rope_scaling\": {\"factor\": 8.0, \"low_freq_factor\": 4.0, \"high_freq_factor\": 4.0, "
               "\"original_max_position_embeddings\": 8192, \"rope_type\": \"llama3\"}");
-    expect_load_error(dir, MKV_EUNSUP, "rope_scaling", "llama3");
+    expect_load_error(dir, MKV_EFORMAT, "high_freq_factor = 4 must exceed low_freq_factor = 4");
+    write_config(dir, &c, "LlamaForCausalLM", "", NULL);
+    edit_file(in_dir(dir, "config.json"), "\"rope_scaling\": null",
+              "\"rope_scaling\": {\"type\": \"linear\", \"factor\": 0}");
+    expect_load_error(dir, MKV_EFORMAT, "rope_scaling.factor must be a number > 0");
+    write_config(dir, &c, "LlamaForCausalLM", "", NULL);
+    edit_file(in_dir(dir, "config.json"), "\"rope_scaling\": null", "\"rope_scaling\": {\"type\": 3}");
+    expect_load_error(dir, MKV_EFORMAT, "rope_type must be a string");
     write_config(dir, &c, "LlamaForCausalLM", "", NULL);
     edit_file(in_dir(dir, "config.json"), "\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\"");
     expect_load_error(dir, MKV_EUNSUP, "gelu");
@@ -1668,6 +1838,8 @@ int main(void)
     tcase_add_test(tc, test_spm_rank_merges_by_hand);
     tcase_add_test(tc, test_byte_level_by_hand);
     tcase_add_test(tc, test_qwen2_matches_reference);
+    tcase_add_test(tc, test_llama3_rope_matches_reference);
+    tcase_add_test(tc, test_linear_rope_matches_reference);
     tcase_add_test(tc, test_small_llama_loads);
     tcase_add_test(tc, test_config_errors);
     tcase_add_test(tc, test_weight_errors);

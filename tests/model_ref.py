@@ -5,9 +5,13 @@ description in ../shared/models/README.md, not from the C code.
 
   model_ref.py forward CHECKPOINT OUT --tokens 1,403,407 [--rope-layout
       interleaved|half] [--rope-theta T] [--rope-dim R] [--eps E] [--bias FILE]
+      [--rope-scaling linear|llama3 --factor F [--low-freq-factor L
+      --high-freq-factor H --original-max-pos N]]
     Writes float64 little-endian: per layer q [n_heads][T][head_dim],
     k [n_kv_heads][T][head_dim] (after RoPE), k before RoPE, v; then the
     logits [T][vocab].  --bias: float32 bq, bk, bv of each layer in turn.
+    --rope-scaling: the RoPE frequencies of Hugging Face's rope_scaling of
+    that type (transformers' modeling_rope_utils definitions).
 
   model_ref.py tokenize TOKENIZER TEXTS
     TEXTS holds strings separated by NUL bytes; prints the ids of each (BOS
@@ -63,12 +67,32 @@ def rmsnorm(x, weight, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
 
 
-def rope(x, positions, theta, rope_dim, layout):
-    """x: [T, heads, head_dim]; rotate pair j by pos * theta^(-2j/rope_dim)."""
+def inv_frequencies(theta, rope_dim, scaling):
+    """Frequency of each pair: theta^(-2j/rope_dim), then, as Hugging Face
+    scales it, "linear": all divided by factor; "llama3": wavelengths
+    2 pi / inv shorter than orig/high kept, longer than orig/low divided by
+    factor, and in between a blend by how far orig/wavelength lies from low
+    to high."""
+    inv = theta ** (-np.arange(0, rope_dim, 2, dtype=np.float64) / rope_dim)
+    if scaling is None:
+        return inv
+    kind, factor = scaling["type"], scaling["factor"]
+    if kind == "linear":
+        return inv / factor
+    low, high, orig = scaling["low"], scaling["high"], scaling["orig"]
+    wavelen = 2 * np.pi / inv
+    scaled = np.where(wavelen > orig / low, inv / factor, inv)
+    smooth = (orig / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= orig / high) & (wavelen <= orig / low)
+    return np.where(medium, blended, scaled)
+
+
+def rope(x, positions, theta, rope_dim, layout, scaling=None):
+    """x: [T, heads, head_dim]; rotate pair j by pos * inv_frequencies[j]."""
     out = x.copy()
     half = rope_dim // 2
-    j = np.arange(half)
-    angle = positions[:, None] * theta ** (-2.0 * j / rope_dim)  # [T, half]
+    angle = positions[:, None] * inv_frequencies(theta, rope_dim, scaling)[None, :]  # [T, half]
     cos = np.cos(angle)[:, None, :]
     sin = np.sin(angle)[:, None, :]
     if layout == "interleaved":
@@ -82,7 +106,7 @@ def rope(x, positions, theta, rope_dim, layout):
     return out
 
 
-def forward(shape, w, tokens, theta, rope_dim, layout, eps, biases):
+def forward(shape, w, tokens, theta, rope_dim, layout, eps, biases, scaling=None):
     T = len(tokens)
     H, KV, hd = shape["n_heads"], shape["n_kv_heads"], shape["head_dim"]
     group = H // KV
@@ -100,8 +124,8 @@ def forward(shape, w, tokens, theta, rope_dim, layout, eps, biases):
         q = q.reshape(T, H, hd)
         k_pre = k.reshape(T, KV, hd)
         v = v.reshape(T, KV, hd)
-        q = rope(q, positions, theta, rope_dim, layout)
-        k = rope(k_pre, positions, theta, rope_dim, layout)
+        q = rope(q, positions, theta, rope_dim, layout, scaling)
+        k = rope(k_pre, positions, theta, rope_dim, layout, scaling)
         att = np.empty((T, H, hd))
         for h in range(H):
             s = q[:, h, :] @ k[:, h // group, :].T / np.sqrt(hd)
@@ -142,13 +166,22 @@ def cmd_forward(argv):
     ap.add_argument("--rope-dim", type=int, default=0)
     ap.add_argument("--eps", type=float, default=1e-5)
     ap.add_argument("--bias")
+    ap.add_argument("--rope-scaling", choices=["linear", "llama3"])
+    ap.add_argument("--factor", type=float)
+    ap.add_argument("--low-freq-factor", type=float)
+    ap.add_argument("--high-freq-factor", type=float)
+    ap.add_argument("--original-max-pos", type=float)
     a = ap.parse_args(argv)
+    scaling = None
+    if a.rope_scaling:
+        scaling = dict(type=a.rope_scaling, factor=a.factor, low=a.low_freq_factor,
+                       high=a.high_freq_factor, orig=a.original_max_pos)
     shape, w = read_checkpoint(a.checkpoint)
     tokens = [int(t) for t in a.tokens.split(",")]
     rope_dim = a.rope_dim or shape["head_dim"]
     biases = read_biases(a.bias, shape) if a.bias else None
     captured, logits = forward(shape, w, tokens, a.rope_theta, rope_dim, a.rope_layout,
-                               np.float32(a.eps).astype(np.float64), biases)
+                               np.float32(a.eps).astype(np.float64), biases, scaling)
     with open(a.out, "wb") as fp:
         for layer in captured:
             for arr in layer:

@@ -72,7 +72,7 @@ if cmp -s a.h5 c.h5; then fail "seeds 5 and 6 gave the same file"; else pass; fi
 expect "--param" 0 '' "$CAPTURE" $SMALL --param 'rank=4 noise=0.05' --param attn_mass=0.9 -o p.h5
 
 expect "--help" 0 '' "$CAPTURE" --help
-if head -n 1 got.out | grep -q '^Usage: mkv-capture --synthetic'; then pass
+if head -n 1 got.out | grep -q '^Usage: mkv-capture MODEL '; then pass
 else fail "--help: unexpected first line: $(head -n 1 got.out)"; fi
 expect "--version" 0 '' "$CAPTURE" --version
 if head -n 1 got.out | grep -q '^mkv-capture (mosaickv) [0-9]'; then pass
@@ -91,10 +91,10 @@ expect "unknown option" 2 "$P: unknown option '--frobnicate'$TRY" "$CAPTURE" --f
 expect "unknown short option" 2 "$P: unknown option '-x'$TRY" "$CAPTURE" -x
 expect "-o without a value" 2 "$P: option '-o' needs a value$TRY" "$CAPTURE" --synthetic -o
 expect "flag given a value" 2 "$P: option '--synthetic' takes no value$TRY" "$CAPTURE" --synthetic=yes -o x.h5
-expect "no mode" 2 "$P: nothing to do: give --synthetic or --import SRC$TRY" "$CAPTURE" -o x.h5
+expect "no mode" 2 "$P: nothing to do: give MODEL, --shape NAME, --synthetic or --import SRC$TRY" "$CAPTURE" -o x.h5
 expect "two modes" 2 "$P: --synthetic and --import exclude each other$TRY" "$CAPTURE" --synthetic --import a.npy -o x.h5
 expect "missing -o" 2 "$P: missing -o FILE (use '-o -' for stdout)$TRY" "$CAPTURE" --synthetic
-expect "operand" 2 "$P: unexpected operand 'model.bin'$TRY" "$CAPTURE" --synthetic -o x.h5 model.bin
+expect "operand" 2 "$P: --synthetic and the MODEL operand 'model.bin' exclude each other$TRY" "$CAPTURE" --synthetic -o x.h5 model.bin
 expect "--tokens 0" 2 "$P: invalid value '0' for --tokens: must be in 1..2147483647" "$CAPTURE" --synthetic --tokens 0 -o x.h5
 expect "--tokens abc" 2 "$P: invalid value 'abc' for --tokens: expected a number with an optional K, M or G suffix" "$CAPTURE" --synthetic --tokens abc -o x.h5
 expect "--heads 6 --kv-heads 4" 2 "$P: --heads 6 is not a multiple of --kv-heads 4" "$CAPTURE" --synthetic --heads 6 --kv-heads 4 -o x.h5

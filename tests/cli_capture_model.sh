@@ -1,0 +1,565 @@
+#!/bin/sh
+# mkv-capture MODEL and --shape, checked against independent references:
+#
+# - stories260K (Karpathy's TinyStories model, llama2.c format): greedy
+#   generation from BOS + "Once upon a time" must give the published
+#   sample's token ids (tokenized by tests/model_ref.py, a numpy tokenizer
+#   written from the format description) and text; K, V and queries in the
+#   dump must agree with tests/model_ref.py's float64 numpy forward pass to
+#   1e-4 relative, for post- and pre-RoPE keys, a layer subset, several
+#   prefill chunks and a query window that straddles them.  Read with h5py,
+#   which shares no code with libmosaickv.
+# - the same weights written here as a Hugging Face directory (numpy writes
+#   config.json and model.safetensors, q/k rows in rotate_half order): the
+#   dump must hold the reference's K/V/Q with each head's channels permuted.
+# - SmolLM2-135M-Instruct (GGUF, optional: scripts/get-models, MKV_SMOLLM2):
+#   --chat answers "What is the capital of France?" with Paris; ChatML turns.
+# - shape-only models: layout and attributes, determinism, HF rotate_half
+#   RoPE with the shape's base recomputed in numpy from pre- and post-RoPE
+#   captures, layer selection that keeps a layer's weights.
+# - every bad input: exact stderr, exit status, no output file left behind.
+#
+# Environment: top_builddir, top_srcdir (set by `make check`; default .),
+# PYTHON_H5PY (python with h5py and numpy; default /usr/bin/python3),
+# MKV_MODELS_DIR (directory holding stories260K.bin and tok512.bin; default
+# $top_srcdir/../shared/models), MKV_SMOLLM2 (the SmolLM2 GGUF; default in
+# ${MKV_CACHE_DIR:-$HOME/.cache/mosaickv}).  Without the models or h5py the cases that
+# need them are skipped with a message, and the test exits 77 after the
+# others pass.  Exit: 0 pass, 1 fail, 77 skip.
+
+top_builddir=$(cd "${top_builddir:-.}" && pwd)
+top_srcdir=$(cd "${top_srcdir:-.}" && pwd)
+CAPTURE=$top_builddir/tools/mkv-capture
+ANALYZE=$top_builddir/tools/mkv-analyze
+PY=${PYTHON_H5PY:-/usr/bin/python3}
+REF=$top_srcdir/tests/model_ref.py
+
+if [ ! -x "$CAPTURE" ]; then
+    echo "SKIP: $CAPTURE is not built"
+    exit 77
+fi
+
+MODELS=${MKV_MODELS_DIR:-$top_srcdir/../shared/models}
+skipped=0
+if [ -r "$MODELS/stories260K.bin" ] && [ -r "$MODELS/tok512.bin" ]; then
+    MODELS=$(cd "$MODELS" && pwd)
+    have_model=1
+else
+    echo "SKIP: stories260K cases: no stories260K.bin and tok512.bin in '$MODELS' (set MKV_MODELS_DIR)"
+    have_model=0
+    skipped=1
+fi
+if "$PY" -c 'import h5py, numpy' 2>/dev/null; then
+    have_h5py=1
+else
+    echo "SKIP: numerical cases: no python with h5py and numpy (set PYTHON_H5PY)"
+    have_h5py=0
+    skipped=1
+fi
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/cli_capture_model.XXXXXX") || exit 1
+trap 'rm -rf "$tmp"' EXIT
+trap 'exit 1' HUP INT TERM
+cd "$tmp" || exit 1
+
+passed=0
+failed=0
+pass() { passed=$((passed + 1)); }
+fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
+
+# expect NAME STATUS STDERR CMD [ARG...]
+# Run CMD (stdin /dev/null, stdout to got.out) and compare its exit status
+# and its stderr (exact text without the final newline; '' = nothing).
+expect() {
+    name=$1 want_status=$2 want_err=$3
+    shift 3
+    "$@" </dev/null >got.out 2>got.err
+    status=$?
+    ok=1
+    if [ "$status" -ne "$want_status" ]; then
+        echo "FAIL: $name: exit status $status, expected $want_status ($*)"
+        ok=0
+    fi
+    if [ -n "$want_err" ]; then printf '%s\n' "$want_err" >want.err; else : >want.err; fi
+    if ! cmp -s want.err got.err; then
+        echo "FAIL: $name: stderr differs (--- expected, +++ got):"
+        diff -u want.err got.err | sed '1,2d; s/^/    /'
+        ok=0
+    fi
+    if [ $ok = 1 ]; then pass; else failed=$((failed + 1)); fi
+}
+
+# py NAME SCRIPT ARG...: run a python check; it prints FAIL lines and exits 1.
+py() {
+    name=$1
+    shift
+    if "$PY" "$@"; then pass; else fail "$name"; fi
+}
+
+P=mkv-capture
+TRY="; try '$P --help'"
+PUBLISHED="Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, she saw a big, red ball. She wanted to play with it, but it was too high."
+
+# Compare a dump with model_ref.py's forward pass over the dump's own tokens.
+# check.py DUMP CHECKPOINT [--pre] [--layers 1,3,4] [--window W] [--generated N]
+#          [--hf NAME]: the dump is of the checkpoint converted by mkhf.py into
+#          the Hugging Face directory NAME (q/k channels in rotate_half order)
+cat >check.py <<'EOF'
+import sys
+import h5py
+import numpy as np
+
+sys.path.insert(0, sys.argv[1])
+import model_ref
+
+dump, ckpt = sys.argv[2], sys.argv[3]
+opts = sys.argv[4:]
+pre = "--pre" in opts
+def opt(name, default):
+    return opts[opts.index(name) + 1] if name in opts else default
+layers = [int(x) for x in opt("--layers", "0,1,2,3,4").split(",")]
+window = int(opt("--window", "-1"))
+generated = int(opt("--generated", "0"))
+hf = opt("--hf", None)
+
+def fail(msg):
+    print("FAIL: %s: %s" % (dump, msg))
+    sys.exit(1)
+
+f = h5py.File(dump, "r")
+a = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
+want = {"mkv_format": "mosaickv-dump", "mkv_version": 1, "model": hf or "stories260K",
+        "n_layers": len(layers), "n_heads": 8, "n_kv_heads": 4, "head_dim": 8,
+        "rope_theta": 10000.0, "k_rope": "pre" if pre else "post", "source": "capture",
+        "layer_index": ",".join(str(l) for l in layers)}
+for k, v in want.items():
+    if a.get(k) != v:
+        fail("attribute %s = %r, expected %r" % (k, a.get(k), v))
+if "weights" in a:
+    fail("a trained model's dump says weights=%r" % a["weights"])
+tokens = f["tokens"][:]
+T = len(tokens)
+n_prompt = T - generated
+W = min(window, n_prompt) if window >= 0 else min(32, n_prompt)
+qpos = f["query_pos"][:]
+if list(qpos) != list(range(n_prompt - W, T)):
+    fail("query_pos %r, expected %d..%d" % (list(qpos), n_prompt - W, T - 1))
+
+shape, w = model_ref.read_checkpoint(ckpt)
+captured, _ = model_ref.forward(shape, w, [int(t) for t in tokens], 10000.0, 8, "interleaved",
+                                np.float32(1e-5).astype(np.float64), None)
+def close(name, got, ref):
+    if got.shape != ref.shape:
+        fail("%s: shape %r, expected %r" % (name, got.shape, ref.shape))
+    err = np.max(np.abs(got - ref)) / np.max(np.abs(ref))
+    if not err <= 1e-4:
+        fail("%s: relative error %.3g > 1e-4" % (name, err))
+positions = np.arange(T, dtype=np.float64)
+# rotate_half order: channel j is interleaved channel 2j, channel j + 4 is 2j + 1
+perm = np.concatenate([np.arange(0, 8, 2), np.arange(1, 8, 2)]) if hf else np.arange(8)
+for i, l in enumerate(layers):
+    q, k, k_pre, v = [x[..., perm] for x in captured[l][:3]] + [captured[l][3]]
+    g = f["layers/%02d" % i]
+    if g["k"].dtype != np.float32:
+        fail("dtype %r" % g["k"].dtype)
+    close("layer %d k" % l, g["k"][:].astype(np.float64), k_pre if pre else k)
+    close("layer %d v" % l, g["v"][:].astype(np.float64), v)
+    q_ref = q[:, qpos, :]
+    if pre:
+        # undo RoPE with the reference's own rotation at the negated positions
+        q_ref = model_ref.rope(q_ref.transpose(1, 0, 2), -positions[qpos], 10000.0, 8,
+                               "half" if hf else "interleaved").transpose(1, 0, 2)
+    close("layer %d q" % l, g["q"][:].astype(np.float64), q_ref)
+EOF
+
+# ================================================================ stories260K
+if [ $have_model = 1 ]; then
+    STORIES=$MODELS/stories260K.bin
+    # ids of the published sample, BOS first, from the numpy tokenizer
+    if [ $have_h5py = 1 ]; then
+        printf '%s' "$PUBLISHED" >published.txt
+        "$PY" "$REF" tokenize "$MODELS/tok512.bin" published.txt >published.ids || fail "model_ref.py tokenize"
+        want_ids=$(tr ' ' '\n' <published.ids | head -n 25 | tr '\n' ' ' | sed 's/ $//')
+        case "$want_ids" in
+        "1 403 407 261 378 "*) pass ;;
+        *) fail "model_ref.py: the published text does not start with 1 403 407 261 378: $want_ids" ;;
+        esac
+    fi
+
+    expect "capture and generate 20" 0 '' "$CAPTURE" "$STORIES" -p "Once upon a time" --generate 20 \
+        --dtype f32 --print -o gen.h5
+    # --print: the continuation, which follows the prompt in the published text
+    printf 'Once upon a time%s' "$(cat got.out)" >text.txt
+    case "$PUBLISHED" in
+    "$(cat text.txt)"*) pass ;;
+    *) fail "--print: 'Once upon a time' + '$(cat got.out)' is not a prefix of the published sample" ;;
+    esac
+    if [ -x "$ANALYZE" ]; then
+        expect "generated dump validates" 0 '' "$ANALYZE" check gen.h5
+    fi
+    if [ $have_h5py = 1 ]; then
+        got_ids=$("$PY" -c 'import h5py, sys; print(" ".join(str(t) for t in h5py.File(sys.argv[1])["tokens"][:]))' gen.h5)
+        if [ "$got_ids" = "$want_ids" ]; then pass
+        else fail "/tokens: got '$got_ids', published '$want_ids'"; fi
+        py "K/V/Q of prompt and generated tokens vs model_ref.py" check.py "$top_srcdir/tests" gen.h5 "$STORIES" --generated 20
+    fi
+
+    # pre-RoPE keys (and queries), the default window capped at the prompt
+    expect "--k-rope pre" 0 '' "$CAPTURE" "$STORIES" -p "Once upon a time" --k-rope pre --dtype f32 -o pre.h5
+    # a layer subset, a prompt over several prefill chunks, a query window
+    # that straddles chunks, two threads, the prompt on stdin
+    printf '%s' "$PUBLISHED" | "$CAPTURE" "$STORIES" --layers 1,3-4 --chunk 5 --window 7 \
+        --threads 2 --dtype f32 -o sub.h5 2>sub.err
+    if [ $? -eq 0 ] && [ ! -s sub.err ]; then pass; else fail "prompt on stdin, --layers 1,3-4 --chunk 5: $(cat sub.err)"; fi
+    if [ $have_h5py = 1 ]; then
+        expect "--token-ids, --window 0" 0 '' "$CAPTURE" "$STORIES" --token-ids published.ids \
+            --window 0 --generate 2 --dtype f32 -o ids.h5
+        py "--k-rope pre vs model_ref.py" check.py "$top_srcdir/tests" pre.h5 "$STORIES" --pre
+        py "--layers 1,3-4 --chunk 5 --window 7 vs model_ref.py" check.py "$top_srcdir/tests" sub.h5 "$STORIES" --layers 1,3,4 --window 7
+        py "--window 0 --generate 2: only the generated positions are queries" \
+            check.py "$top_srcdir/tests" ids.h5 "$STORIES" --window 0 --generated 2
+    fi
+
+    # stdout, float16 default, through a pipe into the validator
+    if [ -x "$ANALYZE" ]; then
+        if "$CAPTURE" "$STORIES" -p "Once upon a time" --generate 3 -o - 2>pipe.err |
+           "$ANALYZE" check - >check.out 2>&1 && [ "$(cat check.out)" = "(stdin): ok" ] && [ ! -s pipe.err ]
+        then pass; else fail "-o - | mkv-analyze check -: $(cat pipe.err check.out)"; fi
+    fi
+    # the same prompt as token ids or as text gives the same tokens (and bytes: BOS given explicitly)
+    printf '403 407 261 378\n' >prompt.ids
+    expect "--token-ids --bos" 0 '' "$CAPTURE" "$STORIES" --token-ids prompt.ids --bos --dtype f32 -o a.h5
+    expect "text prompt" 0 '' "$CAPTURE" "$STORIES" -p "Once upon a time" --dtype f32 -o b.h5
+    if [ $have_h5py = 1 ]; then
+        py "token ids and text give the same K/V" - a.h5 b.h5 <<'EOF'
+import sys
+import h5py
+import numpy as np
+a, b = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r")
+if list(a["tokens"][:]) != [1, 403, 407, 261, 378] or list(b["tokens"][:]) != [1, 403, 407, 261, 378]:
+    print("FAIL: tokens %r %r" % (list(a["tokens"][:]), list(b["tokens"][:])))
+    sys.exit(1)
+for l in range(5):
+    for kind in "kvq":
+        x, y = a["layers/%02d/%s" % (l, kind)][:], b["layers/%02d/%s" % (l, kind)][:]
+        if not np.array_equal(x, y):
+            print("FAIL: layer %d %s differs" % (l, kind))
+            sys.exit(1)
+EOF
+    fi
+
+    # The same weights as a Hugging Face directory (config.json +
+    # model.safetensors written here by numpy, q/k rows permuted into
+    # rotate_half order as HF checkpoints have them); token ids need no
+    # tokenizer.json.  K/V/Q must be the reference's with the channels of
+    # each head permuted the same way.
+    if [ $have_h5py = 1 ]; then
+        cat >mkhf.py <<'EOF'
+import json
+import os
+import struct
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+import model_ref
+shape, w = model_ref.read_checkpoint(sys.argv[2])
+out = sys.argv[3]
+os.makedirs(out, exist_ok=True)
+H, KV, hd, L = shape["n_heads"], shape["n_kv_heads"], shape["head_dim"], shape["n_layers"]
+perm = np.concatenate([np.arange(0, hd, 2), np.arange(1, hd, 2)])
+def rows(m, heads):
+    return m.reshape(heads, hd, -1)[:, perm, :].reshape(heads * hd, -1)
+t = {"model.embed_tokens.weight": w["embedding"], "model.norm.weight": w["rms_final"]}
+for l in range(L):
+    p = "model.layers.%d." % l
+    t[p + "input_layernorm.weight"] = w["rms_att"][l]
+    t[p + "post_attention_layernorm.weight"] = w["rms_ffn"][l]
+    t[p + "self_attn.q_proj.weight"] = rows(w["wq"][l], H)
+    t[p + "self_attn.k_proj.weight"] = rows(w["wk"][l], KV)
+    t[p + "self_attn.v_proj.weight"] = w["wv"][l]
+    t[p + "self_attn.o_proj.weight"] = w["wo"][l]
+    t[p + "mlp.gate_proj.weight"] = w["w1"][l]
+    t[p + "mlp.down_proj.weight"] = w["w2"][l]
+    t[p + "mlp.up_proj.weight"] = w["w3"][l]
+header, blobs, at = {}, [], 0
+for name, a in t.items():
+    b = np.ascontiguousarray(a, dtype="<f4").tobytes()
+    header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [at, at + len(b)]}
+    blobs.append(b)
+    at += len(b)
+h = json.dumps(header).encode()
+h += b" " * (-len(h) % 8)
+with open(os.path.join(out, "model.safetensors"), "wb") as fp:
+    fp.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": shape["dim"],
+       "intermediate_size": shape["hidden"], "num_hidden_layers": L, "num_attention_heads": H,
+       "num_key_value_heads": KV, "vocab_size": shape["vocab"], "max_position_embeddings": 512,
+       "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": True,
+       "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32"}
+with open(os.path.join(out, "config.json"), "w") as fp:
+    json.dump(cfg, fp)
+EOF
+        if "$PY" mkhf.py "$top_srcdir/tests" "$STORIES" stories-hf; then pass; else fail "mkhf.py"; fi
+        expect "Hugging Face directory" 0 '' "$CAPTURE" stories-hf --token-ids published.ids --window 9 \
+            --dtype f32 -o hf.h5
+        py "Hugging Face directory vs model_ref.py" check.py "$top_srcdir/tests" hf.h5 "$STORIES" --hf stories-hf --window 9
+        expect "Hugging Face directory, pre-RoPE" 0 '' "$CAPTURE" stories-hf --token-ids prompt.ids --bos \
+            --k-rope pre --layers 2 --dtype f32 -o hfpre.h5
+        py "Hugging Face directory, pre-RoPE, vs model_ref.py" check.py "$top_srcdir/tests" hfpre.h5 "$STORIES" --hf stories-hf --pre --layers 2
+        expect "--tokenizer with a directory" 2 "$P: --tokenizer is for llama2.c checkpoints; 'stories-hf' (hf) carries its own tokenizer" \
+            "$CAPTURE" stories-hf --tokenizer "$MODELS/tok512.bin" --token-ids prompt.ids -o x.h5
+        mkdir not-a-model
+        expect "directory without config.json" 1 "$P: 'not-a-model': a directory without config.json is not a Hugging Face model" \
+            "$CAPTURE" not-a-model --token-ids prompt.ids -o x.h5
+    fi
+
+    # the thread count changes nothing, to the byte
+    expect "one thread" 0 '' "$CAPTURE" "$STORIES" -p "Once upon a time there was" --generate 10 --threads 1 -o t1.h5
+    expect "two threads" 0 '' "$CAPTURE" "$STORIES" -p "Once upon a time there was" --generate 10 --threads 2 -o t2.h5
+    if cmp -s t1.h5 t2.h5; then pass; else fail "--threads 1 and 2 gave different dumps"; fi
+
+    # ---------------------------------------------------------- bad input
+    awk 'BEGIN { for (i = 0; i < 600; i++) printf "5 "; print "" }' >long.ids
+    awk 'BEGIN { for (i = 0; i < 500; i++) printf "5\n" }' >l500.ids
+    printf '1 2\n512 7\n' >big.ids
+    printf '1 2x 5\n' >word.ids
+    : >empty.ids
+    head -c 1000 "$STORIES" >trunc.bin
+    cp "$STORIES" alone.bin
+    cp "$STORIES" model.bin
+    expect "prompt longer than the context" 1 "$P: the prompt has 600 tokens, more than the context of 512" \
+        "$CAPTURE" "$STORIES" --token-ids long.ids -o x.h5
+    expect "generation past the context" 1 "$P: the prompt has 500 tokens; 20 more to generate exceed the context of 512" \
+        "$CAPTURE" "$STORIES" --token-ids l500.ids --generate 20 -o x.h5
+    expect "empty prompt" 1 "$P: empty prompt" "$CAPTURE" "$STORIES" -p "" -o x.h5
+    expect "empty prompt on stdin" 1 "$P: empty prompt on standard input" "$CAPTURE" "$STORIES" -o x.h5
+    expect "empty prompt file" 1 "$P: empty prompt file" "$CAPTURE" "$STORIES" -f empty.ids -o x.h5
+    expect "id outside the vocabulary" 1 "$P: 'big.ids': token id 512 at index 2 is outside the vocabulary of 512" \
+        "$CAPTURE" "$STORIES" --token-ids big.ids -o x.h5
+    expect "not a token id" 1 "$P: 'word.ids': '2x' is not a token id" "$CAPTURE" "$STORIES" --token-ids word.ids -o x.h5
+    expect "no token ids" 1 "$P: 'empty.ids': no token ids" "$CAPTURE" "$STORIES" --token-ids empty.ids -o x.h5
+    expect "missing model" 1 "$P: cannot open 'missing.bin': No such file or directory" "$CAPTURE" missing.bin -p hi -o x.h5
+    expect "truncated model" 1 "$P: 'trunc.bin': truncated: the header (dim 64, hidden 172, 5 layers, vocab 512, seq_len 512) implies 1056540 bytes, the file has 1000" \
+        "$CAPTURE" trunc.bin -p hi -o x.h5
+    expect "no tokenizer beside" 1 "$P: 'alone.bin': no tokenizer beside the checkpoint (looked for tokenizer.bin and tok512.bin in .); give --tokenizer FILE" \
+        "$CAPTURE" alone.bin -p hi -o x.h5
+    expect "missing tokenizer" 1 "$P: cannot open 'none.bin': No such file or directory" \
+        "$CAPTURE" alone.bin --tokenizer none.bin -p hi -o x.h5
+    expect "--tokenizer given" 0 '' "$CAPTURE" alone.bin --tokenizer "$MODELS/tok512.bin" -p hi -o y.h5
+    expect "token ids need no tokenizer" 0 '' "$CAPTURE" alone.bin --token-ids prompt.ids -o y.h5
+    expect "output over the model" 2 "$P: output 'model.bin' would overwrite the input" \
+        "$CAPTURE" model.bin --token-ids prompt.ids -o model.bin
+    if cmp -s model.bin "$STORIES"; then pass; else fail "the model was overwritten"; fi
+    expect "--chat without a template" 1 "$P: '$STORIES': the model has no chat template" \
+        "$CAPTURE" "$STORIES" --chat -p hi -o x.h5
+    expect "--layers outside" 2 "$P: invalid value '5' for --layers: the model has 5 layers (0..4)" \
+        "$CAPTURE" "$STORIES" -p hi --layers 5 -o x.h5
+    expect "--layers backwards" 2 "$P: invalid value '3-1' for --layers: expected a list of layers like 0,3,5-7" \
+        "$CAPTURE" "$STORIES" -p hi --layers 3-1 -o x.h5
+    expect "--layers empty item" 2 "$P: invalid value '1,,2' for --layers: expected a list of layers like 0,3,5-7" \
+        "$CAPTURE" "$STORIES" -p hi --layers 1,,2 -o x.h5
+    if [ -e x.h5 ]; then fail "a failed run left x.h5 behind"; else pass; fi
+fi
+
+# ================================================================ SmolLM2 (GGUF, chat)
+# The GGUF that scripts/get-models fetches; optional (it is a download).
+SMOLLM2=${MKV_SMOLLM2:-${MKV_CACHE_DIR:-${HOME:-/nonexistent}/.cache/mosaickv}/SmolLM2-135M-Instruct.Q4_1.gguf}
+if [ -r "$SMOLLM2" ]; then
+    expect "SmolLM2 --chat" 0 '' "$CAPTURE" "$SMOLLM2" --chat -p "What is the capital of France?" \
+        --generate 8 --layers 0,29 --print -o smol.h5
+    if grep -q Paris got.out; then pass; else fail "SmolLM2 --chat: no 'Paris' in the answer '$(cat got.out)'"; fi
+    if [ $have_h5py = 1 ]; then
+        py "SmolLM2 chat dump" - smol.h5 <<'EOF'
+import sys
+import h5py
+f = h5py.File(sys.argv[1], "r")
+a = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
+t = list(f["tokens"][:])
+prompt = t[:len(t) - 8]
+# SmolLM2's vocabulary: <|im_start|> = 1, <|im_end|> = 2.  ChatML with the
+# template's default system turn: system, user, then the assistant's turn
+# opened; no BOS of its own (the template has none).
+if prompt[0] != 1 or prompt.count(1) != 3 or prompt.count(2) != 2:
+    print("FAIL: ChatML structure: %r" % prompt)
+    sys.exit(1)
+want = {"n_layers": 2, "n_heads": 9, "n_kv_heads": 3, "head_dim": 64, "rope_theta": 100000.0,
+        "layer_index": "0,29", "source": "capture"}
+for k, v in want.items():
+    if a.get(k) != v:
+        print("FAIL: %s = %r, expected %r" % (k, a.get(k), v))
+        sys.exit(1)
+if "chat=chatml" not in a["capture_params"] or "format=gguf" not in a["capture_params"]:
+    print("FAIL: capture_params %r" % a["capture_params"])
+    sys.exit(1)
+EOF
+    fi
+else
+    echo "note: SmolLM2 GGUF not found (scripts/get-models; MKV_SMOLLM2): chat case skipped"
+fi
+
+# A file starting with "GGUF" goes to the GGUF loader, whose message names it.
+printf 'GGUF\003\000\000\000garbage' >bad.gguf
+"$CAPTURE" bad.gguf --token-ids /dev/null -o x.h5 </dev/null >/dev/null 2>gguf.err
+status=$?
+case "$status:$(cat gguf.err)" in
+"1:$P: 'bad.gguf': "*GGUF*) pass ;;
+*) fail "corrupt GGUF: exit $status, '$(cat gguf.err)'" ;;
+esac
+
+# ================================================================ usage
+M=model.bin
+expect "--window -1" 2 "$P: invalid value '-1' for --window: must be in 0..2147483647" "$CAPTURE" $M --window -1 -o x.h5
+expect "--generate x" 2 "$P: invalid value 'x' for --generate: expected a number with an optional K, M or G suffix" \
+    "$CAPTURE" $M --generate x -o x.h5
+expect "--temperature -1" 2 "$P: invalid value '-1' for --temperature: must be in 0..100" "$CAPTURE" $M --temperature -1 -o x.h5
+expect "--top-p 0" 2 "$P: invalid value '0' for --top-p: must be in (0, 1]" "$CAPTURE" $M --top-p 0 -o x.h5
+expect "--tokens with MODEL" 2 "$P: --tokens is not an option of a MODEL capture$TRY" "$CAPTURE" $M -p hi --tokens 5 -o x.h5
+expect "--heads with MODEL" 2 "$P: --heads is not an option of a MODEL capture$TRY" "$CAPTURE" $M -p hi --heads 5 -o x.h5
+expect "--print to stdout" 2 "$P: --print and -o - both write to standard output$TRY" "$CAPTURE" $M -p hi --print -o -
+expect "MODEL and --synthetic" 2 "$P: --synthetic and the MODEL operand 'm.bin' exclude each other$TRY" \
+    "$CAPTURE" --synthetic m.bin -o x.h5
+expect "--shape and MODEL" 2 "$P: --shape and the MODEL operand 'm.bin' exclude each other$TRY" \
+    "$CAPTURE" --shape smollm2-135m m.bin -o x.h5
+expect "two operands" 2 "$P: unexpected operand 'b.bin'$TRY" "$CAPTURE" a.bin b.bin -o x.h5
+expect "-p and --token-ids" 2 "$P: give only one of -p, -f and --token-ids$TRY" "$CAPTURE" $M -p hi --token-ids a -o x.h5
+expect "--system without --chat" 2 "$P: --system needs --chat$TRY" "$CAPTURE" $M -p hi --system x -o x.h5
+expect "--chat with ids" 2 "$P: --chat applies to text prompts, not --token-ids$TRY" "$CAPTURE" $M --chat --token-ids a -o x.h5
+expect "no -o" 2 "$P: missing -o FILE (use '-o -' for stdout)$TRY" "$CAPTURE" $M -p hi
+expect "unknown shape" 2 "$P: unknown shape 'gpt-5' (known: llama3.1-8b, qwen2.5-7b, smollm2-135m, llama2-7b, mistral-7b, ministral-8b)" \
+    "$CAPTURE" --shape gpt-5 -o x.h5
+expect "--vocab with MODEL" 2 "$P: --vocab is not an option of a MODEL capture$TRY" "$CAPTURE" $M -p hi --vocab 5 -o x.h5
+expect "--print with --shape" 2 "$P: --print is not an option of --shape$TRY" "$CAPTURE" --shape smollm2-135m --print -o x.h5
+expect "--layers past the shape" 2 "$P: invalid value '30' for --layers: the model has 30 layers (0..29)" \
+    "$CAPTURE" --shape smollm2-135m --layers 30 -o x.h5
+expect "--bos without BOS" 2 "$P: --bos: shape qwen2.5-7b with a vocabulary of 152064 has no BOS token" \
+    "$CAPTURE" --shape qwen2.5-7b --bos -o x.h5
+# Llama-3.1-8B's 32 layers in float32: 8.03e9 weights = 29.9 GiB; its KV
+# cache for 1K tokens adds 0.25 GiB and the activations the rest.
+expect "shape too large" 1 "$P: shape llama3.1-8b with 32 layers and a vocabulary of 128256 needs about 30.3 GiB (weights 29.9 GiB), more than the 1.0 GiB of --max-memory; build fewer layers (--layers) or a smaller vocabulary (--vocab)" \
+    "$CAPTURE" --shape llama3.1-8b --max-memory 1G --threads 1 -o x.h5
+if [ -e x.h5 ]; then fail "a failed run left x.h5 behind"; else pass; fi
+
+expect "--list-shapes" 0 '' "$CAPTURE" --list-shapes
+if head -n 1 got.out | grep -q '^name	layers	dim	heads	kv_heads	head_dim	hidden	vocab	context	rope_theta	tied	qkv_bias	model$' &&
+   grep -q '^llama3.1-8b	32	4096	32	8	128	14336	128256	131072	500000	no	no	' got.out &&
+   grep -q '^qwen2.5-7b	28	3584	28	4	128	18944	152064	32768	1000000	no	yes	' got.out &&
+   grep -q '^smollm2-135m	30	576	9	3	64	1536	49152	8192	100000	yes	no	' got.out
+then pass; else fail "--list-shapes: $(cat got.out)"; fi
+
+# ================================================================ shape-only
+expect "smollm2-135m shape" 0 '' "$CAPTURE" --shape smollm2-135m --tokens 64 --window 8 --generate 2 --threads 2 -o s1.h5
+expect "again, one thread" 0 '' "$CAPTURE" --shape smollm2-135m --tokens 64 --window 8 --generate 2 --threads 1 -o s2.h5
+if cmp -s s1.h5 s2.h5; then pass; else fail "--shape: same seed, other thread count, different files"; fi
+expect "another seed" 0 '' "$CAPTURE" --shape smollm2-135m --tokens 64 --window 8 --generate 2 --seed 2 -o s3.h5
+if cmp -s s1.h5 s3.h5; then fail "--shape: seeds 1 and 2 gave the same file"; else pass; fi
+expect "pre-RoPE, layers 0 and 29" 0 '' "$CAPTURE" --shape smollm2-135m --tokens 64 --window 8 --generate 2 \
+    --layers 0,29 --k-rope pre --dtype f32 -o pre.h5
+expect "post-RoPE, layer 0" 0 '' "$CAPTURE" --shape smollm2-135m --tokens 64 --window 8 --generate 2 \
+    --layers 0 --dtype f32 -o post.h5
+expect "llama3.1-8b, one layer, small vocabulary" 0 '' "$CAPTURE" --shape llama3.1-8b --layers 31 --vocab 1000 \
+    --tokens 16 --window 4 --dtype f32 -o l8.h5
+expect "llama3.1-8b, pre-RoPE" 0 '' "$CAPTURE" --shape llama3.1-8b --layers 31 --vocab 1000 \
+    --tokens 16 --window 4 --dtype f32 --k-rope pre -o l8pre.h5
+if [ -x "$ANALYZE" ]; then
+    for f in s1.h5 pre.h5 l8.h5; do expect "$f validates" 0 '' "$ANALYZE" check $f; done
+fi
+if [ $have_h5py = 1 ]; then
+    py "shape-only dumps" - s1.h5 pre.h5 post.h5 l8.h5 l8pre.h5 <<'EOF'
+import sys
+import h5py
+import numpy as np
+
+def fail(msg):
+    print("FAIL: shape-only: " + msg)
+    sys.exit(1)
+
+def attrs(f):
+    return {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
+
+s1, pre, post, l8, l8pre = (h5py.File(p, "r") for p in sys.argv[1:6])
+a = attrs(s1)
+want = {"model": "shape:smollm2-135m", "weights": "random", "source": "capture", "n_layers": 30,
+        "n_heads": 9, "n_kv_heads": 3, "head_dim": 64, "rope_theta": 100000.0, "k_rope": "post",
+        "layer_index": ",".join(str(i) for i in range(30))}
+for k, v in want.items():
+    if a.get(k) != v:
+        fail("%s = %r, expected %r" % (k, a.get(k), v))
+t = s1["tokens"][:]
+if len(t) != 66 or t.min() < 0 or t.max() >= 49152:
+    fail("tokens: %d ids in [%d, %d]" % (len(t), t.min(), t.max()))
+if list(s1["query_pos"][:]) != list(range(56, 66)):
+    fail("query_pos %r" % list(s1["query_pos"][:]))
+if s1["layers/29/k"].shape != (3, 66, 64) or s1["layers/29/q"].shape != (9, 10, 64):
+    fail("shapes %r %r" % (s1["layers/29/k"].shape, s1["layers/29/q"].shape))
+# sane activations: unit-scale keys, no blow-up in the last layer
+for l in (0, 29):
+    k = s1["layers/%02d/k" % l][:].astype(np.float64)
+    rms = np.sqrt(np.mean(k * k))
+    if not 0.1 < rms < 10:
+        fail("layer %d: key rms %.3g" % (l, rms))
+
+b = attrs(pre)
+if b.get("layer_index") != "0,29" or b.get("n_layers") != 2 or b.get("k_rope") != "pre":
+    fail("pre.h5 attributes %r" % b)
+# post = HF rotate_half RoPE (pairs j, j+32) of pre with base 100000, both for
+# keys and for queries, at every prompt position (the generated tokens
+# differ: the two runs build different layers)
+def rope_half(x, pos, theta, inv=None):
+    d = x.shape[-1]
+    half = d // 2
+    if inv is None:
+        inv = theta ** (-2.0 * np.arange(half) / d)
+    ang = pos[:, None] * inv
+    c, s = np.cos(ang), np.sin(ang)
+    out = x.copy()
+    out[..., :half] = x[..., :half] * c - x[..., half:] * s
+    out[..., half:] = x[..., :half] * s + x[..., half:] * c
+    return out
+pos = np.arange(64, dtype=np.float64)
+k_pre = pre["layers/00/k"][:, :64].astype(np.float64)
+k_post = post["layers/00/k"][:, :64].astype(np.float64)
+if not np.allclose(rope_half(k_pre, pos, 1e5), k_post, rtol=0, atol=1e-5 * np.abs(k_post).max()):
+    fail("post-RoPE keys are not rotate_half(pre-RoPE keys) with base 1e5")
+if np.allclose(k_pre, k_post, rtol=0, atol=1e-2 * np.abs(k_post).max()):
+    fail("pre- and post-RoPE keys are the same")
+q_pre = pre["layers/00/q"][:, :8].astype(np.float64)
+q_post = post["layers/00/q"][:, :8].astype(np.float64)
+if not np.allclose(rope_half(q_pre, pos[56:], 1e5), q_post, rtol=0, atol=1e-5 * np.abs(q_post).max()):
+    fail("post-RoPE queries are not rotate_half(pre-RoPE queries) with base 1e5")
+# V of layer 0 depends only on the embeddings and layer 0's weights: the
+# same whether 30 layers or 2 are built (float16 vs float32 storage)
+v_all = s1["layers/00/v"][:, :64].astype(np.float64)
+v_sub = pre["layers/00/v"][:, :64].astype(np.float64)
+if not np.allclose(v_all, v_sub, rtol=0, atol=2e-3 * np.abs(v_sub).max()):
+    fail("layer 0 differs between a full and a partial build")
+
+c = attrs(l8)
+want = {"model": "shape:llama3.1-8b", "weights": "random", "n_layers": 1, "n_heads": 32,
+        "n_kv_heads": 8, "head_dim": 128, "rope_theta": 500000.0, "layer_index": "31"}
+for k, v in want.items():
+    if c.get(k) != v:
+        fail("llama3.1-8b: %s = %r, expected %r" % (k, c.get(k), v))
+if l8["tokens"].shape != (16,) or l8["tokens"][:].max() >= 1000:
+    fail("llama3.1-8b: tokens outside --vocab 1000")
+# Llama 3.1's "llama3" RoPE scaling as Hugging Face defines it (factor 8,
+# low_freq_factor 1, high_freq_factor 4, original context 8192)
+inv = 500000.0 ** (-2.0 * np.arange(64) / 128)
+wavelen = 2 * np.pi / inv
+smooth = (8192 / wavelen - 1.0) / (4.0 - 1.0)
+scaled = np.where(wavelen < 8192 / 4, inv,
+                  np.where(wavelen > 8192 / 1, inv / 8, (1 - smooth) * inv / 8 + smooth * inv))
+pos = np.arange(16, dtype=np.float64)
+for kind, p in (("k", pos), ("q", pos[12:])):
+    x_pre = l8pre["layers/00/" + kind][:].astype(np.float64)
+    x_post = l8["layers/00/" + kind][:].astype(np.float64)
+    if not np.allclose(rope_half(x_pre, p, 5e5, scaled), x_post, rtol=0, atol=1e-5 * np.abs(x_post).max()):
+        fail("llama3.1-8b: post-RoPE %s is not RoPE with llama3 scaling of pre-RoPE %s" % (kind, kind))
+    if np.allclose(rope_half(x_pre, p, 5e5), x_post, rtol=0, atol=1e-5 * np.abs(x_post).max()):
+        fail("llama3.1-8b: %s rotated without the frequency scaling" % kind)
+EOF
+fi
+
+echo "cli_capture_model: $passed passed, $failed failed"
+[ "$failed" -eq 0 ] || exit 1
+[ "$skipped" -eq 0 ] || exit 77
+exit 0

@@ -7,6 +7,8 @@
 
 #define MKV_METHOD_LIST(X) \
     X(full)                \
+    X(mosaic)              \
+    X(uniform2d)           \
     X(quest)               \
     X(think)               \
     X(kivi)                \

@@ -1,0 +1,1102 @@
+/* Unit tests of MosaicKV (lib/mosaic.c, lib/method_mosaic.c,
+ * lib/method_uniform2d.c). References are hand-worked vectors and byte
+ * counts written out below, and double-precision computations done here
+ * from the stored arrays with this file's own decoding (bit loops, offsets
+ * summed here), never the library's answer read back. */
+#include "config.h"
+
+#include <math.h>
+
+#include "attn_util.h"
+#include "cdump.h"
+#include "eigen.h"
+#include "half.h"
+#include "method.h"
+#include "mosaic.h"
+#include "testutil.h"
+
+/* ---------------------------------------------------------------- data */
+
+static double gauss(uint64_t *s)
+{
+    double u = test_uniform(s), v = test_uniform(s);
+    return sqrt(-2 * log(u + 1e-300)) * cos(2 * M_PI * v);
+}
+
+/* KV-like rows [T][d]: rank-4 latent part with decaying scales, an
+ * offset outlier channel, isotropic noise, fp16-representable. */
+static void gen_rows(uint64_t seed, int64_t T, int d, double offset, float *x)
+{
+    uint64_t s = seed;
+    double A[4][MKV_MOSAIC_MAX_D];
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < d; j++)
+            A[i][j] = gauss(&s) / (i + 1);
+    for (int64_t t = 0; t < T; t++) {
+        double z[4];
+        for (int i = 0; i < 4; i++)
+            z[i] = gauss(&s) * (1 + 0.5 * sin((double)t / 37));
+        for (int j = 0; j < d; j++) {
+            double v = 0.1 * gauss(&s) + (j == 1 ? offset : 0);
+            for (int i = 0; i < 4; i++)
+                v += z[i] * A[i][j];
+            x[t * d + j] = mkv_f16_to_f32(mkv_f32_to_f16((float)v));
+        }
+    }
+}
+
+/* Queries [G][d] aimed at a few keys (so attention is peaked). */
+static void gen_queries(uint64_t seed, const float *k, int64_t upto, int d, int G, float *q)
+{
+    uint64_t s = seed;
+    for (int g = 0; g < G; g++) {
+        int64_t t1 = (int64_t)(test_uniform(&s) * (double)upto), t2 = (int64_t)(test_uniform(&s) * (double)upto);
+        for (int j = 0; j < d; j++)
+            q[g * d + j] = (float)(0.8 * (k[t1 * d + j] + k[t2 * d + j]) + 0.3 * gauss(&s));
+    }
+}
+
+typedef struct {
+    int64_t T;
+    int d, G;
+    int64_t W;
+    float *k, *v, *q;      /* q: observation queries [G][W][d] */
+    int32_t *qpos;
+} head_data;
+
+static void head_data_make(head_data *h, uint64_t seed, int64_t T, int d, int G, int64_t W)
+{
+    h->T = T;
+    h->d = d;
+    h->G = G;
+    h->W = W;
+    h->k = malloc(sizeof(float) * (size_t)(T * d));
+    h->v = malloc(sizeof(float) * (size_t)(T * d));
+    h->q = malloc(sizeof(float) * (size_t)(G * (W ? W : 1) * d));
+    h->qpos = malloc(sizeof(int32_t) * (size_t)(W ? W : 1));
+    ck_assert(h->k && h->v && h->q && h->qpos);
+    gen_rows(seed, T, d, 3.0, h->k);
+    gen_rows(seed + 100, T, d, 0.0, h->v);
+    for (int64_t w = 0; w < W; w++) {
+        h->qpos[w] = (int32_t)(T - W + w);
+        float qq[8 * MKV_MOSAIC_MAX_D];
+        gen_queries(seed + 200 + (uint64_t)w, h->k, T, d, G, qq);
+        for (int g = 0; g < G; g++)
+            memcpy(h->q + ((size_t)g * W + w) * d, qq + g * d, sizeof(float) * (size_t)d);
+    }
+}
+
+static void head_data_free(head_data *h)
+{
+    free(h->k);
+    free(h->v);
+    free(h->q);
+    free(h->qpos);
+}
+
+static mkv_head_kv as_input(const head_data *h)
+{
+    mkv_head_kv in = {.layer = 0, .head = 0, .T = h->T, .d = h->d, .G = h->G, .k = h->k, .v = h->v,
+                      .W = h->W, .q = h->W ? h->q : NULL, .query_pos = h->qpos, .threads = 1};
+    return in;
+}
+
+static mkv_mosaic_config fixed_config(int d, double keep, int g, double energy)
+{
+    mkv_mosaic_config c = {.sink = 4, .recent = 16, .segment = 100, .block = 8, .dynamic = 0,
+                           .rotate = 1, .r = mkv_mosaic_kept(keep, d), .g = g, .energy = energy,
+                           .threshold = 0.1, .pervector = 1};
+    return c;
+}
+
+/* ---------------------------------------------------------------- reference decoding */
+
+static int ref_bitmap_bytes(const mkv_mosaic_strategy *s)
+{
+    return s->pervector && s->r < s->dprime ? (s->dprime / s->g + 7) / 8 : 0;
+}
+
+/* Kept channels of one vector from its bitmap, by a plain bit loop. */
+static int ref_positions(const uint8_t *bm, const mkv_mosaic_strategy *s, int *pos)
+{
+    int n = 0;
+    if (!ref_bitmap_bytes(s)) {
+        for (int c = 0; c < s->r; c++)
+            pos[n++] = c;
+        return n;
+    }
+    for (int grp = 0; grp < s->dprime / s->g; grp++)
+        if (bm[grp / 8] & (1 << (grp % 8)))
+            for (int c = 0; c < s->g; c++)
+                pos[n++] = grp * s->g + c;
+    return n;
+}
+
+/* X^ [T][d] in double: dense rows as stored, compressed rows as
+ * (sparse x~) R^T from the stored values, bitmaps and rotations, with
+ * offsets summed here. */
+static void ref_reconstruct(const mkv_mosaic_head *h, const mkv_mosaic_tensor *t, const float *dense,
+                            double *X)
+{
+    int d = h->d;
+    for (int64_t i = 0; i < h->sink_n + h->recent_n; i++) {
+        int64_t tok = i < h->sink_n ? i : h->T - h->recent_n + (i - h->sink_n);
+        for (int j = 0; j < d; j++)
+            X[tok * d + j] = dense[i * d + j];
+    }
+    int64_t ov = 0, ob = 0, orot = 0;
+    for (int64_t s = 0; s < t->nseg; s++) {
+        const mkv_mosaic_strategy *st = &t->seg[s];
+        int bb = ref_bitmap_bytes(st), pos[MKV_MOSAIC_MAX_D];
+        const float *R = st->rotate ? t->rotation + orot : NULL;
+        for (int64_t i = 0; i < st->len; i++) {
+            int n = ref_positions(bb ? t->bitmap + ob + i * bb : NULL, st, pos);
+            ck_assert_int_eq(n, st->r);
+            const float *val = t->values + ov + i * st->r;
+            double *x = X + (st->start + i) * d;
+            for (int j = 0; j < d; j++) {
+                double acc = 0;
+                for (int m = 0; m < st->r; m++)
+                    acc += R ? val[m] * (double)R[j * st->dprime + pos[m]] : (pos[m] == j ? val[m] : 0);
+                x[j] = acc;
+            }
+        }
+        ov += st->len * st->r;
+        ob += st->len * bb;
+        orot += st->rotate ? (int64_t)d * st->dprime : 0;
+    }
+}
+
+/* Softmax attention in double of q [G][d] over the rows with mask set. */
+static void ref_attend(const double *K, const double *V, int64_t n, int d, const uint8_t *mask,
+                       const float *q, int G, double scale, double *out)
+{
+    for (int g = 0; g < G; g++) {
+        double m = -INFINITY, l = 0;
+        double *o = out + g * d;
+        for (int j = 0; j < d; j++)
+            o[j] = 0;
+        for (int64_t t = 0; t < n; t++)
+            if (!mask || mask[t]) {
+                double s = 0;
+                for (int j = 0; j < d; j++)
+                    s += q[g * d + j] * K[t * d + j];
+                if (s * scale > m)
+                    m = s * scale;
+            }
+        for (int64_t t = 0; t < n; t++)
+            if (!mask || mask[t]) {
+                double s = 0;
+                for (int j = 0; j < d; j++)
+                    s += q[g * d + j] * K[t * d + j];
+                double w = exp(s * scale - m);
+                l += w;
+                for (int j = 0; j < d; j++)
+                    o[j] += w * V[t * d + j];
+            }
+        for (int j = 0; j < d; j++)
+            o[j] /= l;
+    }
+}
+
+static double rel_err(const float *a, const double *ref, int n)
+{
+    double num = 0, den = 0;
+    for (int i = 0; i < n; i++) {
+        num += (a[i] - ref[i]) * (a[i] - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    return sqrt(num / den);
+}
+
+/* ---------------------------------------------------------------- rotation */
+
+START_TEST(rotation_orthonormal_and_sorted)
+{
+    enum { N = 300, D = 16 };
+    float X[N * D];
+    gen_rows(7, N, D, 2.0, X);
+    double R[D * D], ev[D], C[D * D] = {0};
+    mkv_error err;
+    ck_assert_int_eq(mkv_mosaic_rotation(X, N, D, R, ev, &err), MKV_OK);
+    for (int64_t t = 0; t < N; t++)
+        for (int i = 0; i < D; i++)
+            for (int j = 0; j < D; j++)
+                C[i * D + j] += (double)X[t * D + i] * X[t * D + j];
+    for (int a = 0; a < D; a++) {
+        for (int b = 0; b < D; b++) {
+            double dot = 0;
+            for (int i = 0; i < D; i++)
+                dot += R[i * D + a] * R[i * D + b];
+            ck_assert_double_eq_tol(dot, a == b, 1e-10);
+        }
+        /* column a is an eigenvector of X^T X with eigenvalue ev[a] */
+        double rq = 0, scale = 0;
+        for (int i = 0; i < D; i++) {
+            double ci = 0;
+            for (int j = 0; j < D; j++)
+                ci += C[i * D + j] * R[j * D + a];
+            rq += R[i * D + a] * ci;
+            scale += fabs(ci);
+        }
+        ck_assert_double_eq_tol(rq, ev[a], 1e-9 * ev[0]);
+        for (int i = 0; i < D; i++) {
+            double ci = 0;
+            for (int j = 0; j < D; j++)
+                ci += C[i * D + j] * R[j * D + a];
+            ck_assert_double_le(fabs(ci - ev[a] * R[i * D + a]), 1e-9 * ev[0]);
+        }
+        if (a > 0)
+            ck_assert_double_ge(ev[a - 1], ev[a]);
+    }
+    /* fp16 rounding moves each element by at most half an fp16 step */
+    double R16[D * D];
+    memcpy(R16, R, sizeof R);
+    mkv_mosaic_round_f16(R16, D * D);
+    for (int i = 0; i < D * D; i++)
+        ck_assert_double_le(fabs(R16[i] - R[i]), fabs(R[i]) * 0x1p-11 + 0x1p-25);
+}
+END_TEST
+
+START_TEST(dprime_by_energy_hand_count)
+{
+    /* eigenvalues 32, 31, ..., 1: sum 528. Energy 0.5 wants 264: the first
+     * 9 hold 288 - 36 = 252, the first 10 hold 320 - 45 = 275, so 10
+     * channels, rounded up to 16. */
+    double ev[32];
+    for (int i = 0; i < 32; i++)
+        ev[i] = 32 - i;
+    ck_assert_int_eq(mkv_mosaic_dprime_for_energy(ev, 32, 0.5, 1), 16);
+    ck_assert_int_eq(mkv_mosaic_dprime_for_energy(ev, 32, 0.5, 20), 24);   /* at least r */
+    ck_assert_int_eq(mkv_mosaic_dprime_for_energy(ev, 32, 1.0, 1), 32);
+    ck_assert_int_eq(mkv_mosaic_dprime_for_energy(ev, 32, 0.05, 1), 8);    /* 32 >= 26.4 */
+    ev[2] = 0;   /* rank 2 of 3: all energy in 2 channels, rounded to 8, capped at d */
+    ck_assert_int_eq(mkv_mosaic_dprime_for_energy(ev, 3, 1.0, 1), 3);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- selection */
+
+START_TEST(select_hand_made_vector)
+{
+    const double x[8] = {0.5, -3, 0.1, 2, -0.2, 1.5, 0, -1};
+    int pos[8];
+    uint8_t bm[1];
+    /* g = 1, r = 3: |x| largest at channels 1 (3), 3 (2), 5 (1.5); the
+     * dropped five (0.5, 0.1, 0.2, 0, 1) are all smaller than 1.5. */
+    mkv_mosaic_strategy s = {.len = 1, .rotate = 0, .r = 3, .g = 1, .dprime = 8, .pervector = 1};
+    ck_assert_int_eq(mkv_mosaic_bitmap_bytes(&s), 1);
+    double kept = mkv_mosaic_select(x, &s, pos, bm);
+    ck_assert_int_eq(bm[0], 0x2a);   /* bits 1, 3, 5 */
+    ck_assert_int_eq(pos[0], 1);
+    ck_assert_int_eq(pos[1], 3);
+    ck_assert_int_eq(pos[2], 5);
+    ck_assert_double_eq_tol(kept, 9 + 4 + 2.25, 1e-15);
+    /* g = 2, r = 4: group energies 9.25, 4.01, 2.29, 1 -> groups 0 and 1 */
+    s.g = 2;
+    s.r = 4;
+    mkv_mosaic_select(x, &s, pos, bm);
+    ck_assert_int_eq(bm[0], 0x03);
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(pos[i], i);
+    /* g = 4, r = 4: groups 13.26 and 3.29 -> the first; 2 bits, one byte */
+    s.g = 4;
+    mkv_mosaic_select(x, &s, pos, bm);
+    ck_assert_int_eq(bm[0], 0x01);
+    /* d' = 4 of the same vector, g = 1, r = 2: only channels 0..3 compete */
+    mkv_mosaic_strategy t = {.len = 1, .r = 2, .g = 1, .dprime = 4, .pervector = 1};
+    mkv_mosaic_select(x, &t, pos, bm);
+    ck_assert_int_eq(bm[0], 0x0a);   /* channels 1 (3) and 3 (2) */
+    /* ties go to the lower channel */
+    const double tie[4] = {1, -1, 1, 0.5};
+    mkv_mosaic_select(tie, &t, pos, bm);
+    ck_assert_int_eq(bm[0], 0x03);
+    /* positions come back from the bitmap */
+    uint8_t pattern[1] = {0x2a};
+    int back[8];
+    ck_assert_int_eq(mkv_mosaic_positions(pattern, &s, back), 4); /* g=4, r=4: group 1 -> 4..7 */
+    s.g = 1;
+    s.r = 3;
+    ck_assert_int_eq(mkv_mosaic_positions(pattern, &s, back), 3);
+    ck_assert_int_eq(back[0], 1);
+    ck_assert_int_eq(back[2], 5);
+}
+END_TEST
+
+START_TEST(encode_keeps_values_exactly)
+{
+    /* Without rotation the packed values are the kept raw elements,
+     * rounded to fp16; block keys are block means over d' channels. */
+    enum { N = 10, D = 8 };
+    float X[N * D];
+    for (int t = 0; t < N; t++)
+        for (int j = 0; j < D; j++)
+            X[t * D + j] = (float)((j * 7 + t * 3) % 11 - 5) * 0.3f;
+    mkv_mosaic_strategy s = {.start = 0, .len = N, .rotate = 0, .r = 2, .g = 1, .dprime = D,
+                             .pervector = 1};
+    float values[N * 2], keys[2 * D];
+    uint8_t bm[N];
+    mkv_error err;
+    ck_assert_int_eq(mkv_mosaic_encode(&s, X, D, NULL, 8, values, bm, keys, NULL, &err), MKV_OK);
+    for (int t = 0; t < N; t++) {
+        int pos[2], n = ref_positions(bm + t, &s, pos);
+        ck_assert_int_eq(n, 2);
+        double smallest_kept = INFINITY, largest_dropped = 0;
+        for (int j = 0; j < D; j++) {
+            int kept = j == pos[0] || j == pos[1];
+            double a = fabs(X[t * D + j]);
+            if (kept && a < smallest_kept)
+                smallest_kept = a;
+            if (!kept && a > largest_dropped)
+                largest_dropped = a;
+        }
+        ck_assert_double_ge(smallest_kept, largest_dropped);
+        for (int i = 0; i < 2; i++)
+            ck_assert_float_eq(values[t * 2 + i], mkv_f16_to_f32(mkv_f32_to_f16(X[t * D + pos[i]])));
+    }
+    /* block 1 holds tokens 8 and 9 */
+    for (int j = 0; j < D; j++) {
+        double mean = ((double)X[8 * D + j] + X[9 * D + j]) / 2;
+        ck_assert_double_eq_tol(keys[D + j], mean, fabs(mean) * 0x1p-11 + 1e-7);
+    }
+}
+END_TEST
+
+START_TEST(popcount_is_r_for_every_vector)
+{
+    head_data hd;
+    head_data_make(&hd, 11, 420, 32, 2, 4);
+    mkv_head_kv in = as_input(&hd);
+    mkv_error err;
+    for (int dyn = 0; dyn < 2; dyn++) {
+        mkv_mosaic_config c = fixed_config(32, 0.25, 2, 0.8);
+        c.dynamic = dyn;
+        mkv_mosaic_head h;
+        ck_assert_int_eq(mkv_mosaic_compress(&c, &in, &h, &err), MKV_OK);
+        const mkv_mosaic_tensor *ts[2] = {&h.k, &h.v};
+        for (int which = 0; which < 2; which++) {
+            const mkv_mosaic_tensor *t = ts[which];
+            int64_t ob = 0;
+            for (int64_t s = 0; s < t->nseg; s++) {
+                const mkv_mosaic_strategy *st = &t->seg[s];
+                int bb = ref_bitmap_bytes(st);
+                for (int64_t i = 0; bb && i < st->len; i++) {
+                    int bits = 0;
+                    for (int b = 0; b < bb; b++)
+                        bits += __builtin_popcount(t->bitmap[ob + i * bb + b]);
+                    ck_assert_int_eq(bits * st->g, st->r);
+                }
+                ob += st->len * bb;
+            }
+            ck_assert_int_eq(ob, t->n_bitmap);
+        }
+        mkv_mosaic_head_free(&h);
+    }
+    head_data_free(&hd);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- bytes */
+
+START_TEST(segment_bytes_hand_count)
+{
+    /* d = 64, 100 tokens, r = 16, g = 1, d' = 32, B = 8:
+     *   values     100 * 16 * 2          = 3200
+     *   bitmap     100 * ceil(32/1/8)    =  400
+     *   block keys ceil(100/8) = 13 * 32 * 2 = 832
+     *   rotation   64 * 32 * 2           = 4096   -> keys 8528
+     * values (no block keys): 3200 + 400 + 4096 = 7696. */
+    mkv_mosaic_strategy s = {.len = 100, .rotate = 1, .r = 16, .g = 1, .dprime = 32, .pervector = 1};
+    mkv_mosaic_bytes b;
+    mkv_mosaic_strategy_bytes(&s, 64, 8, &b);
+    ck_assert_uint_eq(b.values, 3200);
+    ck_assert_uint_eq(b.bitmap, 400);
+    ck_assert_uint_eq(b.blockkeys, 832);
+    ck_assert_uint_eq(b.rotation, 4096);
+    ck_assert_uint_eq(b.total, 8528);
+    mkv_mosaic_strategy_bytes(&s, 64, 0, &b);
+    ck_assert_uint_eq(b.total, 7696);
+    /* g = 4, d' = 20: 5 bits -> 1 byte per vector */
+    s.g = 4;
+    s.dprime = 20;
+    mkv_mosaic_strategy_bytes(&s, 64, 0, &b);
+    ck_assert_uint_eq(b.bitmap, 100);
+    /* r = d': every channel kept, no bitmap; no rotation: d' = d */
+    mkv_mosaic_strategy u = {.len = 100, .rotate = 0, .r = 64, .g = 1, .dprime = 64, .pervector = 1};
+    mkv_mosaic_strategy_bytes(&u, 64, 8, &b);
+    ck_assert_uint_eq(b.total, 100 * 64 * 2 + 13 * 64 * 2);
+}
+END_TEST
+
+/* physical bytes of a head, counted here from its strategies */
+static uint64_t hand_count(const mkv_mosaic_head *h)
+{
+    uint64_t total = 0;
+    int d = h->d;
+    /* dense K and V: (sink + recent) x d x 2 bytes each */
+    total += 2 * (uint64_t)(h->sink_n + h->recent_n) * d * 2;
+    const mkv_mosaic_tensor *ts[2] = {&h->k, &h->v};
+    for (int which = 0; which < 2; which++) {
+        const mkv_mosaic_tensor *t = ts[which];
+        /* strategy table int32 [nseg][7], losses float32 [nseg][2] */
+        total += (uint64_t)t->nseg * (7 * 4 + 2 * 4);
+        for (int64_t s = 0; s < t->nseg; s++) {
+            const mkv_mosaic_strategy *st = &t->seg[s];
+            total += (uint64_t)st->len * st->r * 2;
+            total += (uint64_t)st->len * ref_bitmap_bytes(st);
+            if (which == 0)
+                total += (uint64_t)((st->len + h->block - 1) / h->block) * st->dprime * 2;
+            if (st->rotate)
+                total += (uint64_t)d * st->dprime * 2;
+        }
+    }
+    return total;
+}
+
+/* ---------------------------------------------------------------- attention */
+
+/* Check that the attended set follows the selection rule: sink and recent
+ * tokens <= p all in, nothing > p, count within one block above the
+ * budget, every selected block scoring at least as high as every
+ * unselected one (scores recomputed here from the stored block keys and
+ * rotations). */
+static void check_selection(const mkv_mosaic_head *h, const float *q, int G, int64_t p, double budget,
+                            const uint8_t *att)
+{
+    int d = h->d, B = h->block;
+    int64_t count = 0, want = mkv_budget_tokens(budget, p + 1);
+    for (int64_t t = 0; t < h->T; t++) {
+        if (t > p)
+            ck_assert_int_eq(att[t], 0);
+        else if (t < h->sink_n || t >= h->T - h->recent_n)
+            ck_assert_int_eq(att[t], 1);
+        count += att[t];
+    }
+    ck_assert_int_ge(count, want < h->sink_n + h->recent_n ? count : want);
+    double min_sel = INFINITY, max_unsel = -INFINITY;
+    int64_t ok = 0, orot = 0, nsel_tokens = 0;
+    for (int64_t s = 0; s < h->k.nseg; s++) {
+        const mkv_mosaic_strategy *st = &h->k.seg[s];
+        for (int64_t b = 0; b * B < st->len && st->start + b * B <= p; b++) {
+            double agg = -INFINITY;
+            for (int g = 0; g < G; g++) {
+                double sc = 0;
+                for (int c = 0; c < st->dprime; c++) {
+                    double qt = 0;
+                    for (int j = 0; j < d; j++)
+                        qt += q[g * d + j] * (st->rotate ? h->k.rotation[orot + j * st->dprime + c] : (j == c));
+                    sc += qt * h->k.blockkeys[ok + b * st->dprime + c];
+                }
+                sc /= sqrt(d);
+                agg = sc > agg ? sc : agg;
+            }
+            int sel = att[st->start + b * B];
+            for (int64_t t = st->start + b * B; t < st->start + st->len && t < st->start + (b + 1) * B && t <= p; t++) {
+                ck_assert_int_eq(att[t], sel);   /* whole blocks */
+                nsel_tokens += sel;
+            }
+            if (sel)
+                min_sel = agg < min_sel ? agg : min_sel;
+            else
+                max_unsel = agg > max_unsel ? agg : max_unsel;
+        }
+        ok += ((st->len + B - 1) / B) * st->dprime;
+        orot += st->rotate ? (int64_t)d * st->dprime : 0;
+    }
+    if (nsel_tokens > 0) {
+        ck_assert_double_ge(min_sel, max_unsel - 1e-9);
+        ck_assert_int_lt(count - want, B);   /* the last block passes the budget by < B */
+    }
+}
+
+static void attend_both(const mkv_mosaic_head *h, const head_data *hd, double budget, int64_t p,
+                        float *out, uint8_t *att, double *ref_out, uint64_t *bytes)
+{
+    int d = hd->d, G = hd->G;
+    float q[16 * MKV_MOSAIC_MAX_D];
+    gen_queries(900 + (uint64_t)p, hd->k, p + 1, d, G, q);
+    mkv_attend_query aq = {.G = G, .d = d, .q = q, .pos = p, .scale = 1 / sqrt(d)};
+    memset(att, 0, (size_t)hd->T);
+    mkv_attend_result res = {.out = out, .attended = att};
+    mkv_mosaic_attn_opts o = {.budget = budget, .agg_sum = 0};
+    mkv_error err;
+    ck_assert_int_eq(mkv_mosaic_attend(h, &o, &aq, &res, &err), MKV_OK);
+    if (bytes)
+        *bytes = res.bytes_read;
+    double *K = malloc(sizeof(double) * (size_t)(hd->T * d)), *V = malloc(sizeof(double) * (size_t)(hd->T * d));
+    ck_assert(K && V);
+    ref_reconstruct(h, &h->k, h->dense_k, K);
+    ref_reconstruct(h, &h->v, h->dense_v, V);
+    ref_attend(K, V, p + 1, d, att, q, G, 1 / sqrt(d), ref_out);
+    check_selection(h, q, G, p, budget, att);
+    free(K);
+    free(V);
+}
+
+START_TEST(packed_attention_equals_reconstruction)
+{
+    head_data hd;
+    head_data_make(&hd, 21, 437, 32, 3, 8);
+    mkv_head_kv in = as_input(&hd);
+    mkv_error err;
+    for (int dyn = 0; dyn < 2; dyn++)
+        for (int g = 1; g <= 4; g *= 2) {
+            mkv_mosaic_config c = fixed_config(32, 0.25, g, 0.8);
+            c.dynamic = dyn;
+            mkv_mosaic_head h;
+            ck_assert_int_eq(mkv_mosaic_compress(&c, &in, &h, &err), MKV_OK);
+            const int64_t positions[] = {436, 250, 104, 60};
+            for (int i = 0; i < 4; i++) {
+                float out[3 * 32];
+                double ref[3 * 32];
+                uint8_t att[437];
+                attend_both(&h, &hd, 0.2, positions[i], out, att, ref, NULL);
+                ck_assert_double_le(rel_err(out, ref, 3 * 32), 2e-3);
+            }
+            mkv_mosaic_head_free(&h);
+            if (dyn)
+                break;
+        }
+    head_data_free(&hd);
+}
+END_TEST
+
+START_TEST(bytes_read_hand_count)
+{
+    /* d = 32, T = 140, sink 4, recent 16, segment 100, B = 8: one segment
+     * of 100 tokens (4..103) and one of 20 (104..123). At p = 139 with
+     * budget 1 every token is read:
+     *   dense 20 tokens x 32 x 2 bytes x (K, V)
+     *   per segment: 2 table rows of 7 int32, R_k and R_v (32 x d' x 2),
+     *   block keys (ceil(len/8) x d'_k x 2), per token (r_k + r_v) x 2 +
+     *   bitmap bytes of K and V. */
+    head_data hd;
+    head_data_make(&hd, 5, 140, 32, 2, 0);
+    mkv_head_kv in = as_input(&hd);
+    mkv_mosaic_config c = fixed_config(32, 0.25, 1, 0.8);
+    mkv_mosaic_head h;
+    mkv_error err;
+    ck_assert_int_eq(mkv_mosaic_compress(&c, &in, &h, &err), MKV_OK);
+    ck_assert_int_eq(h.k.nseg, 2);
+    uint64_t want = 20 * 32 * 2 * 2;
+    for (int s = 0; s < 2; s++) {
+        const mkv_mosaic_strategy *ks = &h.k.seg[s], *vs = &h.v.seg[s];
+        want += 2 * 7 * 4 + 32 * ks->dprime * 2 + 32 * vs->dprime * 2;
+        want += (uint64_t)((ks->len + 7) / 8) * ks->dprime * 2;
+        want += (uint64_t)ks->len * ((ks->r + vs->r) * 2 + ref_bitmap_bytes(ks) + ref_bitmap_bytes(vs));
+    }
+    float out[2 * 32];
+    double ref[2 * 32];
+    uint8_t att[140];
+    uint64_t bytes;
+    attend_both(&h, &hd, 1.0, 139, out, att, ref, &bytes);
+    ck_assert_uint_eq(bytes, want);
+    ck_assert_double_le(rel_err(out, ref, 2 * 32), 2e-3);
+    mkv_mosaic_head_free(&h);
+    head_data_free(&hd);
+}
+END_TEST
+
+START_TEST(full_keep_equals_exact_attention)
+{
+    /* keep = 1, energy = 1, budget = 1: nothing dropped; only fp16 storage
+     * (values, rotation) separates mosaic from exact attention on raw K, V. */
+    head_data hd;
+    head_data_make(&hd, 31, 300, 32, 2, 0);
+    mkv_head_kv in = as_input(&hd);
+    for (int rot = 0; rot < 2; rot++) {
+        mkv_mosaic_config c = fixed_config(32, 1.0, 1, 1.0);
+        c.rotate = rot;
+        mkv_mosaic_head h;
+        mkv_error err;
+        ck_assert_int_eq(mkv_mosaic_compress(&c, &in, &h, &err), MKV_OK);
+        for (int64_t s = 0; s < h.k.nseg; s++)
+            ck_assert_int_eq(h.k.seg[s].dprime, 32);
+        const int64_t positions[] = {299, 150};
+        for (int i = 0; i < 2; i++) {
+            int64_t p = positions[i];
+            float q[2 * 32], out[2 * 32], exact[2 * 32];
+            gen_queries(77 + (uint64_t)p, hd.k, p + 1, 32, 2, q);
+            mkv_attend_query aq = {.G = 2, .d = 32, .q = q, .pos = p, .scale = 1 / sqrt(32.0)};
+            uint8_t att[300] = {0};
+            mkv_attend_result res = {.out = out, .attended = att};
+            mkv_mosaic_attn_opts o = {.budget = 1.0};
+            ck_assert_int_eq(mkv_mosaic_attend(&h, &o, &aq, &res, &err), MKV_OK);
+            for (int64_t t = 0; t < 300; t++)
+                ck_assert_int_eq(att[t], t <= p);
+            mkv_attend_exact(hd.k, hd.v, 32, &aq, exact, NULL);
+            double num = 0, den = 0;
+            for (int j = 0; j < 64; j++) {
+                num += (out[j] - exact[j]) * (out[j] - exact[j]);
+                den += (double)exact[j] * exact[j];
+            }
+            /* fp16 rotations: R16 R16^T = I only to ~2^-11, which moves
+             * the scores of these peaked queries by ~1e-2 */
+            ck_assert_double_le(sqrt(num / den), 5e-3);
+        }
+        mkv_mosaic_head_free(&h);
+    }
+    head_data_free(&hd);
+}
+END_TEST
+
+START_TEST(uniform2d_is_fixed_channel_truncation)
+{
+    /* uniform2d keeps the first r rotated channels of every vector: its
+     * attention at budget 1 equals attention over X R_r R_r^T, R_r the r
+     * leading eigenvectors (fp16) of each segment, computed here. */
+    head_data hd;
+    head_data_make(&hd, 41, 260, 32, 2, 0);
+    mkv_head_kv in = as_input(&hd);
+    mkv_mosaic_config c = fixed_config(32, 0.25, 1, 0.9);
+    c.pervector = 0;
+    mkv_mosaic_head h;
+    mkv_error err;
+    ck_assert_int_eq(mkv_mosaic_compress(&c, &in, &h, &err), MKV_OK);
+    ck_assert_int_eq(h.k.n_bitmap + h.v.n_bitmap, 0);
+    int d = 32, r = 8;
+    double *K = calloc(260 * 32, sizeof(double)), *V = calloc(260 * 32, sizeof(double));
+    const float *src[2] = {hd.k, hd.v};
+    double *dst[2] = {K, V};
+    for (int which = 0; which < 2; which++) {
+        const mkv_mosaic_tensor *t = which ? &h.v : &h.k;
+        for (int64_t tok = 0; tok < 260; tok++)
+            if (tok < 4 || tok >= 260 - 16)
+                for (int j = 0; j < d; j++)
+                    dst[which][tok * d + j] = src[which][tok * d + j];
+        for (int64_t s = 0; s < t->nseg; s++) {
+            const mkv_mosaic_strategy *st = &t->seg[s];
+            ck_assert_int_eq(st->r, r);
+            ck_assert_int_eq(st->pervector, 0);
+            double C[32 * 32] = {0}, R[32 * 32], ev[32];
+            ck_assert_int_eq(mkv_gram_add(C, src[which] + st->start * d, st->len, d, &err), MKV_OK);
+            ck_assert_int_eq(mkv_eigh(C, d, ev, R, &err), MKV_OK);
+            mkv_mosaic_round_f16(R, 32 * 32);
+            for (int64_t i = 0; i < st->len; i++) {
+                const float *x = src[which] + (st->start + i) * d;
+                double xt[32];
+                for (int cc = 0; cc < r; cc++) {
+                    xt[cc] = 0;
+                    for (int j = 0; j < d; j++)
+                        xt[cc] += x[j] * R[j * d + cc];
+                    xt[cc] = mkv_f16_to_f32(mkv_f32_to_f16((float)xt[cc]));
+                }
+                for (int j = 0; j < d; j++) {
+                    double acc = 0;
+                    for (int cc = 0; cc < r; cc++)
+                        acc += xt[cc] * R[j * d + cc];
+                    dst[which][(st->start + i) * d + j] = acc;
+                }
+            }
+        }
+    }
+    float q[2 * 32], out[2 * 32];
+    double ref[2 * 32];
+    gen_queries(3, hd.k, 260, 32, 2, q);
+    mkv_attend_query aq = {.G = 2, .d = 32, .q = q, .pos = 259, .scale = 1 / sqrt(32.0)};
+    uint8_t att[260] = {0};
+    mkv_attend_result res = {.out = out, .attended = att};
+    mkv_mosaic_attn_opts o = {.budget = 1.0};
+    ck_assert_int_eq(mkv_mosaic_attend(&h, &o, &aq, &res, &err), MKV_OK);
+    ref_attend(K, V, 260, d, NULL, q, 2, 1 / sqrt(32.0), ref);
+    ck_assert_double_le(rel_err(out, ref, 64), 2e-3);
+    free(K);
+    free(V);
+    mkv_mosaic_head_free(&h);
+    head_data_free(&hd);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- strategy search */
+
+START_TEST(search_rank2_picks_cheapest)
+{
+    /* Rank-2 keys, d = 32, 64 tokens, B = 8. The cheapest candidate is
+     * rotate on, r = 2 (d/16), d' = 8 (d/4):
+     *   values 64 x 2 x 2 = 256, bitmap 64 x 1 = 64, block keys 8 x 8 x 2
+     *   = 128, rotation 32 x 8 x 2 = 512: 960 bytes,
+     * and rank-2 data lose nothing there (only fp16 rounding of R). */
+    enum { N = 64, D = 32 };
+    float X[N * D];
+    uint64_t seed = 3;
+    double a[D], b[D];
+    for (int j = 0; j < D; j++) {
+        a[j] = gauss(&seed);
+        b[j] = gauss(&seed) * 0.5;
+    }
+    for (int t = 0; t < N; t++) {
+        double z1 = gauss(&seed), z2 = gauss(&seed);
+        for (int j = 0; j < D; j++)
+            X[t * D + j] = (float)(z1 * a[j] + z2 * b[j]);
+    }
+    double R[D * D], ev[D], energy, score;
+    mkv_error err;
+    ck_assert_int_eq(mkv_mosaic_rotation(X, N, D, R, ev, &err), MKV_OK);
+    mkv_mosaic_round_f16(R, D * D);
+    mkv_mosaic_search_opts o = {.d = D, .block = 8, .threshold = 0.01, .allow_rotate = 1, .obs = NULL};
+    mkv_mosaic_strategy s;
+    ck_assert_int_eq(mkv_mosaic_search(&o, X, 0, N, R, &s, &energy, &score, &err), MKV_OK);
+    ck_assert_int_eq(s.rotate, 1);
+    ck_assert_int_eq(s.r, 2);
+    ck_assert_int_eq(s.dprime, 8);
+    mkv_mosaic_bytes by;
+    mkv_mosaic_strategy_bytes(&s, D, 8, &by);
+    ck_assert_uint_eq(by.total, 960);
+    ck_assert_double_le(energy, 1e-4);
+    ck_assert_double_eq(score, -1);
+
+    /* Values (no block keys) living on raw channels 3 and 17: no rotation,
+     * r = 2, g = 1 costs 64 x 2 x 2 + 64 x 4 = 512 bytes and loses
+     * nothing; any rotated candidate pays 32 x d' x 2 >= 512 for R alone. */
+    for (int t = 0; t < N; t++) {
+        for (int j = 0; j < D; j++)
+            X[t * D + j] = 0;
+        X[t * D + 3] = (float)gauss(&seed);
+        X[t * D + 17] = (float)gauss(&seed);
+    }
+    ck_assert_int_eq(mkv_mosaic_rotation(X, N, D, R, ev, &err), MKV_OK);
+    mkv_mosaic_round_f16(R, D * D);
+    o.block = 0;
+    ck_assert_int_eq(mkv_mosaic_search(&o, X, 0, N, R, &s, &energy, &score, &err), MKV_OK);
+    ck_assert_int_eq(s.rotate, 0);
+    ck_assert_int_eq(s.r, 2);
+    ck_assert_int_eq(s.g, 1);
+    mkv_mosaic_strategy_bytes(&s, D, 0, &by);
+    ck_assert_uint_eq(by.total, 512);
+    ck_assert_double_eq(energy, 0);
+}
+END_TEST
+
+typedef struct {
+    mkv_mosaic_strategy s;
+    uint64_t bytes;
+    double loss, energy, score;
+} ref_candidate;
+
+static int ref_group_cmp(const void *a, const void *b)
+{
+    const double *x = a, *y = b;   /* {energy, index} */
+    if (x[0] != y[0])
+        return x[0] > y[0] ? -1 : 1;
+    return x[1] < y[1] ? -1 : 1;
+}
+
+/* Losses of one candidate computed here: rotated vectors, the top groups
+ * by a qsort, energy and score errors summed directly. A query's score
+ * errors are weighted (1 + m p_t) / 2, p the softmax of its exact scores
+ * / sqrt(d) over the m tokens it sees. */
+static void ref_losses(const float *X, int64_t n, int d, const double *R, const mkv_mosaic_strategy *s,
+                       const float *q, const int64_t *qpos, int64_t nq, double *energy, double *score)
+{
+    double etot = 0, edrop = 0, num = 0, den = 0;
+    static double exact[64][256], weight[64][256];
+    for (int64_t qi = 0; qi < nq; qi++) {
+        double mean = 0, z = 0;
+        int64_t seen = qpos[qi] + 1 < n ? qpos[qi] + 1 : n;
+        for (int64_t t = 0; t < seen; t++) {
+            exact[qi][t] = 0;
+            for (int j = 0; j < d; j++)
+                exact[qi][t] += (double)q[qi * d + j] * X[t * d + j];
+            mean += exact[qi][t] / (double)seen;
+            z += exp(exact[qi][t] / sqrt(d));
+        }
+        for (int64_t t = 0; t < seen; t++) {
+            den += (exact[qi][t] - mean) * (exact[qi][t] - mean);
+            weight[qi][t] = 0.5 + 0.5 * (double)seen * exp(exact[qi][t] / sqrt(d)) / z;
+        }
+    }
+    for (int64_t t = 0; t < n; t++) {
+        double xt[MKV_MOSAIC_MAX_D], grp[MKV_MOSAIC_MAX_D][2];
+        for (int c = 0; c < d; c++) {
+            xt[c] = 0;
+            for (int j = 0; j < d; j++)
+                xt[c] += X[t * d + j] * (s->rotate ? R[j * d + c] : (j == c));
+            etot += xt[c] * xt[c];
+        }
+        int ng = s->dprime / s->g;
+        for (int i = 0; i < ng; i++) {
+            grp[i][0] = 0;
+            grp[i][1] = i;
+            for (int c = i * s->g; c < (i + 1) * s->g; c++)
+                grp[i][0] += xt[c] * xt[c];
+        }
+        qsort(grp, (size_t)ng, sizeof grp[0], ref_group_cmp);
+        uint8_t kept[MKV_MOSAIC_MAX_D] = {0};
+        for (int i = 0; i < s->r / s->g; i++)
+            for (int c = 0; c < s->g; c++)
+                kept[(int)grp[i][1] * s->g + c] = 1;
+        for (int c = 0; c < d; c++)
+            if (!kept[c])
+                edrop += xt[c] * xt[c];
+        for (int64_t qi = 0; qi < nq; qi++) {
+            if (qpos[qi] < t)
+                continue;
+            double approx = 0;
+            for (int c = 0; c < d; c++)
+                if (kept[c]) {
+                    double qc = 0;
+                    for (int j = 0; j < d; j++)
+                        qc += q[qi * d + j] * (s->rotate ? R[j * d + c] : (j == c));
+                    approx += qc * xt[c];
+                }
+            num += weight[qi][t] * (exact[qi][t] - approx) * (exact[qi][t] - approx);
+        }
+    }
+    *energy = edrop / etot;
+    *score = nq ? num / den : -1;
+}
+
+START_TEST(search_matches_enumeration)
+{
+    /* Every candidate of the grid enumerated here, priced by hand formula
+     * and judged by ref_losses; the rule picks the fewest bytes under the
+     * threshold (ties: lower loss), else the lowest loss. */
+    enum { N = 48, D = 16, NQ = 6 };
+    float X[N * D], q[NQ * D];
+    gen_rows(17, N, D, 1.0, X);
+    /* salient dense directions on a few tokens, which the queries seek:
+     * their score errors outweigh the energy they hold */
+    uint64_t seed = 23;
+    const int salient[3] = {5, 20, 33};
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < D; j++) {
+            double e = gauss(&seed);
+            X[salient[i] * D + j] += (float)(1.5 * e);
+            q[2 * i * D + j] = q[(2 * i + 1) * D + j] = (float)(1.5 * e);
+        }
+    int64_t qpos[NQ] = {47, 47, 30, 30, 10, 60};
+    double R[D * D], ev[D];
+    mkv_error err;
+    ck_assert_int_eq(mkv_mosaic_rotation(X, N, D, R, ev, &err), MKV_OK);
+    mkv_mosaic_round_f16(R, D * D);
+    const int rs[] = {1, 2, 3, 4, 6, 8}, dps[] = {4, 8, 12, 16}, gs[] = {1, 2, 4};
+    static ref_candidate cand[2 * 6 * 3 * 4];
+    for (int with_q = 0; with_q < 2; with_q++) {
+        int n = 0;
+        for (int rot = 0; rot < 2; rot++)
+            for (int gi = 0; gi < 3; gi++)
+                for (int di = 0; di < 4; di++)
+                    for (int ri = 0; ri < 6; ri++) {
+                        int g = gs[gi], dp = rot ? dps[di] : D, r = rs[ri];
+                        if ((!rot && di > 0) || r % g || dp % g || r > dp)
+                            continue;
+                        ref_candidate *c = &cand[n++];
+                        c->s = (mkv_mosaic_strategy){.start = 0, .len = N, .rotate = rot, .r = r, .g = g,
+                                                     .dprime = dp, .pervector = 1};
+                        /* values + bitmap (none when r = d') + block keys
+                         * ceil(48/8) = 6 x d' x 2 + rotation 16 x d' x 2 */
+                        c->bytes = (uint64_t)N * r * 2 + (r < dp ? (uint64_t)N * ((dp / g + 7) / 8) : 0) +
+                                   6u * dp * 2 + (rot ? 16u * dp * 2 : 0);
+                        ref_losses(X, N, D, R, &c->s, q, qpos, with_q ? NQ : 0, &c->energy, &c->score);
+                        c->loss = c->score > c->energy ? c->score : c->energy;
+                    }
+        const double thresholds[] = {0.02, 0.1, 0.3, 0.0};
+        for (int ti = 0; ti < 4; ti++) {
+            double th = thresholds[ti];
+            int want = -1;
+            for (int i = 0; i < n; i++) {
+                if (cand[i].loss <= th) {
+                    if (want < 0 || cand[i].bytes < cand[want].bytes ||
+                        (cand[i].bytes == cand[want].bytes && cand[i].loss < cand[want].loss))
+                        want = i;
+                }
+            }
+            if (want < 0)
+                for (int i = 0; i < n; i++)
+                    if (want < 0 || cand[i].loss < cand[want].loss ||
+                        (cand[i].loss == cand[want].loss && cand[i].bytes < cand[want].bytes))
+                        want = i;
+            mkv_mosaic_obs obs = {.q = q, .pos = qpos, .nq = NQ};
+            mkv_mosaic_search_opts o = {.d = D, .block = 8, .threshold = th, .allow_rotate = 1,
+                                        .obs = with_q ? &obs : NULL};
+            mkv_mosaic_strategy s;
+            double energy, score;
+            ck_assert_int_eq(mkv_mosaic_search(&o, X, 0, N, R, &s, &energy, &score, &err), MKV_OK);
+            ck_assert_int_eq(s.rotate, cand[want].s.rotate);
+            ck_assert_int_eq(s.r, cand[want].s.r);
+            ck_assert_int_eq(s.g, cand[want].s.g);
+            ck_assert_int_eq(s.dprime, cand[want].s.dprime);
+            ck_assert_double_eq_tol(energy, cand[want].energy, 1e-9);
+            ck_assert_double_eq_tol(score, cand[want].score, 1e-9);
+        }
+    }
+}
+END_TEST
+
+/* ---------------------------------------------------------------- parameters */
+
+static int set_raw(mkv_params *p, const char *key, const char *value)
+{
+    for (int i = 0; i < p->n; i++)
+        if (strcmp(p->spec[i]->name, key) == 0) {
+            snprintf(p->value[i], sizeof p->value[i], "%s", value);
+            return 0;
+        }
+    return -1;
+}
+
+static void expect_refused(const mkv_method *m, const char *key, const char *value, const char *strategy,
+                           const char *words)
+{
+    mkv_params p;
+    mkv_params_init(&p, m->params);
+    if (strategy)
+        ck_assert_int_eq(set_raw(&p, "strategy", strategy), 0);
+    ck_assert_int_eq(set_raw(&p, key, value), 0);
+    mkv_dump_meta meta;
+    mkv_dump_meta_init(&meta);
+    meta.n_layers = 1;
+    meta.n_heads = 4;
+    meta.n_kv_heads = 2;
+    meta.head_dim = 64;
+    meta.n_tokens = 1024;
+    mkv_error err;
+    mkv_error_clear(&err);
+    ck_assert_int_eq(m->check(&p, &meta, &err), MKV_EUSAGE);
+    ck_assert_msg(strstr(err.msg, words) != NULL, "message '%s' lacks '%s'", err.msg, words);
+}
+
+START_TEST(bad_parameters_refused)
+{
+    const mkv_method *m = &mkv_method_mosaic;
+    expect_refused(m, "keep", "1.5", NULL, "keep");
+    expect_refused(m, "keep", "0", NULL, "keep");
+    expect_refused(m, "block", "0", NULL, "block");
+    expect_refused(m, "segment", "4", NULL, "smaller than block");
+    expect_refused(m, "budget", "5000", NULL, "larger than the context");
+    expect_refused(m, "budget", "10.5", NULL, "whole number");
+    expect_refused(m, "group", "3", NULL, "group");
+    expect_refused(m, "energy", "0", NULL, "energy");
+    expect_refused(m, "threshold", "2", NULL, "threshold");
+    /* keep 0.1 of 64: r = 7, not a multiple of 4 */
+    mkv_params p;
+    mkv_params_init(&p, m->params);
+    ck_assert_int_eq(set_raw(&p, "keep", "0.1"), 0);
+    ck_assert_int_eq(set_raw(&p, "group", "4"), 0);
+    ck_assert_int_eq(set_raw(&p, "strategy", "fixed"), 0);
+    mkv_dump_meta meta;
+    mkv_dump_meta_init(&meta);
+    meta.n_layers = 1;
+    meta.n_heads = 4;
+    meta.n_kv_heads = 2;
+    meta.head_dim = 64;
+    meta.n_tokens = 1024;
+    mkv_error err;
+    ck_assert_int_eq(m->check(&p, &meta, &err), MKV_EUSAGE);
+    ck_assert_ptr_nonnull(strstr(err.msg, "does not divide r = 7"));
+    /* defaults pass */
+    mkv_params_init(&p, m->params);
+    ck_assert_int_eq(m->check(&p, &meta, &err), MKV_OK);
+    mkv_params_init(&p, mkv_method_uniform2d.params);
+    ck_assert_int_eq(mkv_method_uniform2d.check(&p, &meta, &err), MKV_OK);
+    expect_refused(&mkv_method_uniform2d, "segment", "2", NULL, "smaller than block");
+    /* the parameter layer refuses out-of-range values up front too */
+    mkv_params_init(&p, m->params);
+    ck_assert_int_eq(mkv_params_set(&p, "keep", "1.5", &err), MKV_EUSAGE);
+    ck_assert_int_eq(mkv_params_set(&p, "block", "0", &err), MKV_EUSAGE);
+    ck_assert_int_eq(mkv_params_set(&p, "rotate", "maybe", &err), MKV_EUSAGE);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- file round trip */
+
+START_TEST(cdump_round_trip_counts_bytes)
+{
+    head_data hd;
+    head_data_make(&hd, 51, 500, 32, 2, 4);
+    const mkv_method *m = &mkv_method_mosaic;
+    mkv_params p;
+    mkv_params_init(&p, m->params);
+    mkv_error err;
+    ck_assert_int_eq(mkv_params_parse(&p, "segment=128", &err), MKV_OK);
+    ck_assert_int_eq(mkv_params_parse(&p, "recent=16", &err), MKV_OK);
+    ck_assert_int_eq(mkv_params_parse(&p, "budget=0.25", &err), MKV_OK);
+    mkv_cdump_meta meta;
+    memset(&meta, 0, sizeof meta);
+    snprintf(meta.method, sizeof meta.method, "mosaic");
+    mkv_params_format(&p, meta.params, sizeof meta.params);
+    snprintf(meta.source, sizeof meta.source, "test");
+    mkv_dump_meta_init(&meta.raw);
+    meta.raw.n_layers = 1;
+    meta.raw.n_heads = 2;
+    meta.raw.n_kv_heads = 1;
+    meta.raw.head_dim = 32;
+    meta.raw.n_tokens = 500;
+    meta.raw.n_queries = 4;
+    ck_assert_int_eq(m->check(&p, &meta.raw, &err), MKV_OK);
+    char path[256];
+    test_path(path, sizeof path, "mosaic.h5");
+    mkv_cdump_writer *w;
+    ck_assert_int_eq(mkv_cdump_create(path, NULL, &meta, hd.qpos, &w, &err), MKV_OK);
+    mkv_head_kv in = as_input(&hd);
+    ck_assert_msg(m->compress(&p, &in, w, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_msg(mkv_cdump_commit(w, &err) == MKV_OK, "%s", err.msg);
+
+    /* the same head in memory, for the hand count and the comparison */
+    mkv_mosaic_config c = {.sink = 4, .recent = 16, .segment = 128, .block = 8, .dynamic = 1,
+                           .rotate = 1, .r = 16, .g = 1, .energy = 0.9, .threshold = 0.1, .pervector = 1};
+    mkv_mosaic_head h;
+    ck_assert_int_eq(mkv_mosaic_compress(&c, &in, &h, &err), MKV_OK);
+
+    mkv_cdump *cd;
+    ck_assert_int_eq(mkv_cdump_open(path, &cd, &err), MKV_OK);
+    ck_assert_uint_eq(mkv_cdump_meta_of(cd)->physical_bytes, hand_count(&h));
+    ck_assert_uint_eq(mkv_cdump_meta_of(cd)->logical_bytes, 2 * 500 * 32 * 2);
+    void *state;
+    ck_assert_msg(m->load(&p, cd, 0, 0, &state, &err) == MKV_OK, "%s", err.msg);
+    float q[2 * 32], out1[2 * 32], out2[2 * 32];
+    gen_queries(5, hd.k, 500, 32, 2, q);
+    mkv_attend_query aq = {.G = 2, .d = 32, .q = q, .pos = 480, .scale = 1 / sqrt(32.0)};
+    uint8_t att1[500] = {0}, att2[500] = {0};
+    mkv_attend_result r1 = {.out = out1, .attended = att1}, r2 = {.out = out2, .attended = att2};
+    ck_assert_int_eq(m->attend(state, &aq, &r1, &err), MKV_OK);
+    mkv_mosaic_attn_opts o = {.budget = 0.25};
+    ck_assert_int_eq(mkv_mosaic_attend(&h, &o, &aq, &r2, &err), MKV_OK);
+    ck_assert_mem_eq(out1, out2, sizeof out1);
+    ck_assert_mem_eq(att1, att2, sizeof att1);
+    ck_assert_uint_eq(r1.bytes_read, r2.bytes_read);
+    /* a query outside the cache is refused */
+    aq.pos = 500;
+    ck_assert_int_eq(m->attend(state, &aq, &r1, &err), MKV_EUSAGE);
+    m->free_state(state);
+    mkv_cdump_close(cd);
+    mkv_mosaic_head_free(&h);
+    unlink(path);
+    head_data_free(&hd);
+}
+END_TEST
+
+static Suite *mosaic_suite(void)
+{
+    Suite *s = suite_create("mosaic");
+    TCase *tc = tcase_create("pieces");
+    tcase_add_test(tc, rotation_orthonormal_and_sorted);
+    tcase_add_test(tc, dprime_by_energy_hand_count);
+    tcase_add_test(tc, select_hand_made_vector);
+    tcase_add_test(tc, encode_keeps_values_exactly);
+    tcase_add_test(tc, popcount_is_r_for_every_vector);
+    tcase_add_test(tc, segment_bytes_hand_count);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("attention");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, packed_attention_equals_reconstruction);
+    tcase_add_test(tc, bytes_read_hand_count);
+    tcase_add_test(tc, full_keep_equals_exact_attention);
+    tcase_add_test(tc, uniform2d_is_fixed_channel_truncation);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("strategy");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, search_rank2_picks_cheapest);
+    tcase_add_test(tc, search_matches_enumeration);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("method");
+    tcase_add_test(tc, bad_parameters_refused);
+    tcase_add_test(tc, cdump_round_trip_counts_bytes);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    return test_run(mosaic_suite());
+}

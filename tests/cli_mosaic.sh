@@ -1,0 +1,100 @@
+#!/bin/sh
+# End-to-end test of the methods "mosaic" and "uniform2d" through
+# mkv-compress and mkv-attend on a synthetic dump: every compressed file is
+# checked against its raw dump by tests/mosaic_ref.py (h5py/numpy: byte
+# accounting, table tiling, rotations, packed values, bitmaps, block keys,
+# losses); nothing dropped (keep=1, energy=1, budget=1) must give exact
+# attention to fp16 precision; bad parameters exit 2 with a message naming
+# them and leave no output.
+#
+# Environment: top_builddir, top_srcdir (set by `make check`; default .),
+# PYTHON_H5PY (default /usr/bin/python3). Exit: 0 pass, 1 fail, 77 skip.
+
+top_builddir=$(cd "${top_builddir:-.}" 2>/dev/null && pwd) || exit 77
+top_srcdir=$(cd "${top_srcdir:-.}" && pwd) || exit 1
+COMPRESS=$top_builddir/tools/mkv-compress
+ATTEND=$top_builddir/tools/mkv-attend
+CAPTURE=$top_builddir/tools/mkv-capture
+PY=${PYTHON_H5PY:-/usr/bin/python3}
+REF=$top_srcdir/tests/mosaic_ref.py
+
+for t in "$COMPRESS" "$ATTEND" "$CAPTURE"; do
+    if [ ! -x "$t" ]; then
+        echo "cli_mosaic: SKIP: $t is not built"
+        exit 77
+    fi
+done
+for m in mosaic uniform2d; do
+    if ! "$COMPRESS" --list-methods 2>/dev/null | grep -q "^$m\b"; then
+        echo "cli_mosaic: SKIP: method $m is not registered (lib/methods_registry.c)"
+        exit 77
+    fi
+done
+if ! "$PY" -c 'import h5py, numpy' 2>/dev/null; then
+    echo "cli_mosaic: SKIP: no python with h5py and numpy (set PYTHON_H5PY)"
+    exit 77
+fi
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/cli_mosaic.XXXXXX") || exit 1
+trap 'rm -rf "$tmp"' EXIT
+trap 'exit 1' HUP INT TERM
+cd "$tmp" || exit 1
+failed=0
+fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
+
+"$CAPTURE" --synthetic --tokens 1500 --head-dim 32 --heads 4 --kv-heads 2 --layers 2 \
+    --queries 6 --dtype f32 -o raw.h5 -q || { echo "FAIL: mkv-capture"; exit 1; }
+
+# method and parameters, one case a line
+while read -r method params; do
+    set -- $params
+    args=
+    for kv in "$@"; do args="$args -p $kv"; done
+    if ! "$COMPRESS" raw.h5 -o c.h5 --method "$method" $args -q; then
+        fail "mkv-compress --method $method $params"
+        continue
+    fi
+    "$PY" "$REF" raw.h5 c.h5 >ref.out || fail "$method $params: $(cat ref.out)"
+    "$ATTEND" c.h5 --summary -q >sum.tsv || fail "mkv-attend on $method $params"
+done <<'CASES'
+mosaic
+mosaic strategy=fixed
+mosaic strategy=fixed group=2 keep=0.375 energy=0.8
+mosaic strategy=fixed rotate=off group=4
+mosaic rotate=off segment=300
+mosaic segment=256 block=16 threshold=0.3 sink=0 recent=0
+mosaic recent=2000
+uniform2d
+uniform2d keep=0.5 segment=500
+CASES
+
+# nothing dropped, every token attended: exact attention up to fp16
+"$COMPRESS" raw.h5 -o full.h5 --method mosaic -p strategy=fixed -p keep=1 -p energy=1 \
+    -p budget=1 -q || fail "mkv-compress keep=1"
+err=$("$ATTEND" full.h5 --summary -q | awk -F'\t' 'NR == 2 { print $8 }')
+awk -v e="$err" 'BEGIN { exit !(e != "" && e < 5e-3) }' || fail "keep=1 budget=1: rel_l2_mean $err"
+
+# bad parameters: exit 2, a message naming the parameter, no output file
+# (parameters separated by commas, then words the message must hold)
+while read -r param words; do
+    "$COMPRESS" raw.h5 -o bad.h5 --method mosaic -p strategy=fixed -p "$(echo "$param" | tr , ' ')" \
+        2>err.txt
+    status=$?
+    [ $status -eq 2 ] || fail "$param: exit $status, not 2"
+    grep -q "$words" err.txt || fail "$param: message '$(cat err.txt)' lacks '$words'"
+    [ ! -e bad.h5 ] || fail "$param: left an output file"
+done <<'BAD'
+keep=1.5 keep
+block=0 block
+segment=4 smaller than block
+budget=5000 larger than the context
+group=3 group
+group=4,keep=0.2 does not divide r = 7
+BAD
+
+if [ $failed -gt 0 ]; then
+    echo "cli_mosaic: $failed failure(s)"
+    exit 1
+fi
+echo "cli_mosaic: ok"
+exit 0

@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""Independent numpy check of a compressed dump made by the methods
+"mosaic" or "uniform2d" (layout: lib/method_mosaic.c) against its raw dump.
+
+    mosaic_ref.py RAW.h5 COMPRESSED.h5
+
+Reads both files with h5py only and checks, for every layer and KV head:
+  - physical_bytes equals the sum of numel x itemsize of every dataset under
+    /layers (per head and in total), logical_bytes = 2 T d 2 per head;
+  - the strategy tables tile the compressed tokens and the flat arrays have
+    exactly the sizes the tables imply;
+  - dense rows are the raw sink and recent rows rounded to fp16;
+  - every stored rotation has orthonormal columns (to fp16 precision) whose
+    Rayleigh quotients on the segment's Gram matrix are the leading
+    eigenvalues numpy finds, in descending order;
+  - every bitmap keeps r / g groups; the packed values are the rotated
+    elements x R at the bitmap's positions (to fp16 rounding), and no
+    dropped group holds more energy than a kept one;
+  - block keys are the block means of the rotated keys over d' channels;
+  - the recorded energy loss is the one of the kept-only reconstruction.
+Exit 0 when everything holds, 1 with a message otherwise.
+"""
+import sys
+
+import h5py
+import numpy as np
+
+F16_REL = 2.0 ** -10  # fp16 rounding, with margin
+
+
+def fail(msg):
+    print("mosaic_ref: FAIL: " + msg)
+    sys.exit(1)
+
+
+def near(a, b, rel, what, atol=0.0):
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape:
+        fail("%s: shape %s, expected %s" % (what, a.shape, b.shape))
+    if b.size == 0:
+        return
+    tol = atol + rel * np.maximum(np.abs(b), np.abs(b).max() * 1e-3 + 1e-30)
+    bad = np.abs(a - b) > tol
+    if bad.any():
+        i = np.argwhere(bad)[0]
+        fail("%s: %r vs %r at %s" % (what, a[tuple(i)], b[tuple(i)], tuple(i)))
+
+
+def parse_params(text):
+    return dict(kv.split("=", 1) for kv in text.split())
+
+
+def positions(bits, r, g, dprime, nbytes):
+    """Kept channels of one vector from its bitmap (LSB first)."""
+    if nbytes == 0:
+        return np.arange(r)
+    groups = [i for i in range(dprime // g) if bits[i // 8] >> (i % 8) & 1]
+    if len(groups) * g != r:
+        fail("bitmap keeps %d groups of %d, r = %d" % (len(groups), g, r))
+    return np.array([i * g + c for i in groups for c in range(g)])
+
+
+def check_tensor(grp, x, X, sink_n, recent_n, block, T, d, where):
+    name = lambda a: "%s/%s" % (x, a)
+    dense = grp[name("dense")][...] if name("dense") in grp else np.zeros((0, d))
+    rows = np.r_[np.arange(sink_n), np.arange(T - recent_n, T)].astype(int)
+    near(dense, X[rows].astype(np.float16), 0, where + " dense rows")
+    first, last = sink_n, T - recent_n
+    if last <= first:
+        return
+    table = grp[name("strategy")][...]
+    loss = grp[name("loss")][...]
+    flat = {a: (grp[name(a)][...] if name(a) in grp else np.zeros(0))
+            for a in ("values", "bitmap", "blockkeys", "rotation")}
+    off = dict.fromkeys(flat, 0)
+    nxt = first
+    for row, ls in zip(table, loss):
+        start, length, rot, r, g, dp, perv = (int(v) for v in row)
+        w = "%s %s segment at %d" % (where, x, start)
+        if start != nxt or length < 1:
+            fail(w + ": segments do not tile the compressed tokens")
+        nxt = start + length
+        nbytes = (dp // g + 7) // 8 if perv and r < dp else 0
+        Xs = X[start:start + length].astype(np.float64)
+        R = np.eye(d)[:, :dp]
+        if rot:
+            R = flat["rotation"][off["rotation"]:off["rotation"] + d * dp].astype(np.float64).reshape(d, dp)
+            off["rotation"] += d * dp
+            near(R.T @ R, np.eye(dp), 0, w + " R^T R", atol=2e-3)
+            C = Xs.T @ Xs
+            ev = np.linalg.eigvalsh(C)[::-1][:dp]
+            rq = np.einsum("ic,ij,jc->c", R, C, R)
+            if (np.diff(rq) > 1e-2 * ev[0]).any():
+                fail(w + ": rotation columns are not sorted by eigenvalue")
+            near(rq, ev, 1e-2 * ev[0] / np.maximum(ev, 1e-300), w + " eigenvalues")
+        elif dp != d:
+            fail(w + ": unrotated segment with d' != d")
+        Xt = Xs @ R
+        vals = flat["values"][off["values"]:off["values"] + length * r].reshape(length, r)
+        bm = flat["bitmap"][off["bitmap"]:off["bitmap"] + length * nbytes].reshape(length, nbytes)
+        off["values"] += length * r
+        off["bitmap"] += length * nbytes
+        for t in range(length):
+            pos = positions(bm[t] if nbytes else None, r, g, dp, nbytes)
+            near(vals[t], Xt[t, pos], F16_REL, w + " packed values")
+            if perv and nbytes:
+                e = (Xt[t] ** 2).reshape(dp // g, g).sum(1)
+                kept = np.zeros(dp // g, bool)
+                kept[pos[::g] // g] = True
+                if e[~kept].size and e[~kept].max() > e[kept].min() * (1 + 1e-6) + 1e-12:
+                    fail(w + ": token %d drops a group with more energy than a kept one" % (start + t))
+        if block:
+            nb = -(-length // block)
+            keys = flat["blockkeys"][off["blockkeys"]:off["blockkeys"] + nb * dp].reshape(nb, dp)
+            off["blockkeys"] += nb * dp
+            means = np.array([Xt[b * block:(b + 1) * block].mean(0) for b in range(nb)])
+            near(keys, means, F16_REL, w + " block keys")
+        # energy dropped: R is orthonormal to fp16 precision, so the energy
+        # of all rotated channels is that of X
+        drop = 1 - (vals.astype(np.float64) ** 2).sum() / max((Xs ** 2).sum(), 1e-300)
+        if abs(drop - ls[0]) > 2e-3 + 2e-2 * abs(ls[0]):
+            fail(w + ": recorded energy loss %g, recomputed %g" % (ls[0], drop))
+    if nxt != last:
+        fail("%s %s: segments end at %d, not %d" % (where, x, nxt, last))
+    for a, n in off.items():
+        if n != flat[a].size:
+            fail("%s %s/%s holds %d elements, the table implies %d" % (where, x, a, flat[a].size, n))
+
+
+def main():
+    if len(sys.argv) != 3:
+        print(__doc__.strip().split("\n\n")[1])
+        sys.exit(2)
+    raw, comp = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r")
+    if comp.attrs["method"] not in ("mosaic", "uniform2d"):
+        fail("method %s is not mosaic or uniform2d" % comp.attrs["method"])
+    params = parse_params(comp.attrs["params"])
+    T, d = int(comp.attrs["n_tokens"]), int(comp.attrs["head_dim"])
+    sink_n = min(int(params["sink"]), T)
+    recent_n = min(int(params["recent"]), T - sink_n)
+    block = int(params["block"])
+    total = 0
+    for layer in comp["layers"]:
+        for head in comp["layers"][layer]:
+            grp = comp["layers"][layer][head]
+            where = "layer %s head %s" % (layer, head)
+            counted = []
+            grp.visititems(lambda n, o: counted.append(o.size * o.dtype.itemsize)
+                           if isinstance(o, h5py.Dataset) else None)
+            if sum(counted) != int(grp.attrs["physical_bytes"]):
+                fail("%s: physical_bytes %d, datasets hold %d" % (where, grp.attrs["physical_bytes"], sum(counted)))
+            total += sum(counted)
+            k = raw["layers"][layer]["k"][int(head)].astype(np.float64)
+            v = raw["layers"][layer]["v"][int(head)].astype(np.float64)
+            check_tensor(grp, "k", k, sink_n, recent_n, block, T, d, where)
+            check_tensor(grp, "v", v, sink_n, recent_n, 0, T, d, where)
+    if total != int(comp.attrs["physical_bytes"]):
+        fail("file physical_bytes %d, datasets hold %d" % (comp.attrs["physical_bytes"], total))
+    heads = sum(len(comp["layers"][l]) for l in comp["layers"])
+    if int(comp.attrs["logical_bytes"]) != heads * 2 * T * d * 2:
+        fail("logical_bytes %d, expected %d" % (comp.attrs["logical_bytes"], heads * 2 * T * d * 2))
+    print("mosaic_ref: ok: %d heads, physical %d bytes, ratio %.3f"
+          % (heads, total, comp.attrs["logical_bytes"] / total))
+
+
+if __name__ == "__main__":
+    main()

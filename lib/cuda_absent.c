@@ -24,3 +24,121 @@ int mkv_cuda_f32_to_f16(const float *src, uint16_t *dst, size_t n, int is_bf16, 
     (void)src; (void)dst; (void)n; (void)is_bf16;
     return mkv_fail(err, MKV_EUNSUP, "GPU conversion: built without CUDA");
 }
+
+/* ---- device memory ---- */
+
+int mkv_cuda_malloc(void **ptr, size_t bytes, mkv_error *err)
+{
+    (void)bytes;
+    if (ptr)
+        *ptr = NULL;
+    return mkv_fail(err, MKV_EUNSUP, "GPU memory: built without CUDA");
+}
+
+void mkv_cuda_free(void *ptr) { (void)ptr; }
+
+int mkv_cuda_upload(void *dst_device, const void *src_host, size_t bytes, mkv_error *err)
+{
+    (void)dst_device; (void)src_host; (void)bytes;
+    return mkv_fail(err, MKV_EUNSUP, "GPU memory: built without CUDA");
+}
+
+int mkv_cuda_download(void *dst_host, const void *src_device, size_t bytes, mkv_error *err)
+{
+    (void)dst_host; (void)src_device; (void)bytes;
+    return mkv_fail(err, MKV_EUNSUP, "GPU memory: built without CUDA");
+}
+
+int mkv_cuda_memset(void *dst_device, int byte, size_t bytes, mkv_error *err)
+{
+    (void)dst_device; (void)byte; (void)bytes;
+    return mkv_fail(err, MKV_EUNSUP, "GPU memory: built without CUDA");
+}
+
+int mkv_cuda_synchronize(mkv_error *err)
+{
+    return mkv_fail(err, MKV_EUNSUP, "GPU synchronisation: built without CUDA");
+}
+
+/* ---- decode attention ---- */
+
+int mkv_cuda_dense_plan(const mkv_attn_shape *s, const int64_t *lengths, mkv_dense_plan **plan, mkv_error *err)
+{
+    (void)s; (void)lengths;
+    if (plan)
+        *plan = NULL;
+    return mkv_fail(err, MKV_EUNSUP, "GPU dense attention: built without CUDA");
+}
+
+int mkv_cuda_dense_run(const mkv_dense_plan *p, const float *q, const uint16_t *k, const uint16_t *v,
+                       float *out, void *stream, mkv_error *err)
+{
+    (void)p; (void)q; (void)k; (void)v; (void)out; (void)stream;
+    return mkv_fail(err, MKV_EUNSUP, "GPU dense attention: built without CUDA");
+}
+
+int mkv_cuda_dense_plan_splits(const mkv_dense_plan *p) { (void)p; return 0; }
+
+void mkv_cuda_dense_plan_free(mkv_dense_plan *p) { (void)p; }
+
+int mkv_cuda_dense_attend_host(const mkv_attn_shape *s, const int64_t *lengths, const float *q,
+                               const uint16_t *k, const uint16_t *v, float *out, mkv_error *err)
+{
+    (void)s; (void)lengths; (void)q; (void)k; (void)v; (void)out;
+    return mkv_fail(err, MKV_EUNSUP, "GPU dense attention: built without CUDA");
+}
+
+int mkv_cuda_quest_plan(const mkv_attn_shape *s, const int64_t *lengths, const int64_t *cache_tokens,
+                        const mkv_quest_params *qp, mkv_quest_plan **plan, mkv_error *err)
+{
+    (void)s; (void)lengths; (void)cache_tokens; (void)qp;
+    if (plan)
+        *plan = NULL;
+    return mkv_fail(err, MKV_EUNSUP, "GPU Quest attention: built without CUDA");
+}
+
+void mkv_cuda_quest_plan_free(mkv_quest_plan *p) { (void)p; }
+
+int64_t mkv_cuda_quest_pages_max(const mkv_quest_plan *p) { (void)p; return 0; }
+
+size_t mkv_cuda_quest_meta_elems(const mkv_quest_plan *p) { (void)p; return 0; }
+
+int mkv_cuda_quest_counts(const mkv_quest_plan *p, int request, mkv_quest_counts *c, mkv_error *err)
+{
+    (void)p; (void)request; (void)c;
+    return mkv_fail(err, MKV_EUNSUP, "GPU Quest attention: built without CUDA");
+}
+
+int mkv_cuda_quest_build_meta(const mkv_quest_plan *p, const uint16_t *k, uint16_t *meta, void *stream,
+                              mkv_error *err)
+{
+    (void)p; (void)k; (void)meta; (void)stream;
+    return mkv_fail(err, MKV_EUNSUP, "GPU Quest attention: built without CUDA");
+}
+
+int mkv_cuda_quest_select(const mkv_quest_plan *p, const float *q, const uint16_t *meta, void *stream,
+                          mkv_error *err)
+{
+    (void)p; (void)q; (void)meta; (void)stream;
+    return mkv_fail(err, MKV_EUNSUP, "GPU Quest attention: built without CUDA");
+}
+
+int mkv_cuda_quest_attend(const mkv_quest_plan *p, const float *q, const uint16_t *k, const uint16_t *v,
+                          float *out, void *stream, mkv_error *err)
+{
+    (void)p; (void)q; (void)k; (void)v; (void)out; (void)stream;
+    return mkv_fail(err, MKV_EUNSUP, "GPU Quest attention: built without CUDA");
+}
+
+int mkv_cuda_quest_selection(const mkv_quest_plan *p, int32_t *pages, int32_t *counts, int64_t *tokens,
+                             mkv_error *err)
+{
+    (void)p; (void)pages; (void)counts; (void)tokens;
+    return mkv_fail(err, MKV_EUNSUP, "GPU Quest attention: built without CUDA");
+}
+
+int mkv_bench_attention(const mkv_bench_opts *o, FILE *tsv, FILE *log, mkv_error *err)
+{
+    (void)o; (void)tsv; (void)log;
+    return mkv_fail(err, MKV_EUNSUP, "GPU benchmark: built without CUDA");
+}

@@ -31,13 +31,23 @@ int mkv_mosaic_bitmap_bytes(const mkv_mosaic_strategy *s)
 
 int64_t mkv_mosaic_nblocks(int64_t len, int B) { return (len + B - 1) / B; }
 
+int mkv_mosaic_rotation_cols(const mkv_mosaic_strategy *s)
+{
+    if (!s->rotate)
+        return 0;
+    return s->keydim > s->dprime ? s->keydim : s->dprime;
+}
+
+int mkv_mosaic_block_width(const mkv_mosaic_strategy *s) { return s->keydim + s->bound; }
+
 void mkv_mosaic_strategy_bytes(const mkv_mosaic_strategy *s, int d, int block, mkv_mosaic_bytes *b)
 {
     uint64_t len = (uint64_t)s->len;
     b->values = len * (uint64_t)s->r * 2;
     b->bitmap = len * (uint64_t)mkv_mosaic_bitmap_bytes(s);
-    b->blockkeys = block > 0 ? (uint64_t)mkv_mosaic_nblocks(s->len, block) * (uint64_t)s->dprime * 2 : 0;
-    b->rotation = s->rotate ? (uint64_t)d * (uint64_t)s->dprime * 2 : 0;
+    b->blockkeys = block > 0 ? (uint64_t)mkv_mosaic_nblocks(s->len, block) *
+                                   (uint64_t)mkv_mosaic_block_width(s) * 2 : 0;
+    b->rotation = (uint64_t)d * (uint64_t)mkv_mosaic_rotation_cols(s) * 2;
     b->total = b->values + b->bitmap + b->blockkeys + b->rotation;
 }
 
@@ -205,32 +215,57 @@ int mkv_mosaic_positions(const uint8_t *bitmap, const mkv_mosaic_strategy *s, in
     return n;
 }
 
-void mkv_mosaic_block_keys(const double *xt, int64_t n, int ldx, int dprime, int B, float *out)
+void mkv_mosaic_block_keys(const double *xt, int64_t n, int ldx, int keydim, int bound, int B, float *out)
 {
     int64_t nb = mkv_mosaic_nblocks(n, B);
+    int w = keydim + bound;
     for (int64_t b = 0; b < nb; b++) {
         int64_t t0 = b * B, t1 = t0 + B < n ? t0 + B : n;
-        for (int c = 0; c < dprime; c++) {
-            double sum = 0;
-            for (int64_t t = t0; t < t1; t++)
-                sum += xt[t * ldx + c];
-            out[b * dprime + c] = (float)f16r(sum / (double)(t1 - t0));
+        float *row = out + b * w;
+        for (int c = 0; c < keydim; c++) {
+            double sum = 0, lo = INFINITY, hi = -INFINITY;
+            for (int64_t t = t0; t < t1; t++) {
+                double x = xt[t * ldx + c];
+                sum += x;
+                lo = x < lo ? x : lo;
+                hi = x > hi ? x : hi;
+            }
+            if (c < bound) {
+                row[c] = (float)f16r(lo);
+                row[bound + c] = (float)f16r(hi);
+            } else {
+                row[bound + c] = (float)f16r(sum / (double)(t1 - t0));
+            }
         }
     }
+}
+
+double mkv_mosaic_block_score(const double *qt, const float *row, int keydim, int bound)
+{
+    double s = 0;
+    for (int c = 0; c < bound; c++) {
+        double a = qt[c] * row[c], b = qt[c] * row[bound + c];
+        s += a > b ? a : b;
+    }
+    for (int c = bound; c < keydim; c++)
+        s += qt[c] * row[bound + c];
+    return s;
 }
 
 int mkv_mosaic_encode(const mkv_mosaic_strategy *s, const float *X, int d, const double *R, int block,
                       float *values, uint8_t *bitmap, float *blockkeys, float *rotation,
                       mkv_error *err)
 {
+    /* rotated channels the values and the block keys need */
     int dp = s->dprime, nbytes = mkv_mosaic_bitmap_bytes(s);
-    double *xt = mkv_alloc((size_t)s->len * (size_t)dp, sizeof *xt, "rotated vectors", err);
+    int w = block > 0 && s->keydim > dp ? s->keydim : dp;
+    double *xt = mkv_alloc((size_t)s->len * (size_t)w, sizeof *xt, "rotated vectors", err);
     if (!xt)
         return err ? err->code : MKV_ENOMEM;
-    mkv_mosaic_rotate(X, s->len, d, s->rotate ? R : NULL, d, dp, xt);
+    mkv_mosaic_rotate(X, s->len, d, s->rotate ? R : NULL, d, w, xt);
     int pos[MKV_MOSAIC_MAX_D];
     for (int64_t t = 0; t < s->len; t++) {
-        const double *x = xt + t * dp;
+        const double *x = xt + t * w;
         mkv_mosaic_select(x, s, pos, nbytes ? bitmap + t * nbytes : NULL);
         for (int i = 0; i < s->r; i++) {
             if (!(fabs(x[pos[i]]) <= F16_MAX)) {
@@ -242,260 +277,335 @@ int mkv_mosaic_encode(const mkv_mosaic_strategy *s, const float *X, int d, const
         }
     }
     if (block > 0)
-        mkv_mosaic_block_keys(xt, s->len, dp, dp, block, blockkeys);
-    if (s->rotate)
-        for (int j = 0; j < d; j++)
-            for (int c = 0; c < dp; c++)
-                rotation[j * dp + c] = (float)R[j * d + c];
+        mkv_mosaic_block_keys(xt, s->len, w, s->keydim, s->bound, block, blockkeys);
+    int cols = mkv_mosaic_rotation_cols(s);
+    for (int j = 0; j < d && s->rotate; j++)
+        for (int c = 0; c < cols; c++)
+            rotation[j * cols + c] = (float)R[j * d + c];
     mkv_free(xt);
     return MKV_OK;
 }
 
 /* ---------------------------------------------------------------- losses */
 
-/* One segment seen in one space (rotated or raw): what every candidate's
- * losses are computed from. */
+/* The candidate grid (mkv_mosaic_candidates). */
+#define N_GROUP_SIZES 3
+#define N_R_FRACTIONS 16
+#define N_DPRIME_FRACTIONS 4
+#define MAX_CANDIDATES (2 * N_GROUP_SIZES * N_DPRIME_FRACTIONS * N_R_FRACTIONS)
+static const int group_sizes[N_GROUP_SIZES] = {1, 2, 4};
+static const double r_fractions[N_R_FRACTIONS] = {1.0 / 32, 2.0 / 32,  3.0 / 32,  4.0 / 32,
+                                                  5.0 / 32, 6.0 / 32,  7.0 / 32,  8.0 / 32,
+                                                  10.0 / 32, 12.0 / 32, 14.0 / 32, 16.0 / 32,
+                                                  20.0 / 32, 24.0 / 32, 28.0 / 32, 1.0};
+static const double dprime_fractions[N_DPRIME_FRACTIONS] = {0.25, 0.5, 0.75, 1.0};
+
+/* One segment seen in one space (rotated by R, or raw): its vectors, the
+ * observation queries in that space and, per group size, the ranking of
+ * every vector's groups, which every candidate of the space shares (a
+ * candidate with d' keeps the first r/g of them that lie within d'). */
 typedef struct {
     int64_t n;
     int d;
-    double *xt;          /* [n][d] vectors in this space */
-    double etotal;       /* sum of xt^2 */
-    int64_t nq;          /* observation queries that see the segment */
-    double *qt;          /* [nq][d] queries in this space */
-    int64_t *qlast;      /* [nq] last token (segment-relative) each query sees */
-    const double *strue; /* [nq][n] exact scores q.x (shared by both spaces) */
-    const double *weight;/* [nq][n] attention weight of each score error (see exact_scores) */
-    double den;          /* sum over queries of (q.x - mean)^2 over the tokens seen */
+    const double *R;                  /* d x d, NULL: raw */
+    double *xt;                       /* [n][d] */
+    double etotal;                    /* sum of xt^2 */
+    double *qt;                       /* [nq][d] observation queries, NULL without */
+    uint16_t *rank[N_GROUP_SIZES];    /* [n][d/g] group indices, best first; on first need */
+    /* with observation queries: */
+    double *x16;                      /* [n][d] xt rounded to fp16, as stored */
+    int64_t nu;                       /* distinct tokens the queries attend */
+    int32_t *utok;                    /* [nu] those tokens */
+    int32_t *prow;                    /* [pairs] the row of utok each pair's token is */
+    int *pcache;                      /* [nu][d] kept channels of those tokens (one strategy) */
 } seg_space;
 
 static void seg_space_free(seg_space *v)
 {
     mkv_free(v->xt);
     mkv_free(v->qt);
-    mkv_free(v->qlast);
+    for (int i = 0; i < N_GROUP_SIZES; i++)
+        mkv_free(v->rank[i]);
+    mkv_free(v->x16);
+    mkv_free(v->utok);
+    mkv_free(v->prow);
+    mkv_free(v->pcache);
     memset(v, 0, sizeof *v);
 }
 
-/* Fill v for X [n][d] in the space of R (NULL: raw). Queries of obs that
- * see the segment (position >= start) are kept. */
-static int seg_space_init(seg_space *v, const float *X, int64_t start, int64_t n, int d, const double *R,
-                          const mkv_mosaic_obs *obs, mkv_error *err)
+static int seg_space_init(seg_space *v, const float *X, int64_t n, int d, const double *R,
+                          const mkv_mosaic_segobs *obs, mkv_error *err)
 {
     memset(v, 0, sizeof *v);
     v->n = n;
     v->d = d;
+    v->R = R;
     v->xt = mkv_alloc((size_t)n * (size_t)d, sizeof *v->xt, "rotated vectors", err);
     if (!v->xt)
         return err ? err->code : MKV_ENOMEM;
     mkv_mosaic_rotate(X, n, d, R, d, d, v->xt);
     for (size_t i = 0; i < (size_t)n * (size_t)d; i++)
         v->etotal += v->xt[i] * v->xt[i];
-    int64_t nq = 0;
-    for (int64_t i = 0; obs && i < obs->nq; i++)
-        nq += obs->pos[i] >= start;
-    if (nq == 0)
+    if (!obs || obs->nq == 0)
         return MKV_OK;
-    v->qt = mkv_alloc((size_t)nq * (size_t)d, sizeof *v->qt, "rotated queries", err);
-    v->qlast = v->qt ? mkv_alloc((size_t)nq, sizeof *v->qlast, "query positions", err) : NULL;
-    float *qsel = v->qlast ? mkv_alloc((size_t)nq * (size_t)d, sizeof *qsel, "queries", err) : NULL;
-    if (!qsel) {
+    int64_t npairs = obs->first[obs->nq];
+    size_t nd = (size_t)n * (size_t)d;
+    if (!(v->qt = mkv_alloc((size_t)obs->nq * (size_t)d, sizeof *v->qt, "rotated queries", err)) ||
+        !(v->x16 = mkv_alloc(nd, sizeof *v->x16, "rotated vectors", err)) ||
+        !(v->utok = mkv_alloc((size_t)n, sizeof *v->utok, "attended tokens", err)) ||
+        !(v->prow = mkv_alloc((size_t)(npairs ? npairs : 1), sizeof *v->prow, "attended tokens", err))) {
         seg_space_free(v);
         return err ? err->code : MKV_ENOMEM;
     }
-    for (int64_t i = 0, j = 0; i < obs->nq; i++)
-        if (obs->pos[i] >= start) {
-            memcpy(qsel + j * d, obs->q + i * d, sizeof(float) * (size_t)d);
-            int64_t last = obs->pos[i] - start;
-            v->qlast[j++] = last < n - 1 ? last : n - 1;
-        }
-    mkv_mosaic_rotate(qsel, nq, d, R, d, d, v->qt);
-    mkv_free(qsel);
-    v->nq = nq;
-    return MKV_OK;
-}
-
-/* Exact scores q.x [nq][n] (original space), followed by [nq][n] weights
- * w = (1 + m p) / 2 of their errors, p the softmax of q.x / sqrt(d) over
- * the m tokens of the segment the query sees (sum of w over them = m: the
- * tokens the query attends count more, the others still count, as later
- * queries may attend them), and the spread that decides the softmax: the
- * sum over queries of (q.x - mean over the tokens it sees)^2. */
-static int exact_scores(const float *X, int d, const seg_space *v, const double *raw_q, double **strue,
-                        double *den, mkv_error *err)
-{
-    size_t nqn = (size_t)v->nq * (size_t)v->n;
-    double *s = mkv_alloc(2 * nqn, sizeof *s, "exact scores", err);
-    if (!s)
+    for (size_t i = 0; i < nd; i++)
+        v->x16[i] = f16r(v->xt[i]);
+    /* rows of the distinct attended tokens (utok doubles as the map
+     * token -> row while it is built) */
+    for (int64_t t = 0; t < n; t++)
+        v->utok[t] = -1;
+    for (int64_t i = 0; i < npairs; i++)
+        v->utok[obs->tok[i]] = 0;
+    for (int64_t t = 0; t < n; t++)
+        if (v->utok[t] == 0)
+            v->utok[t] = (int32_t)v->nu++;
+    for (int64_t i = 0; i < npairs; i++)
+        v->prow[i] = v->utok[obs->tok[i]];
+    for (int64_t t = 0; t < n; t++)
+        if (v->utok[t] >= 0)
+            v->utok[v->utok[t]] = (int32_t)t;   /* rows are numbered in token order: row <= t */
+    if (!(v->pcache = mkv_alloc((size_t)(v->nu ? v->nu : 1) * (size_t)d, sizeof *v->pcache, "kept channels",
+                                err))) {
+        seg_space_free(v);
         return err ? err->code : MKV_ENOMEM;
-    double total = 0, scale = 1 / sqrt((double)d);
-    for (int64_t q = 0; q < v->nq; q++) {
-        double mean = 0, mx = -INFINITY, z = 0;
-        int64_t seen = v->qlast[q] + 1;
-        double *sq = s + q * v->n, *wq = s + nqn + q * v->n;
-        for (int64_t t = 0; t < seen; t++) {
-            double dot = 0;
-            for (int j = 0; j < d; j++)
-                dot += raw_q[q * d + j] * X[t * d + j];
-            sq[t] = dot;
-            mean += dot;
-            mx = dot > mx ? dot : mx;
-        }
-        mean /= (double)seen;
-        for (int64_t t = 0; t < seen; t++) {
-            total += (sq[t] - mean) * (sq[t] - mean);
-            wq[t] = exp((sq[t] - mx) * scale);
-            z += wq[t];
-        }
-        for (int64_t t = 0; t < seen; t++)
-            wq[t] = 0.5 + 0.5 * (double)seen * wq[t] / z;
     }
-    *strue = s;
-    *den = total;
+    for (int64_t j = 0; j < obs->nq; j++)
+        for (int c = 0; c < d; c++) {
+            double s = 0;
+            if (R)
+                for (int i = 0; i < d; i++)
+                    s += obs->q[j * d + i] * R[i * d + c];
+            else
+                s = obs->q[j * d + c];
+            v->qt[j * d + c] = s;
+        }
     return MKV_OK;
 }
 
-/* Energy dropped by s (d' <= v->d), fraction of the segment's energy. */
-static double energy_loss(const seg_space *v, const mkv_mosaic_strategy *s)
+/* The group ranking of group size g (index gi), computed once. */
+static const uint16_t *space_rank(seg_space *v, int gi, mkv_error *err)
 {
-    if (v->etotal <= 0)
-        return 0;
+    if (v->rank[gi])
+        return v->rank[gi];
+    int g = group_sizes[gi], ng = v->d / g;
+    uint16_t *rank = mkv_alloc((size_t)v->n * (size_t)ng, sizeof *rank, "group rankings", err);
+    if (!rank)
+        return NULL;
+    group grp[MKV_MOSAIC_MAX_D];
+    for (int64_t t = 0; t < v->n; t++) {
+        ranked_groups(v->xt + t * v->d, ng, g, grp);
+        for (int j = 0; j < ng; j++)
+            rank[t * ng + j] = (uint16_t)grp[j].i;
+    }
+    v->rank[gi] = rank;
+    return rank;
+}
+
+/* Kept channels of token t under s (mkv_mosaic_select's choice, in
+ * ranking order). */
+static int kept_positions(const seg_space *v, const uint16_t *rank, const mkv_mosaic_strategy *s, int64_t t,
+                          int *pos)
+{
+    if (mkv_mosaic_bitmap_bytes(s) == 0) {
+        for (int c = 0; c < s->r; c++)
+            pos[c] = c;
+        return s->r;
+    }
+    int g = s->g, ng = v->d / g, lim = s->dprime / g, k = s->r / g, n = 0;
+    const uint16_t *rk = rank + t * ng;
+    for (int j = 0; j < ng && n < k * g; j++)
+        if (rk[j] < lim)
+            for (int c = 0; c < g; c++)
+                pos[n++] = rk[j] * g + c;
+    return n;
+}
+
+/* Relative output error, minus the selection's own, averaged over the
+ * observation queries, of s (keys when is_key, else values). */
+static double output_loss(seg_space *v, const uint16_t *rank, const mkv_mosaic_strategy *s, int is_key,
+                          const mkv_mosaic_segobs *obs)
+{
+    int d = v->d, r = s->r;
+    double total = 0, acc[MKV_MOSAIC_MAX_D], b[MKV_MOSAIC_MAX_D];
+    for (int64_t u = 0; u < v->nu; u++)
+        kept_positions(v, rank, s, v->utok[u], v->pcache + u * r);
+    for (int64_t j = 0; j < obs->nq; j++) {
+        const double *qt = v->qt + j * d, *ex = obs->exact + j * d;
+        int64_t p0 = obs->first[j], p1 = obs->first[j + 1];
+        if (p0 == p1)
+            continue;   /* nothing of the segment attended: err0 */
+        double l;
+        if (is_key) {
+            /* scores over the kept elements, added to the rest of the
+             * state by an online softmax */
+            double mx = obs->m[j];
+            l = obs->l_rest[j];
+            for (int c = 0; c < d; c++)
+                acc[c] = obs->acc_rest[j * d + c];
+            for (int64_t i = p0; i < p1; i++) {
+                const int *pos = v->pcache + (int64_t)v->prow[i] * r;
+                const double *x = v->x16 + (int64_t)obs->tok[i] * d;
+                const float *val = obs->values + (int64_t)obs->tok[i] * d;
+                double dot = 0;
+                for (int c = 0; c < r; c++)
+                    dot += qt[pos[c]] * x[pos[c]];
+                double sc = dot * obs->scale;
+                if (sc > mx) {
+                    double f = exp(mx - sc);
+                    l *= f;
+                    for (int c = 0; c < d; c++)
+                        acc[c] *= f;
+                    mx = sc;
+                }
+                double w = exp(sc - mx);
+                l += w;
+                for (int c = 0; c < d; c++)
+                    acc[c] += w * val[c];
+            }
+        } else {
+            /* values: sum w v~ over the kept elements in the segment's
+             * space, rotated back once */
+            l = obs->l_rest[j];
+            for (int c = 0; c < d; c++) {
+                acc[c] = obs->acc_rest[j * d + c];
+                b[c] = 0;
+            }
+            for (int64_t i = p0; i < p1; i++) {
+                const int *pos = v->pcache + (int64_t)v->prow[i] * r;
+                const double *x = v->x16 + (int64_t)obs->tok[i] * d;
+                l += obs->w[i];
+                for (int c = 0; c < r; c++)
+                    b[pos[c]] += obs->w[i] * x[pos[c]];
+            }
+            for (int c = 0; c < d; c++) {
+                double sum = 0;
+                if (v->R)
+                    for (int cc = 0; cc < s->dprime; cc++)
+                        sum += b[cc] * v->R[c * d + cc];
+                else
+                    sum = b[c];
+                acc[c] += sum;
+            }
+        }
+        double num = 0, den = 0;
+        for (int c = 0; c < d; c++) {
+            double o = acc[c] / l;
+            num += (o - ex[c]) * (o - ex[c]);
+            den += ex[c] * ex[c];
+        }
+        double e = den > 0 ? sqrt(num / den) : sqrt(num);
+        total += e - obs->err0[j];
+    }
+    return total / (double)obs->nq;
+}
+
+static int group_index(int g)
+{
+    int gi = 0;
+    while (gi < N_GROUP_SIZES - 1 && group_sizes[gi] != g)
+        gi++;
+    return gi;
+}
+
+/* Bytes and energy loss of c in space v. */
+static int price_and_energy(seg_space *v, mkv_mosaic_candidate *c, int block, mkv_error *err)
+{
+    const uint16_t *rank = space_rank(v, group_index(c->s.g), err);
+    if (!rank)
+        return err ? err->code : MKV_ENOMEM;
+    mkv_mosaic_bytes b;
+    mkv_mosaic_strategy_bytes(&c->s, v->d, block, &b);
+    c->bytes = b.total;
     int pos[MKV_MOSAIC_MAX_D];
     double kept = 0;
-    for (int64_t t = 0; t < v->n; t++)
-        kept += mkv_mosaic_select(v->xt + t * v->d, s, pos, NULL);
-    double loss = 1 - kept / v->etotal;
-    return loss > 0 ? loss : 0;
-}
-
-/* Relative score error of s on the queries of v; -1 without queries. */
-static double score_loss(const seg_space *v, const mkv_mosaic_strategy *s)
-{
-    if (v->nq == 0)
-        return -1;
-    int pos[MKV_MOSAIC_MAX_D];
-    double num = 0;
     for (int64_t t = 0; t < v->n; t++) {
+        int np = kept_positions(v, rank, &c->s, t, pos);
         const double *x = v->xt + t * v->d;
-        mkv_mosaic_select(x, s, pos, NULL);
-        for (int64_t q = 0; q < v->nq; q++) {
-            if (v->qlast[q] < t)
-                continue;
-            const double *qt = v->qt + q * v->d;
-            double dot = 0;
-            for (int i = 0; i < s->r; i++)
-                dot += qt[pos[i]] * x[pos[i]];
-            double e = v->strue[q * v->n + t] - dot;
-            num += v->weight[q * v->n + t] * e * e;
-        }
+        for (int i = 0; i < np; i++)
+            kept += x[pos[i]] * x[pos[i]];
     }
-    if (v->den > 0)
-        return num / v->den;
-    return num > 0 ? 1 : 0;
-}
-
-/* Queries of obs as double [nq'][d], those that see the segment only. */
-static int raw_queries(const mkv_mosaic_obs *obs, int64_t start, int d, int64_t nq, double **out,
-                       mkv_error *err)
-{
-    double *q = mkv_alloc((size_t)nq * (size_t)d, sizeof *q, "queries", err);
-    if (!q)
-        return err ? err->code : MKV_ENOMEM;
-    for (int64_t i = 0, j = 0; i < obs->nq; i++)
-        if (obs->pos[i] >= start) {
-            for (int c = 0; c < d; c++)
-                q[j * d + c] = obs->q[i * d + c];
-            j++;
-        }
-    *out = q;
+    double loss = v->etotal > 0 ? 1 - kept / v->etotal : 0;
+    c->energy = loss > 0 ? loss : 0;
+    c->measured = 0;
+    c->output = -1;
     return MKV_OK;
 }
 
-/* Space of R (or raw) with exact scores attached; strue is owned by the
- * caller (shared between spaces). */
-static int make_space(seg_space *v, const float *X, int64_t start, int64_t n, int d, const double *R,
-                      const mkv_mosaic_obs *obs, double **strue, double *den, mkv_error *err)
+/* c[i] is dominated: another costs no more and drops no more energy, and
+ * is better in one of the two (ties of both: the earlier one stays). */
+static int dominated(const mkv_mosaic_candidate *c, int n, int i)
 {
-    int rc = seg_space_init(v, X, start, n, d, R, obs, err);
-    if (rc != MKV_OK || v->nq == 0)
-        return rc;
-    if (!*strue) {
-        double *raw_q = NULL;
-        rc = raw_queries(obs, start, d, v->nq, &raw_q, err);
-        if (rc == MKV_OK)
-            rc = exact_scores(X, d, v, raw_q, strue, den, err);
-        mkv_free(raw_q);
-        if (rc != MKV_OK) {
-            seg_space_free(v);
-            return rc;
-        }
+    for (int j = 0; j < n; j++) {
+        if (j == i || c[j].bytes > c[i].bytes || c[j].energy > c[i].energy)
+            continue;
+        if (c[j].bytes < c[i].bytes || c[j].energy < c[i].energy || j < i)
+            return 1;
     }
-    v->strue = *strue;
-    v->weight = *strue + (size_t)v->nq * (size_t)v->n;
-    v->den = *den;
-    return MKV_OK;
+    return 0;
 }
 
-int mkv_mosaic_losses(const mkv_mosaic_strategy *s, const float *X, int d, const double *R,
-                      const mkv_mosaic_obs *obs, double *energy, double *score, mkv_error *err)
+/* Prices and energies of c[0..*n); with prune, the dominated ones are
+ * dropped (*n shrinks); then the output errors of the rest. */
+static int evaluate_list(const mkv_mosaic_search_opts *o, const float *X, const double *R, mkv_mosaic_candidate *c,
+                         int *n, int prune, mkv_error *err)
 {
-    seg_space v;
-    double *strue = NULL, den = 0;
-    int rc = make_space(&v, X, s->start, s->len, d, s->rotate ? R : NULL, obs, &strue, &den, err);
-    if (rc != MKV_OK)
-        return rc;
-    *energy = energy_loss(&v, s);
-    *score = score_loss(&v, s);
-    seg_space_free(&v);
-    mkv_free(strue);
-    return MKV_OK;
+    seg_space sp[2];   /* raw, rotated */
+    int have[2] = {0, 0}, rc = MKV_OK;
+    for (int i = 0; i < *n && rc == MKV_OK; i++) {
+        int rot = c[i].s.rotate;
+        if (!have[rot]) {
+            rc = seg_space_init(&sp[rot], X, c[i].s.len, o->d, rot ? R : NULL, o->obs, err);
+            if (rc != MKV_OK)
+                break;
+            have[rot] = 1;
+        }
+        rc = price_and_energy(&sp[rot], &c[i], o->block, err);
+    }
+    if (rc == MKV_OK && prune) {
+        uint8_t drop[MAX_CANDIDATES];
+        int k = 0;
+        for (int i = 0; i < *n; i++)
+            drop[i] = (uint8_t)dominated(c, *n, i);
+        for (int i = 0; i < *n; i++)
+            if (!drop[i])
+                c[k++] = c[i];
+        *n = k;
+    }
+    for (int i = 0; i < *n && rc == MKV_OK && o->obs && o->obs->nq > 0; i++) {
+        seg_space *v = &sp[c[i].s.rotate];
+        const uint16_t *rank = space_rank(v, group_index(c[i].s.g), err);
+        if (!rank) {
+            rc = err ? err->code : MKV_ENOMEM;
+            break;
+        }
+        c[i].measured = 1;
+        c[i].output = output_loss(v, rank, &c[i].s, o->block > 0, o->obs);
+    }
+    for (int i = 0; i < 2; i++)
+        if (have[i])
+            seg_space_free(&sp[i]);
+    return rc;
+}
+
+double mkv_mosaic_candidate_loss(const mkv_mosaic_candidate *c) { return c->measured ? c->output : c->energy; }
+
+int mkv_mosaic_evaluate(const mkv_mosaic_search_opts *o, const float *X, const double *R,
+                        mkv_mosaic_candidate *c, int n, mkv_error *err)
+{
+    return evaluate_list(o, X, R, c, &n, 0, err);
 }
 
 /* ---------------------------------------------------------------- search */
 
-/* Candidates sharing a space, a group size and d' rank their groups the
- * same way; r only cuts the ranking. Their energy and score errors are
- * therefore computed together, for every r at once, from one ranking of
- * all d/g groups per vector and space (a d' keeps the order of its own
- * groups within it). */
-typedef struct {
-    const seg_space *v;
-    int g, dprime;
-    const uint16_t *rank;   /* [n][d/g] group indices, best first (shared per space and g) */
-    double *kept;           /* [d'/g + 1] energy of the top k groups, summed over vectors */
-    double *num;            /* [d'/g + 1] squared score error keeping k groups; NULL until needed */
-} family;
-
-typedef struct {
-    mkv_mosaic_strategy s;
-    uint64_t bytes;
-    double energy;
-    double score;        /* NAN until computed */
-    int fam;
-} candidate;
-
-static int by_bytes(const void *a, const void *b)
-{
-    const candidate *x = a, *y = b;
-    if (x->bytes != y->bytes)
-        return x->bytes < y->bytes ? -1 : 1;
-    return (x->energy > y->energy) - (x->energy < y->energy);
-}
-
-static int by_energy(const void *a, const void *b)
-{
-    const candidate *x = a, *y = b;
-    if (x->energy != y->energy)
-        return x->energy < y->energy ? -1 : 1;
-    return (x->bytes > y->bytes) - (x->bytes < y->bytes);
-}
-
-#define N_R_FRACTIONS 6
-#define N_DPRIME_FRACTIONS 4
-#define N_GROUP_SIZES 3
-#define MAX_FAMILIES (2 * N_GROUP_SIZES * N_DPRIME_FRACTIONS)
-static const double r_fractions[N_R_FRACTIONS] = {1.0 / 16, 1.0 / 8, 3.0 / 16, 1.0 / 4, 3.0 / 8, 1.0 / 2};
-static const double dprime_fractions[N_DPRIME_FRACTIONS] = {0.25, 0.5, 0.75, 1.0};
-static const int group_sizes[N_GROUP_SIZES] = {1, 2, 4};
 
 /* Distinct rounded values of fractions f of d, at least 1, ascending. */
 static int candidate_sizes(const double *f, int nf, int d, int *out)
@@ -511,216 +621,169 @@ static int candidate_sizes(const double *f, int nf, int d, int *out)
     return n;
 }
 
-/* rank (all d/g groups of every vector) and kept[k] of the families
- * fam[0..n) of one space and one g. */
-static void family_energies(family *fam, int n, uint16_t *rank)
+int mkv_mosaic_candidates(const mkv_mosaic_search_opts *o, const float *X, int64_t start, int64_t len,
+                          const double *R, mkv_mosaic_candidate **out, int *n, mkv_error *err)
 {
-    const seg_space *v = fam[0].v;
-    int g = fam[0].g, ng = v->d / g;
-    group grp[MKV_MOSAIC_MAX_D];
-    for (int f = 0; f < n; f++)
-        memset(fam[f].kept, 0, sizeof(double) * (size_t)(fam[f].dprime / g + 1));
-    for (int64_t t = 0; t < v->n; t++) {
-        ranked_groups(v->xt + t * v->d, ng, g, grp);
-        for (int j = 0; j < ng; j++)
-            rank[t * ng + j] = (uint16_t)grp[j].i;
-        for (int f = 0; f < n; f++) {
-            int lim = fam[f].dprime / g, k = 0;
-            double cum = 0;
-            for (int j = 0; j < ng && k < lim; j++)
-                if (grp[j].i < lim) {
-                    cum += grp[j].e;
-                    fam[f].kept[++k] += cum;
-                }
-        }
-    }
-}
-
-/* num[k] of one family for the k = r/g its candidates use (need[k]): for
- * every query and token it sees, the score error (q.x - q~.x~ over the top
- * k groups)^2, all k in one walk of the ranking. */
-static int family_scores(family *f, const uint8_t *need, mkv_error *err)
-{
-    const seg_space *v = f->v;
-    int g = f->g, lim = f->dprime / g, ng = v->d / g, kmax = 0;
-    for (int k = 1; k <= lim; k++)
-        if (need[k])
-            kmax = k;
-    f->num = mkv_calloc((size_t)lim + 1, sizeof *f->num, "score errors", err);
-    if (!f->num)
-        return err ? err->code : MKV_ENOMEM;
-    int order[MKV_MOSAIC_MAX_D];
-    for (int64_t t = 0; t < v->n; t++) {
-        const double *x = v->xt + t * v->d;
-        const uint16_t *rk = f->rank + t * ng;
-        for (int j = 0, k = 0; j < ng && k < kmax; j++)
-            if (rk[j] < lim)
-                order[k++] = rk[j];
-        for (int64_t q = 0; q < v->nq; q++) {
-            if (v->qlast[q] < t)
-                continue;
-            const double *qt = v->qt + q * v->d;
-            double exact = v->strue[q * v->n + t], w = v->weight[q * v->n + t], cum = 0;
-            for (int k = 0; k < kmax; k++) {
-                for (int c = order[k] * g; c < order[k] * g + g; c++)
-                    cum += qt[c] * x[c];
-                if (need[k + 1])
-                    f->num[k + 1] += w * (exact - cum) * (exact - cum);
-            }
-        }
-    }
-    return MKV_OK;
-}
-
-/* Families and candidates of one space (rotate on or off), appended. */
-static int add_candidates(const seg_space *v, int rotate, int64_t start, int block, family *fam,
-                          int *nfam, candidate *c, int *n, double *store, uint16_t **ranks,
-                          mkv_error *err)
-{
-    int d = v->d, rs[N_R_FRACTIONS], dps[N_DPRIME_FRACTIONS];
+    int d = o->d, is_key = o->block > 0, rs[N_R_FRACTIONS], dps[N_DPRIME_FRACTIONS];
     int nr = candidate_sizes(r_fractions, N_R_FRACTIONS, d, rs);
-    int ndp = rotate ? candidate_sizes(dprime_fractions, N_DPRIME_FRACTIONS, d, dps) : 1;
-    if (!rotate)
-        dps[0] = d;
-    for (int gi = 0; gi < N_GROUP_SIZES; gi++) {
-        int g = group_sizes[gi], first = *nfam;
-        if (d % g)
+    int ndp = candidate_sizes(dprime_fractions, N_DPRIME_FRACTIONS, d, dps);
+    mkv_mosaic_candidate *c = mkv_alloc(MAX_CANDIDATES, sizeof *c, "strategy candidates", err);
+    if (!c)
+        return err ? err->code : MKV_ENOMEM;
+    int k = 0;
+    for (int rot = 1; rot >= 0; rot--) {
+        /* keys of a rotatable segment are rotated (their block keys live
+         * there); values try both */
+        if ((rot && !o->allow_rotate) || (!rot && is_key && o->allow_rotate))
             continue;
-        for (int di = 0; di < ndp; di++)
-            if (dps[di] % g == 0) {
-                family *f = &fam[(*nfam)++];
-                *f = (family){.v = v, .g = g, .dprime = dps[di], .kept = store + (size_t)(*nfam - 1) * (d + 1)};
-            }
-        if (*nfam == first)
-            continue;
-        uint16_t *rank = mkv_alloc((size_t)v->n * (size_t)(d / g), sizeof *rank, "group rankings", err);
-        if (!rank)
-            return err ? err->code : MKV_ENOMEM;
-        ranks[rotate * N_GROUP_SIZES + gi] = rank;
-        for (int fi = first; fi < *nfam; fi++)
-            fam[fi].rank = rank;
-        family_energies(fam + first, *nfam - first, rank);
-        for (int fi = first; fi < *nfam; fi++)
-            for (int ri = 0; ri < nr; ri++) {
-                int r = rs[ri], dp = fam[fi].dprime;
-                if (r % g || r > dp)
-                    continue;
-                candidate *x = &c[(*n)++];
-                x->s = (mkv_mosaic_strategy){.start = start, .len = v->n, .rotate = rotate, .r = r,
-                                             .g = g, .dprime = dp, .pervector = 1};
-                mkv_mosaic_bytes b;
-                mkv_mosaic_strategy_bytes(&x->s, d, block, &b);
-                x->bytes = b.total;
-                double loss = v->etotal > 0 ? 1 - fam[fi].kept[r / g] / v->etotal : 0;
-                x->energy = loss > 0 ? loss : 0;
-                x->score = NAN;
-                x->fam = fi;
-            }
+        for (int gi = 0; gi < N_GROUP_SIZES; gi++)
+            for (int di = 0; di < (rot ? ndp : 1); di++)
+                for (int ri = 0; ri < nr; ri++) {
+                    int g = group_sizes[gi], dp = rot ? dps[di] : d, r = rs[ri];
+                    if (r % g || dp % g || r > dp)
+                        continue;
+                    c[k++].s = (mkv_mosaic_strategy){
+                        .start = start, .len = len, .rotate = rot, .r = r, .g = g, .dprime = dp,
+                        .pervector = 1, .keydim = is_key ? (rot ? o->keydim : d) : 0,
+                        .bound = is_key && rot ? o->bound : 0};
+                }
     }
+    int rc = k ? evaluate_list(o, X, R, c, &k, 1, err)
+               : mkv_fail(err, MKV_EUSAGE, "no strategy candidate fits head_dim %d", d);
+    if (rc != MKV_OK) {
+        mkv_free(c);
+        return rc;
+    }
+    *out = c;
+    *n = k;
     return MKV_OK;
 }
 
-/* Loss a candidate is judged by (score errors of its family computed on
- * first need, for every r of the grid); NAN when out of memory. */
-static double candidate_loss(candidate *x, family *fam, mkv_error *err)
+int mkv_mosaic_pick(const mkv_mosaic_candidate *c, int n, double threshold)
 {
-    family *f = &fam[x->fam];
-    const seg_space *v = f->v;
-    if (v->nq == 0)
-        return x->energy;
-    if (isnan(x->score)) {
-        if (!f->num) {
-            uint8_t need[MKV_MOSAIC_MAX_D + 1] = {0};
-            int rs[N_R_FRACTIONS], nr = candidate_sizes(r_fractions, N_R_FRACTIONS, v->d, rs);
-            for (int i = 0; i < nr; i++)
-                if (rs[i] % f->g == 0 && rs[i] <= f->dprime)
-                    need[rs[i] / f->g] = 1;
-            if (family_scores(f, need, err) != MKV_OK)
-                return NAN;
-        }
-        double num = f->num[x->s.r / x->s.g];
-        x->score = v->den > 0 ? num / v->den : num > 0 ? 1 : 0;
+    int pick = -1;
+    for (int i = 0; i < n; i++) {
+        double l = mkv_mosaic_candidate_loss(&c[i]);
+        if (l > threshold)
+            continue;
+        if (pick < 0 || c[i].bytes < c[pick].bytes ||
+            (c[i].bytes == c[pick].bytes && l < mkv_mosaic_candidate_loss(&c[pick])))
+            pick = i;
     }
-    return x->score > x->energy ? x->score : x->energy;
+    if (pick >= 0)
+        return pick;
+    for (int i = 0; i < n; i++) {
+        double l = mkv_mosaic_candidate_loss(&c[i]), lp = pick < 0 ? 0 : mkv_mosaic_candidate_loss(&c[pick]);
+        if (pick < 0 || l < lp || (l == lp && c[i].bytes < c[pick].bytes))
+            pick = i;
+    }
+    return pick;
 }
 
-int mkv_mosaic_search(const mkv_mosaic_search_opts *o, const float *X, int64_t start, int64_t len,
-                      const double *R, mkv_mosaic_strategy *best, double *energy, double *score,
-                      mkv_error *err)
+/* Choices minimising loss + price x bytes (ties: fewer bytes, then
+ * earlier); returns their bytes. */
+static uint64_t priced_choice(mkv_mosaic_candidate *const *cand, const int *ncand, int nitems, double price,
+                              int *pick)
 {
-    int d = o->d;
-    seg_space on = {0}, off = {0};
-    double *strue = NULL, den = 0, *store = NULL;
-    family fam[MAX_FAMILIES];
-    uint16_t *ranks[2 * N_GROUP_SIZES] = {NULL};
-    int nfam = 0, n = 0;
-    candidate *c = NULL;
-    int rc = MKV_OK;
-    if (o->allow_rotate)
-        rc = make_space(&on, X, start, len, d, R, o->obs, &strue, &den, err);
-    if (rc == MKV_OK)
-        rc = make_space(&off, X, start, len, d, NULL, o->obs, &strue, &den, err);
-    if (rc == MKV_OK &&
-        (!(c = mkv_alloc(MAX_FAMILIES * N_R_FRACTIONS, sizeof *c, "strategy candidates", err)) ||
-         !(store = mkv_alloc((size_t)MAX_FAMILIES * (size_t)(d + 1), sizeof *store, "energy tables", err))))
-        rc = err ? err->code : MKV_ENOMEM;
-    if (rc == MKV_OK && o->allow_rotate)
-        rc = add_candidates(&on, 1, start, o->block, fam, &nfam, c, &n, store, ranks, err);
-    if (rc == MKV_OK)
-        rc = add_candidates(&off, 0, start, o->block, fam, &nfam, c, &n, store, ranks, err);
-    if (rc == MKV_OK && n == 0)
-        rc = mkv_fail(err, MKV_EUSAGE, "no strategy candidate fits head_dim %d", d);
-    int pick = -1;
-    double pick_loss = INFINITY;
-    if (rc == MKV_OK) {
-        /* Cheapest first; within one price the lowest energy loss first.
-         * The first qualifying candidate fixes the price; the others of
-         * that price may still have a lower loss. */
-        qsort(c, (size_t)n, sizeof *c, by_bytes);
-        for (int i = 0; i < n && rc == MKV_OK; i++) {
-            if (pick >= 0 && c[i].bytes > c[pick].bytes)
+    uint64_t total = 0;
+    for (int it = 0; it < nitems; it++) {
+        int best = 0;
+        double bv = INFINITY;
+        for (int i = 0; i < ncand[it]; i++) {
+            const mkv_mosaic_candidate *c = &cand[it][i];
+            double v = mkv_mosaic_candidate_loss(c) + price * (double)c->bytes;
+            if (v < bv || (v == bv && c->bytes < cand[it][best].bytes)) {
+                best = i;
+                bv = v;
+            }
+        }
+        pick[it] = best;
+        total += cand[it][best].bytes;
+    }
+    return total;
+}
+
+void mkv_mosaic_allocate(mkv_mosaic_candidate *const *cand, const int *ncand, int nitems, uint64_t budget,
+                         int *pick)
+{
+    uint64_t used = priced_choice(cand, ncand, nitems, 0, pick);
+    if (used > budget) {
+        /* a price high enough that only bytes count: the cheapest */
+        double hi = 1e-12;
+        while (priced_choice(cand, ncand, nitems, hi, pick) > budget && hi < 1e30)
+            hi *= 4;
+        double lo = hi / 4 < 1e-12 ? 0 : hi / 4;
+        for (int it = 0; it < 100; it++) {
+            double mid = 0.5 * (lo + hi);
+            if (mid <= lo || mid >= hi)
                 break;
-            if (c[i].energy > o->threshold)
-                continue;
-            double loss = candidate_loss(&c[i], fam, err);
-            if (isnan(loss))
-                rc = err ? err->code : MKV_ENOMEM;
-            else if (loss <= o->threshold && loss < pick_loss) {
-                pick = i;
-                pick_loss = loss;
+            if (priced_choice(cand, ncand, nitems, mid, pick) > budget)
+                lo = mid;
+            else
+                hi = mid;
+        }
+        used = priced_choice(cand, ncand, nitems, hi, pick);
+        if (used > budget)
+            return;   /* even the cheapest does not fit */
+    }
+    /* spend what is left: the upgrade saving the most loss per extra byte */
+    for (;;) {
+        int bi = -1, bc = -1;
+        double best = 0;
+        for (int it = 0; it < nitems; it++) {
+            const mkv_mosaic_candidate *cur = &cand[it][pick[it]];
+            double lcur = mkv_mosaic_candidate_loss(cur);
+            for (int i = 0; i < ncand[it]; i++) {
+                const mkv_mosaic_candidate *c = &cand[it][i];
+                double saved = lcur - mkv_mosaic_candidate_loss(c);
+                if (saved <= 0 || c->bytes > budget - used + cur->bytes)
+                    continue;
+                double gain = c->bytes <= cur->bytes ? INFINITY : saved / (double)(c->bytes - cur->bytes);
+                if (bi < 0 || gain > best) {
+                    bi = it;
+                    bc = i;
+                    best = gain;
+                }
             }
         }
+        if (bi < 0)
+            break;
+        used = used - cand[bi][pick[bi]].bytes + cand[bi][bc].bytes;
+        pick[bi] = bc;
     }
-    if (rc == MKV_OK && pick < 0) {
-        /* None qualifies: the lowest loss. A candidate's loss is at least
-         * its energy loss, so the walk in energy order stops once that
-         * passes the best loss found. */
-        qsort(c, (size_t)n, sizeof *c, by_energy);
-        for (int i = 0; i < n && c[i].energy <= pick_loss && rc == MKV_OK; i++) {
-            double loss = candidate_loss(&c[i], fam, err);
-            if (isnan(loss))
-                rc = err ? err->code : MKV_ENOMEM;
-            else if (pick < 0 || loss < pick_loss || (loss == pick_loss && c[i].bytes < c[pick].bytes)) {
-                pick = i;
-                pick_loss = loss;
+    /* then paired changes (one item gives bytes to another) while one
+     * lowers the summed loss within the budget, the largest drop first */
+    for (int round = 0; round < 16 * nitems + 16; round++) {
+        int bi = -1, ba = -1, bj = -1, bb = -1;
+        double best = -1e-12;
+        for (int i = 0; i < nitems; i++) {
+            const mkv_mosaic_candidate *ci = &cand[i][pick[i]];
+            for (int a = 0; a < ncand[i]; a++) {
+                const mkv_mosaic_candidate *x = &cand[i][a];
+                double di = mkv_mosaic_candidate_loss(x) - mkv_mosaic_candidate_loss(ci);
+                uint64_t after_i = used - ci->bytes + x->bytes;
+                for (int j = i + 1; j < nitems; j++) {
+                    const mkv_mosaic_candidate *cj = &cand[j][pick[j]];
+                    for (int b2 = 0; b2 < ncand[j]; b2++) {
+                        const mkv_mosaic_candidate *y = &cand[j][b2];
+                        double delta = di + mkv_mosaic_candidate_loss(y) - mkv_mosaic_candidate_loss(cj);
+                        if (delta < best && after_i - cj->bytes + y->bytes <= budget) {
+                            best = delta;
+                            bi = i;
+                            ba = a;
+                            bj = j;
+                            bb = b2;
+                        }
+                    }
+                }
             }
         }
+        if (bi < 0)
+            break;
+        used = used - cand[bi][pick[bi]].bytes + cand[bi][ba].bytes - cand[bj][pick[bj]].bytes + cand[bj][bb].bytes;
+        pick[bi] = ba;
+        pick[bj] = bb;
     }
-    if (rc == MKV_OK) {
-        *best = c[pick].s;
-        *energy = c[pick].energy;
-        *score = fam[c[pick].fam].v->nq ? c[pick].score : -1;
-    }
-    for (int f = 0; f < nfam; f++)
-        mkv_free(fam[f].num);
-    for (int i = 0; i < 2 * N_GROUP_SIZES; i++)
-        mkv_free(ranks[i]);
-    mkv_free(c);
-    mkv_free(store);
-    seg_space_free(&on);
-    seg_space_free(&off);
-    mkv_free(strue);
-    return rc;
 }
 
 /* ---------------------------------------------------------------- head state */
@@ -756,18 +819,25 @@ int mkv_mosaic_layout(mkv_mosaic_tensor *t, int d, int block, int64_t first, int
             bad = "r must be a multiple of the group size, at most d'";
         else if (!s->rotate && s->dprime != d)
             bad = "an unrotated segment keeps d' = head_dim";
+        else if (block > 0 && (s->keydim < 1 || s->keydim > d || (!s->rotate && s->keydim != d)))
+            bad = "block keys span 1..head_dim channels, all of them when unrotated";
+        else if (block > 0 && (s->bound < 0 || s->bound > s->keydim || (!s->rotate && s->bound)))
+            bad = "bound channels must be 0..keydim, 0 when unrotated";
+        else if (block <= 0 && (s->keydim || s->bound))
+            bad = "values have no block keys";
         if (bad)
             return mkv_fail(err, MKV_EFORMAT, "strategy table row %lld (start %lld, length %lld, "
-                            "rotate %d, r %d, g %d, d' %d): %s", (long long)i, (long long)s->start,
-                            (long long)s->len, s->rotate, s->r, s->g, s->dprime, bad);
+                            "rotate %d, r %d, g %d, d' %d, keydim %d, bound %d): %s", (long long)i,
+                            (long long)s->start, (long long)s->len, s->rotate, s->r, s->g, s->dprime,
+                            s->keydim, s->bound, bad);
         t->off_values[i] = nv;
         t->off_bitmap[i] = nb;
         t->off_blockkeys[i] = nk;
         t->off_rotation[i] = nr;
         nv += s->len * s->r;
         nb += s->len * mkv_mosaic_bitmap_bytes(s);
-        nk += block > 0 ? mkv_mosaic_nblocks(s->len, block) * s->dprime : 0;
-        nr += s->rotate ? (int64_t)d * s->dprime : 0;
+        nk += block > 0 ? mkv_mosaic_nblocks(s->len, block) * mkv_mosaic_block_width(s) : 0;
+        nr += (int64_t)d * mkv_mosaic_rotation_cols(s);
         next = s->start + s->len;
     }
     if (next != last)

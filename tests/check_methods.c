@@ -191,7 +191,7 @@ static const struct {
 } generous[] = {
     {"full", "", 2e-3, "float16 storage"},
     {"mosaic", "strategy=fixed keep=1 energy=1 budget=1", 2e-3, "float16 storage after an orthogonal rotation"},
-    {"uniform2d", "keep=1 energy=1 budget=1", 2e-3, "float16 storage after an orthogonal rotation"},
+    {"uniform2d", "keep=1 budget=1", 2e-3, "float16 storage after an orthogonal rotation"},
     {"quest", "budget=1", 2e-3, "float16 storage"},
     {"think", "keep=1", 2e-3, "float16 storage"},
     /* every token (MT = 150) in the float16 residual window: nothing quantized */

@@ -101,11 +101,14 @@ static mkv_head_kv as_input(const head_data *h)
     return in;
 }
 
+/* A fixed strategy with block keys over half the channels, two of them
+ * bounds, and the attention the compressor simulates at budget 0.2. */
 static mkv_mosaic_config fixed_config(int d, double keep, int g, double energy)
 {
-    mkv_mosaic_config c = {.sink = 4, .recent = 16, .segment = 100, .block = 8, .dynamic = 0,
-                           .rotate = 1, .r = mkv_mosaic_kept(keep, d), .g = g, .energy = energy,
-                           .threshold = 0.1, .pervector = 1};
+    mkv_mosaic_config c = {.sink = 4, .recent = 16, .segment = 100, .block = 8, .keydim = d / 2, .bound = 2,
+                           .dynamic = 0, .rotate = 1, .r = mkv_mosaic_kept(keep, d), .g = g,
+                           .energy = energy, .threshold = 0.1, .pervector = 1,
+                           .attn = {.budget = 0.2, .agg_sum = 0}};
     return c;
 }
 
@@ -114,6 +117,14 @@ static mkv_mosaic_config fixed_config(int d, double keep, int g, double energy)
 static int ref_bitmap_bytes(const mkv_mosaic_strategy *s)
 {
     return s->pervector && s->r < s->dprime ? (s->dprime / s->g + 7) / 8 : 0;
+}
+
+/* Stored rotation columns: keys keep max(d', keydim), values d'. */
+static int ref_rot_cols(const mkv_mosaic_strategy *s, int is_key)
+{
+    if (!s->rotate)
+        return 0;
+    return is_key && s->keydim > s->dprime ? s->keydim : s->dprime;
 }
 
 /* Kept channels of one vector from its bitmap, by a plain bit loop. */
@@ -136,7 +147,7 @@ static int ref_positions(const uint8_t *bm, const mkv_mosaic_strategy *s, int *p
  * (sparse x~) R^T from the stored values, bitmaps and rotations, with
  * offsets summed here. */
 static void ref_reconstruct(const mkv_mosaic_head *h, const mkv_mosaic_tensor *t, const float *dense,
-                            double *X)
+                            int is_key, double *X)
 {
     int d = h->d;
     for (int64_t i = 0; i < h->sink_n + h->recent_n; i++) {
@@ -147,7 +158,7 @@ static void ref_reconstruct(const mkv_mosaic_head *h, const mkv_mosaic_tensor *t
     int64_t ov = 0, ob = 0, orot = 0;
     for (int64_t s = 0; s < t->nseg; s++) {
         const mkv_mosaic_strategy *st = &t->seg[s];
-        int bb = ref_bitmap_bytes(st), pos[MKV_MOSAIC_MAX_D];
+        int bb = ref_bitmap_bytes(st), pos[MKV_MOSAIC_MAX_D], cols = ref_rot_cols(st, is_key);
         const float *R = st->rotate ? t->rotation + orot : NULL;
         for (int64_t i = 0; i < st->len; i++) {
             int n = ref_positions(bb ? t->bitmap + ob + i * bb : NULL, st, pos);
@@ -157,13 +168,13 @@ static void ref_reconstruct(const mkv_mosaic_head *h, const mkv_mosaic_tensor *t
             for (int j = 0; j < d; j++) {
                 double acc = 0;
                 for (int m = 0; m < st->r; m++)
-                    acc += R ? val[m] * (double)R[j * st->dprime + pos[m]] : (pos[m] == j ? val[m] : 0);
+                    acc += R ? val[m] * (double)R[j * cols + pos[m]] : (pos[m] == j ? val[m] : 0);
                 x[j] = acc;
             }
         }
         ov += st->len * st->r;
         ob += st->len * bb;
-        orot += st->rotate ? (int64_t)d * st->dprime : 0;
+        orot += (int64_t)d * cols;
     }
 }
 
@@ -326,14 +337,15 @@ END_TEST
 START_TEST(encode_keeps_values_exactly)
 {
     /* Without rotation the packed values are the kept raw elements,
-     * rounded to fp16; block keys are block means over d' channels. */
+     * rounded to fp16; block keys (no bound) are block means over all d
+     * channels. */
     enum { N = 10, D = 8 };
     float X[N * D];
     for (int t = 0; t < N; t++)
         for (int j = 0; j < D; j++)
             X[t * D + j] = (float)((j * 7 + t * 3) % 11 - 5) * 0.3f;
     mkv_mosaic_strategy s = {.start = 0, .len = N, .rotate = 0, .r = 2, .g = 1, .dprime = D,
-                             .pervector = 1};
+                             .pervector = 1, .keydim = D, .bound = 0};
     float values[N * 2], keys[2 * D];
     uint8_t bm[N];
     mkv_error err;
@@ -368,9 +380,10 @@ START_TEST(popcount_is_r_for_every_vector)
     head_data_make(&hd, 11, 420, 32, 2, 4);
     mkv_head_kv in = as_input(&hd);
     mkv_error err;
-    for (int dyn = 0; dyn < 2; dyn++) {
+    for (int dyn = 0; dyn < 3; dyn++) {
         mkv_mosaic_config c = fixed_config(32, 0.25, 2, 0.8);
-        c.dynamic = dyn;
+        c.dynamic = dyn > 0;
+        c.ratio = dyn == 2 ? 3 : 0;
         mkv_mosaic_head h;
         ck_assert_int_eq(mkv_mosaic_compress(&c, &in, &h, &err), MKV_OK);
         const mkv_mosaic_tensor *ts[2] = {&h.k, &h.v};
@@ -396,33 +409,66 @@ START_TEST(popcount_is_r_for_every_vector)
 }
 END_TEST
 
+START_TEST(block_keys_hand_made)
+{
+    /* 5 rotated keys, keydim 3, bound 1, B = 4: block 0 = tokens 0..3,
+     * block 1 = token 4. Rows: min c0, max c0, mean c1, mean c2. */
+    const double xt[5 * 4] = {1, 2, 0.5, 9,   -3, 4, 0.5, 9,  2, 0, 1, 9,  0.5, -2, 2, 9,  7, 1, -1, 9};
+    float out[2 * 4];
+    mkv_mosaic_block_keys(xt, 5, 4, 3, 1, 4, out);
+    const float want[8] = {-3, 2, 1, 1, 7, 7, 1, -1};   /* c1: (2+4+0-2)/4, c2: (0.5+0.5+1+2)/4 */
+    for (int i = 0; i < 8; i++)
+        ck_assert_float_eq(out[i], want[i]);
+    /* q~ = (2, -1, 0.5): block 0 scores max(2 x -3, 2 x 2) - 1 x 1 + 0.5 x 1 = 3.5;
+     * a negative q~_0 takes the minimum: q~ = (-1, 0, 0) gives 3 */
+    const double q1[3] = {2, -1, 0.5}, q2[3] = {-1, 0, 0};
+    ck_assert_double_eq_tol(mkv_mosaic_block_score(q1, out, 3, 1), 3.5, 1e-15);
+    ck_assert_double_eq_tol(mkv_mosaic_block_score(q2, out, 3, 1), 3, 1e-15);
+    /* bound 0: means only, rows of keydim values; c0 of block 0 is
+     * (1 - 3 + 2 + 0.5) / 4 */
+    mkv_mosaic_block_keys(xt, 5, 4, 3, 0, 4, out);
+    const float means[6] = {0.125f, 1, 1, 7, 1, -1};
+    for (int i = 0; i < 6; i++)
+        ck_assert_float_eq(out[i], means[i]);
+}
+END_TEST
+
 /* ---------------------------------------------------------------- bytes */
 
 START_TEST(segment_bytes_hand_count)
 {
-    /* d = 64, 100 tokens, r = 16, g = 1, d' = 32, B = 8:
-     *   values     100 * 16 * 2          = 3200
-     *   bitmap     100 * ceil(32/1/8)    =  400
-     *   block keys ceil(100/8) = 13 * 32 * 2 = 832
-     *   rotation   64 * 32 * 2           = 4096   -> keys 8528
+    /* d = 64, 100 tokens, r = 16, g = 1, d' = 32, B = 8, keydim 24, bound 2:
+     *   values     100 * 16 * 2              = 3200
+     *   bitmap     100 * ceil(32/1/8)        =  400
+     *   block keys ceil(100/8) = 13 * 26 * 2 =  676
+     *   rotation   64 * max(32, 24) * 2      = 4096   -> keys 8372
      * values (no block keys): 3200 + 400 + 4096 = 7696. */
-    mkv_mosaic_strategy s = {.len = 100, .rotate = 1, .r = 16, .g = 1, .dprime = 32, .pervector = 1};
+    mkv_mosaic_strategy s = {.len = 100, .rotate = 1, .r = 16, .g = 1, .dprime = 32, .pervector = 1,
+                             .keydim = 24, .bound = 2};
     mkv_mosaic_bytes b;
     mkv_mosaic_strategy_bytes(&s, 64, 8, &b);
     ck_assert_uint_eq(b.values, 3200);
     ck_assert_uint_eq(b.bitmap, 400);
-    ck_assert_uint_eq(b.blockkeys, 832);
+    ck_assert_uint_eq(b.blockkeys, 676);
     ck_assert_uint_eq(b.rotation, 4096);
-    ck_assert_uint_eq(b.total, 8528);
-    mkv_mosaic_strategy_bytes(&s, 64, 0, &b);
+    ck_assert_uint_eq(b.total, 8372);
+    /* block keys wider than d': the rotation keeps 48 columns, 64 x 48 x 2 */
+    s.keydim = 48;
+    mkv_mosaic_strategy_bytes(&s, 64, 8, &b);
+    ck_assert_uint_eq(b.rotation, 6144);
+    ck_assert_uint_eq(b.blockkeys, 13 * 50 * 2);
+    mkv_mosaic_strategy v = {.len = 100, .rotate = 1, .r = 16, .g = 1, .dprime = 32, .pervector = 1};
+    mkv_mosaic_strategy_bytes(&v, 64, 0, &b);
     ck_assert_uint_eq(b.total, 7696);
     /* g = 4, d' = 20: 5 bits -> 1 byte per vector */
-    s.g = 4;
-    s.dprime = 20;
-    mkv_mosaic_strategy_bytes(&s, 64, 0, &b);
+    v.g = 4;
+    v.dprime = 20;
+    mkv_mosaic_strategy_bytes(&v, 64, 0, &b);
     ck_assert_uint_eq(b.bitmap, 100);
-    /* r = d': every channel kept, no bitmap; no rotation: d' = d */
-    mkv_mosaic_strategy u = {.len = 100, .rotate = 0, .r = 64, .g = 1, .dprime = 64, .pervector = 1};
+    /* r = d': every channel kept, no bitmap; no rotation: d' = d, block
+     * keys over all 64 raw channels */
+    mkv_mosaic_strategy u = {.len = 100, .rotate = 0, .r = 64, .g = 1, .dprime = 64, .pervector = 1,
+                             .keydim = 64, .bound = 0};
     mkv_mosaic_strategy_bytes(&u, 64, 8, &b);
     ck_assert_uint_eq(b.total, 100 * 64 * 2 + 13 * 64 * 2);
 }
@@ -438,16 +484,16 @@ static uint64_t hand_count(const mkv_mosaic_head *h)
     const mkv_mosaic_tensor *ts[2] = {&h->k, &h->v};
     for (int which = 0; which < 2; which++) {
         const mkv_mosaic_tensor *t = ts[which];
-        /* strategy table int32 [nseg][7], losses float32 [nseg][2] */
-        total += (uint64_t)t->nseg * (7 * 4 + 2 * 4);
+        /* strategy table int32 [nseg][7], losses float32 [nseg][2], keys:
+         * block-key table int32 [nseg][2] */
+        total += (uint64_t)t->nseg * (7 * 4 + 2 * 4 + (which == 0 ? 2 * 4 : 0));
         for (int64_t s = 0; s < t->nseg; s++) {
             const mkv_mosaic_strategy *st = &t->seg[s];
             total += (uint64_t)st->len * st->r * 2;
             total += (uint64_t)st->len * ref_bitmap_bytes(st);
             if (which == 0)
-                total += (uint64_t)((st->len + h->block - 1) / h->block) * st->dprime * 2;
-            if (st->rotate)
-                total += (uint64_t)d * st->dprime * 2;
+                total += (uint64_t)((st->len + h->block - 1) / h->block) * (st->keydim + st->bound) * 2;
+            total += (uint64_t)d * ref_rot_cols(st, which == 0) * 2;
         }
     }
     return total;
@@ -455,13 +501,32 @@ static uint64_t hand_count(const mkv_mosaic_head *h)
 
 /* ---------------------------------------------------------------- attention */
 
+/* Block score computed here: q~ = q R_k over the stored columns, bound
+ * channels by max(q~ min, q~ max), the others by q~ mean. */
+static double ref_block_score(const mkv_mosaic_head *h, const mkv_mosaic_strategy *st, const float *R,
+                              const float *row, const float *q)
+{
+    int d = h->d, cols = ref_rot_cols(st, 1), m = st->bound;
+    double sc = 0;
+    for (int c = 0; c < st->keydim; c++) {
+        double qt = 0;
+        for (int j = 0; j < d; j++)
+            qt += q[j] * (st->rotate ? R[j * cols + c] : (j == c));
+        if (c < m)
+            sc += fmax(qt * row[c], qt * row[m + c]);
+        else
+            sc += qt * row[m + c];
+    }
+    return sc;
+}
+
 /* Check that the attended set follows the selection rule: sink and recent
  * tokens <= p all in, nothing > p, count within one block above the
  * budget, every selected block scoring at least as high as every
  * unselected one (scores recomputed here from the stored block keys and
  * rotations). */
 static void check_selection(const mkv_mosaic_head *h, const float *q, int G, int64_t p, double budget,
-                            const uint8_t *att)
+                            int agg_sum, const uint8_t *att)
 {
     int d = h->d, B = h->block;
     int64_t count = 0, want = mkv_budget_tokens(budget, p + 1);
@@ -477,18 +542,13 @@ static void check_selection(const mkv_mosaic_head *h, const float *q, int G, int
     int64_t ok = 0, orot = 0, nsel_tokens = 0;
     for (int64_t s = 0; s < h->k.nseg; s++) {
         const mkv_mosaic_strategy *st = &h->k.seg[s];
+        int w = st->keydim + st->bound;
         for (int64_t b = 0; b * B < st->len && st->start + b * B <= p; b++) {
             double agg = -INFINITY;
             for (int g = 0; g < G; g++) {
-                double sc = 0;
-                for (int c = 0; c < st->dprime; c++) {
-                    double qt = 0;
-                    for (int j = 0; j < d; j++)
-                        qt += q[g * d + j] * (st->rotate ? h->k.rotation[orot + j * st->dprime + c] : (j == c));
-                    sc += qt * h->k.blockkeys[ok + b * st->dprime + c];
-                }
-                sc /= sqrt(d);
-                agg = sc > agg ? sc : agg;
+                double sc = ref_block_score(h, st, h->k.rotation + orot, h->k.blockkeys + ok + b * w,
+                                            q + g * d) / sqrt(d);
+                agg = g == 0 ? sc : agg_sum ? agg + sc : fmax(agg, sc);
             }
             int sel = att[st->start + b * B];
             for (int64_t t = st->start + b * B; t < st->start + st->len && t < st->start + (b + 1) * B && t <= p; t++) {
@@ -500,8 +560,8 @@ static void check_selection(const mkv_mosaic_head *h, const float *q, int G, int
             else
                 max_unsel = agg > max_unsel ? agg : max_unsel;
         }
-        ok += ((st->len + B - 1) / B) * st->dprime;
-        orot += st->rotate ? (int64_t)d * st->dprime : 0;
+        ok += ((st->len + B - 1) / B) * w;
+        orot += (int64_t)d * ref_rot_cols(st, 1);
     }
     if (nsel_tokens > 0) {
         ck_assert_double_ge(min_sel, max_unsel - 1e-9);
@@ -509,7 +569,7 @@ static void check_selection(const mkv_mosaic_head *h, const float *q, int G, int
     }
 }
 
-static void attend_both(const mkv_mosaic_head *h, const head_data *hd, double budget, int64_t p,
+static void attend_both(const mkv_mosaic_head *h, const head_data *hd, double budget, int agg_sum, int64_t p,
                         float *out, uint8_t *att, double *ref_out, uint64_t *bytes)
 {
     int d = hd->d, G = hd->G;
@@ -518,17 +578,17 @@ static void attend_both(const mkv_mosaic_head *h, const head_data *hd, double bu
     mkv_attend_query aq = {.G = G, .d = d, .q = q, .pos = p, .scale = 1 / sqrt(d)};
     memset(att, 0, (size_t)hd->T);
     mkv_attend_result res = {.out = out, .attended = att};
-    mkv_mosaic_attn_opts o = {.budget = budget, .agg_sum = 0};
+    mkv_mosaic_attn_opts o = {.budget = budget, .agg_sum = agg_sum};
     mkv_error err;
     ck_assert_int_eq(mkv_mosaic_attend(h, &o, &aq, &res, &err), MKV_OK);
     if (bytes)
         *bytes = res.bytes_read;
     double *K = malloc(sizeof(double) * (size_t)(hd->T * d)), *V = malloc(sizeof(double) * (size_t)(hd->T * d));
     ck_assert(K && V);
-    ref_reconstruct(h, &h->k, h->dense_k, K);
-    ref_reconstruct(h, &h->v, h->dense_v, V);
+    ref_reconstruct(h, &h->k, h->dense_k, 1, K);
+    ref_reconstruct(h, &h->v, h->dense_v, 0, V);
     ref_attend(K, V, p + 1, d, att, q, G, 1 / sqrt(d), ref_out);
-    check_selection(h, q, G, p, budget, att);
+    check_selection(h, q, G, p, budget, agg_sum, att);
     free(K);
     free(V);
 }
@@ -539,24 +599,23 @@ START_TEST(packed_attention_equals_reconstruction)
     head_data_make(&hd, 21, 437, 32, 3, 8);
     mkv_head_kv in = as_input(&hd);
     mkv_error err;
-    for (int dyn = 0; dyn < 2; dyn++)
-        for (int g = 1; g <= 4; g *= 2) {
-            mkv_mosaic_config c = fixed_config(32, 0.25, g, 0.8);
-            c.dynamic = dyn;
-            mkv_mosaic_head h;
-            ck_assert_int_eq(mkv_mosaic_compress(&c, &in, &h, &err), MKV_OK);
-            const int64_t positions[] = {436, 250, 104, 60};
-            for (int i = 0; i < 4; i++) {
-                float out[3 * 32];
-                double ref[3 * 32];
-                uint8_t att[437];
-                attend_both(&h, &hd, 0.2, positions[i], out, att, ref, NULL);
-                ck_assert_double_le(rel_err(out, ref, 3 * 32), 2e-3);
-            }
-            mkv_mosaic_head_free(&h);
-            if (dyn)
-                break;
+    /* fixed g = 1, 2, 4; dynamic (threshold); ratio */
+    for (int mode = 0; mode < 5; mode++) {
+        mkv_mosaic_config c = fixed_config(32, 0.25, mode < 3 ? 1 << mode : 1, 0.8);
+        c.dynamic = mode >= 3;
+        c.ratio = mode == 4 ? 3 : 0;
+        mkv_mosaic_head h;
+        ck_assert_int_eq(mkv_mosaic_compress(&c, &in, &h, &err), MKV_OK);
+        const int64_t positions[] = {436, 250, 104, 60};
+        for (int i = 0; i < 4; i++) {
+            float out[3 * 32];
+            double ref[3 * 32];
+            uint8_t att[437];
+            attend_both(&h, &hd, 0.2, i % 2, positions[i], out, att, ref, NULL);
+            ck_assert_double_le(rel_err(out, ref, 3 * 32), 2e-3);
         }
+        mkv_mosaic_head_free(&h);
+    }
     head_data_free(&hd);
 }
 END_TEST
@@ -567,9 +626,10 @@ START_TEST(bytes_read_hand_count)
      * of 100 tokens (4..103) and one of 20 (104..123). At p = 139 with
      * budget 1 every token is read:
      *   dense 20 tokens x 32 x 2 bytes x (K, V)
-     *   per segment: 2 table rows of 7 int32, R_k and R_v (32 x d' x 2),
-     *   block keys (ceil(len/8) x d'_k x 2), per token (r_k + r_v) x 2 +
-     *   bitmap bytes of K and V. */
+     *   per segment: its rows of both strategy tables (7 int32 each) and
+     *   of the block-key table (2 int32), R_k (32 x max(d'_k, keydim) x
+     *   2), R_v (32 x d'_v x 2), block keys (ceil(len/8) x (keydim +
+     *   bound) x 2), per token (r_k + r_v) x 2 + bitmap bytes of K and V. */
     head_data hd;
     head_data_make(&hd, 5, 140, 32, 2, 0);
     mkv_head_kv in = as_input(&hd);
@@ -581,15 +641,17 @@ START_TEST(bytes_read_hand_count)
     uint64_t want = 20 * 32 * 2 * 2;
     for (int s = 0; s < 2; s++) {
         const mkv_mosaic_strategy *ks = &h.k.seg[s], *vs = &h.v.seg[s];
-        want += 2 * 7 * 4 + 32 * ks->dprime * 2 + 32 * vs->dprime * 2;
-        want += (uint64_t)((ks->len + 7) / 8) * ks->dprime * 2;
+        ck_assert_int_eq(ks->keydim, 16);
+        ck_assert_int_eq(ks->bound, 2);
+        want += (7 + 7 + 2) * 4 + 32 * (ks->dprime > 16 ? ks->dprime : 16) * 2 + 32 * vs->dprime * 2;
+        want += (uint64_t)((ks->len + 7) / 8) * (16 + 2) * 2;
         want += (uint64_t)ks->len * ((ks->r + vs->r) * 2 + ref_bitmap_bytes(ks) + ref_bitmap_bytes(vs));
     }
     float out[2 * 32];
     double ref[2 * 32];
     uint8_t att[140];
     uint64_t bytes;
-    attend_both(&h, &hd, 1.0, 139, out, att, ref, &bytes);
+    attend_both(&h, &hd, 1.0, 0, 139, out, att, ref, &bytes);
     ck_assert_uint_eq(bytes, want);
     ck_assert_double_le(rel_err(out, ref, 2 * 32), 2e-3);
     mkv_mosaic_head_free(&h);
@@ -610,8 +672,12 @@ START_TEST(full_keep_equals_exact_attention)
         mkv_mosaic_head h;
         mkv_error err;
         ck_assert_int_eq(mkv_mosaic_compress(&c, &in, &h, &err), MKV_OK);
-        for (int64_t s = 0; s < h.k.nseg; s++)
+        for (int64_t s = 0; s < h.k.nseg; s++) {
             ck_assert_int_eq(h.k.seg[s].dprime, 32);
+            /* unrotated keys: block keys over every raw channel, no bound */
+            ck_assert_int_eq(h.k.seg[s].keydim, rot ? 16 : 32);
+            ck_assert_int_eq(h.k.seg[s].bound, rot ? 2 : 0);
+        }
         const int64_t positions[] = {299, 150};
         for (int i = 0; i < 2; i++) {
             int64_t p = positions[i];
@@ -667,6 +733,7 @@ START_TEST(uniform2d_is_fixed_channel_truncation)
         for (int64_t s = 0; s < t->nseg; s++) {
             const mkv_mosaic_strategy *st = &t->seg[s];
             ck_assert_int_eq(st->r, r);
+            ck_assert_int_eq(st->dprime, r);
             ck_assert_int_eq(st->pervector, 0);
             double C[32 * 32] = {0}, R[32 * 32], ev[32];
             ck_assert_int_eq(mkv_gram_add(C, src[which] + st->start * d, st->len, d, &err), MKV_OK);
@@ -709,10 +776,19 @@ END_TEST
 
 /* ---------------------------------------------------------------- strategy search */
 
-START_TEST(search_rank2_picks_cheapest)
+static uint64_t ref_bytes(const mkv_mosaic_strategy *s, int d, int block)
 {
-    /* Rank-2 keys, d = 32, 64 tokens, B = 8. The cheapest candidate is
-     * rotate on, r = 2 (d/16), d' = 8 (d/4):
+    uint64_t b = (uint64_t)s->len * s->r * 2 + (uint64_t)s->len * ref_bitmap_bytes(s);
+    if (block > 0)
+        b += (uint64_t)((s->len + block - 1) / block) * (s->keydim + s->bound) * 2;
+    return b + (uint64_t)d * ref_rot_cols(s, block > 0) * 2;
+}
+
+START_TEST(search_energy_picks_cheapest)
+{
+    /* Rank-2 keys, d = 32, 64 tokens, B = 8, block keys over 8 channels,
+     * no queries (loss = energy). The cheapest candidate losing <= 1% is
+     * r = 2 (d/16), d' = 8 (d/4):
      *   values 64 x 2 x 2 = 256, bitmap 64 x 1 = 64, block keys 8 x 8 x 2
      *   = 128, rotation 32 x 8 x 2 = 512: 960 bytes,
      * and rank-2 data lose nothing there (only fp16 rounding of R). */
@@ -729,21 +805,24 @@ START_TEST(search_rank2_picks_cheapest)
         for (int j = 0; j < D; j++)
             X[t * D + j] = (float)(z1 * a[j] + z2 * b[j]);
     }
-    double R[D * D], ev[D], energy, score;
+    double R[D * D], ev[D];
     mkv_error err;
     ck_assert_int_eq(mkv_mosaic_rotation(X, N, D, R, ev, &err), MKV_OK);
     mkv_mosaic_round_f16(R, D * D);
-    mkv_mosaic_search_opts o = {.d = D, .block = 8, .threshold = 0.01, .allow_rotate = 1, .obs = NULL};
-    mkv_mosaic_strategy s;
-    ck_assert_int_eq(mkv_mosaic_search(&o, X, 0, N, R, &s, &energy, &score, &err), MKV_OK);
-    ck_assert_int_eq(s.rotate, 1);
-    ck_assert_int_eq(s.r, 2);
-    ck_assert_int_eq(s.dprime, 8);
-    mkv_mosaic_bytes by;
-    mkv_mosaic_strategy_bytes(&s, D, 8, &by);
-    ck_assert_uint_eq(by.total, 960);
-    ck_assert_double_le(energy, 1e-4);
-    ck_assert_double_eq(score, -1);
+    mkv_mosaic_search_opts o = {.d = D, .block = 8, .keydim = 8, .bound = 0, .allow_rotate = 1, .obs = NULL};
+    mkv_mosaic_candidate *c;
+    int n;
+    ck_assert_int_eq(mkv_mosaic_candidates(&o, X, 0, N, R, &c, &n, &err), MKV_OK);
+    const mkv_mosaic_candidate *s = &c[mkv_mosaic_pick(c, n, 0.01)];
+    ck_assert_int_eq(s->s.rotate, 1);   /* keys of a rotatable segment are rotated */
+    ck_assert_int_eq(s->s.r, 2);
+    ck_assert_int_eq(s->s.dprime, 8);
+    ck_assert_uint_eq(s->bytes, 960);
+    ck_assert_double_le(s->energy, 1e-4);
+    ck_assert_int_eq(s->measured, 0);
+    for (int i = 0; i < n; i++)
+        ck_assert_int_eq(c[i].s.rotate, 1);
+    mkv_free(c);
 
     /* Values (no block keys) living on raw channels 3 and 17: no rotation,
      * r = 2, g = 1 costs 64 x 2 x 2 + 64 x 4 = 512 bytes and loses
@@ -756,22 +835,24 @@ START_TEST(search_rank2_picks_cheapest)
     }
     ck_assert_int_eq(mkv_mosaic_rotation(X, N, D, R, ev, &err), MKV_OK);
     mkv_mosaic_round_f16(R, D * D);
-    o.block = 0;
-    ck_assert_int_eq(mkv_mosaic_search(&o, X, 0, N, R, &s, &energy, &score, &err), MKV_OK);
-    ck_assert_int_eq(s.rotate, 0);
-    ck_assert_int_eq(s.r, 2);
-    ck_assert_int_eq(s.g, 1);
-    mkv_mosaic_strategy_bytes(&s, D, 0, &by);
-    ck_assert_uint_eq(by.total, 512);
-    ck_assert_double_eq(energy, 0);
+    o = (mkv_mosaic_search_opts){.d = D, .block = 0, .allow_rotate = 1};
+    ck_assert_int_eq(mkv_mosaic_candidates(&o, X, 0, N, R, &c, &n, &err), MKV_OK);
+    s = &c[mkv_mosaic_pick(c, n, 0.01)];
+    ck_assert_int_eq(s->s.rotate, 0);
+    ck_assert_int_eq(s->s.r, 2);
+    ck_assert_int_eq(s->s.g, 1);
+    ck_assert_uint_eq(s->bytes, 512);
+    ck_assert_double_eq(s->energy, 0);
+    mkv_free(c);
 }
 END_TEST
 
-typedef struct {
-    mkv_mosaic_strategy s;
-    uint64_t bytes;
-    double loss, energy, score;
-} ref_candidate;
+static int same_strategy(const mkv_mosaic_strategy *a, const mkv_mosaic_strategy *b)
+{
+    return a->start == b->start && a->len == b->len && a->rotate == b->rotate && a->r == b->r && a->g == b->g &&
+           a->dprime == b->dprime && a->pervector == b->pervector && a->keydim == b->keydim &&
+           a->bound == b->bound;
+}
 
 static int ref_group_cmp(const void *a, const void *b)
 {
@@ -781,145 +862,489 @@ static int ref_group_cmp(const void *a, const void *b)
     return x[1] < y[1] ? -1 : 1;
 }
 
-/* Losses of one candidate computed here: rotated vectors, the top groups
- * by a qsort, energy and score errors summed directly. A query's score
- * errors are weighted (1 + m p_t) / 2, p the softmax of its exact scores
- * / sqrt(d) over the m tokens it sees. */
-static void ref_losses(const float *X, int64_t n, int d, const double *R, const mkv_mosaic_strategy *s,
-                       const float *q, const int64_t *qpos, int64_t nq, double *energy, double *score)
+/* The reconstruction x^ [d] of x under s, computed here: rotated by R
+ * (raw when not rotated), top r/g groups among the first d'/g by a qsort,
+ * kept values rounded to fp16, rotated back; *dropped receives the energy
+ * of the rotated elements not kept, *total that of all of them. */
+static void ref_candidate_vector(const float *x, int d, const double *R, const mkv_mosaic_strategy *s,
+                                 double *xhat, double *dropped, double *total)
 {
-    double etot = 0, edrop = 0, num = 0, den = 0;
-    static double exact[64][256], weight[64][256];
-    for (int64_t qi = 0; qi < nq; qi++) {
-        double mean = 0, z = 0;
-        int64_t seen = qpos[qi] + 1 < n ? qpos[qi] + 1 : n;
-        for (int64_t t = 0; t < seen; t++) {
-            exact[qi][t] = 0;
-            for (int j = 0; j < d; j++)
-                exact[qi][t] += (double)q[qi * d + j] * X[t * d + j];
-            mean += exact[qi][t] / (double)seen;
-            z += exp(exact[qi][t] / sqrt(d));
-        }
-        for (int64_t t = 0; t < seen; t++) {
-            den += (exact[qi][t] - mean) * (exact[qi][t] - mean);
-            weight[qi][t] = 0.5 + 0.5 * (double)seen * exp(exact[qi][t] / sqrt(d)) / z;
-        }
+    double xt[MKV_MOSAIC_MAX_D], grp[MKV_MOSAIC_MAX_D][2];
+    for (int c = 0; c < d; c++) {
+        xt[c] = 0;
+        for (int j = 0; j < d; j++)
+            xt[c] += x[j] * (s->rotate ? R[j * d + c] : (j == c));
+        *total += xt[c] * xt[c];
     }
-    for (int64_t t = 0; t < n; t++) {
-        double xt[MKV_MOSAIC_MAX_D], grp[MKV_MOSAIC_MAX_D][2];
-        for (int c = 0; c < d; c++) {
-            xt[c] = 0;
-            for (int j = 0; j < d; j++)
-                xt[c] += X[t * d + j] * (s->rotate ? R[j * d + c] : (j == c));
-            etot += xt[c] * xt[c];
-        }
-        int ng = s->dprime / s->g;
-        for (int i = 0; i < ng; i++) {
-            grp[i][0] = 0;
-            grp[i][1] = i;
-            for (int c = i * s->g; c < (i + 1) * s->g; c++)
-                grp[i][0] += xt[c] * xt[c];
-        }
-        qsort(grp, (size_t)ng, sizeof grp[0], ref_group_cmp);
-        uint8_t kept[MKV_MOSAIC_MAX_D] = {0};
-        for (int i = 0; i < s->r / s->g; i++)
-            for (int c = 0; c < s->g; c++)
-                kept[(int)grp[i][1] * s->g + c] = 1;
-        for (int c = 0; c < d; c++)
-            if (!kept[c])
-                edrop += xt[c] * xt[c];
-        for (int64_t qi = 0; qi < nq; qi++) {
-            if (qpos[qi] < t)
-                continue;
-            double approx = 0;
-            for (int c = 0; c < d; c++)
-                if (kept[c]) {
-                    double qc = 0;
-                    for (int j = 0; j < d; j++)
-                        qc += q[qi * d + j] * (s->rotate ? R[j * d + c] : (j == c));
-                    approx += qc * xt[c];
-                }
-            num += weight[qi][t] * (exact[qi][t] - approx) * (exact[qi][t] - approx);
-        }
+    int ng = s->dprime / s->g;
+    for (int i = 0; i < ng; i++) {
+        grp[i][0] = 0;
+        grp[i][1] = i;
+        for (int c = i * s->g; c < (i + 1) * s->g; c++)
+            grp[i][0] += xt[c] * xt[c];
     }
-    *energy = edrop / etot;
-    *score = nq ? num / den : -1;
+    qsort(grp, (size_t)ng, sizeof grp[0], ref_group_cmp);
+    uint8_t kept[MKV_MOSAIC_MAX_D] = {0};
+    for (int i = 0; i < s->r / s->g; i++)
+        for (int c = 0; c < s->g; c++)
+            kept[(int)grp[i][1] * s->g + c] = 1;
+    for (int j = 0; j < d; j++)
+        xhat[j] = 0;
+    for (int c = 0; c < d; c++) {
+        if (!kept[c]) {
+            *dropped += xt[c] * xt[c];
+            continue;
+        }
+        double v = mkv_f16_to_f32(mkv_f32_to_f16((float)xt[c]));
+        for (int j = 0; j < d; j++)
+            xhat[j] += v * (s->rotate ? R[j * d + c] : (j == c));
+    }
 }
 
-START_TEST(search_matches_enumeration)
+/* Softmax attention in double of q over n rows K, V where use[t]; the
+ * relative L2 error of the result against ref [d]. */
+static double ref_masked_err(const double *q, const double *K, const double *V, int n, const uint8_t *use,
+                             int d, const double *ref)
 {
-    /* Every candidate of the grid enumerated here, priced by hand formula
-     * and judged by ref_losses; the rule picks the fewest bytes under the
-     * threshold (ties: lower loss), else the lowest loss. */
-    enum { N = 48, D = 16, NQ = 6 };
-    float X[N * D], q[NQ * D];
-    gen_rows(17, N, D, 1.0, X);
-    /* salient dense directions on a few tokens, which the queries seek:
-     * their score errors outweigh the energy they hold */
-    uint64_t seed = 23;
-    const int salient[3] = {5, 20, 33};
-    for (int i = 0; i < 3; i++)
-        for (int j = 0; j < D; j++) {
-            double e = gauss(&seed);
-            X[salient[i] * D + j] += (float)(1.5 * e);
-            q[2 * i * D + j] = q[(2 * i + 1) * D + j] = (float)(1.5 * e);
+    double m = -INFINITY, l = 0, o[MKV_MOSAIC_MAX_D] = {0}, s[256];
+    for (int t = 0; t < n; t++)
+        if (use[t]) {
+            s[t] = 0;
+            for (int j = 0; j < d; j++)
+                s[t] += q[j] * K[t * d + j];
+            s[t] /= sqrt(d);
+            m = fmax(m, s[t]);
         }
-    int64_t qpos[NQ] = {47, 47, 30, 30, 10, 60};
-    double R[D * D], ev[D];
+    for (int t = 0; t < n; t++)
+        if (use[t]) {
+            double w = exp(s[t] - m);
+            l += w;
+            for (int j = 0; j < d; j++)
+                o[j] += w * V[t * d + j];
+        }
+    double num = 0, den = 0;
+    for (int j = 0; j < d; j++) {
+        num += (o[j] / l - ref[j]) * (o[j] / l - ref[j]);
+        den += ref[j] * ref[j];
+    }
+    return sqrt(num / den);
+}
+
+START_TEST(candidates_match_reference)
+{
+    /* A segment of N tokens after NO other (already attended, exact)
+     * tokens; NQ queries with their own visible range and a selection of
+     * the segment's tokens made up here. The view of mkv_mosaic_evaluate
+     * is filled from its definition; each returned candidate's bytes,
+     * energy and output error must equal those computed here by
+     * reconstructing the segment (ref_candidate_vector) and attending
+     * over [other tokens, selected segment tokens] directly; grid
+     * candidates not returned must be beaten on bytes and energy by a
+     * returned one. */
+    enum { NO = 6, N = 40, D = 16, NQ = 5, T = NO + N };
+    float K[T * D], V[T * D];
+    gen_rows(61, T, D, 1.5, K);
+    gen_rows(62, T, D, 0.0, V);
+    const float *Kseg = K + NO * D, *Vseg = V + NO * D;
+    const int visible[NQ] = {40, 40, 26, 11, 40};
+    uint8_t sel[NQ][N] = {{0}};
+    uint64_t seed = 63;
+    for (int j = 0; j < NQ; j++)
+        for (int t = 0; t < visible[j]; t++)
+            sel[j][t] = j != 3 && test_uniform(&seed) < 0.4;   /* query 3 selects none */
+    double q[NQ * D], exact[NQ * D], err0[NQ], m[NQ], l_rest[NQ], acc_rest[NQ * D], w[NQ * N];
+    int64_t first[NQ + 1];
+    int32_t tok[NQ * N];
+    double Kd[T * D], Vd[T * D];
+    for (int i = 0; i < T * D; i++) {
+        Kd[i] = K[i];
+        Vd[i] = V[i];
+    }
+    float qf[NQ * D];
+    gen_queries(64, K, T, D, NQ, qf);
+    int64_t np = 0;
+    for (int j = 0; j < NQ; j++) {
+        uint8_t all[T], chosen[T];
+        for (int t = 0; t < T; t++) {
+            all[t] = t < NO + visible[j];
+            chosen[t] = t < NO || (t < NO + visible[j] && sel[j][t - NO]);
+        }
+        for (int c = 0; c < D; c++)
+            q[j * D + c] = qf[j * D + c];
+        ref_attend(Kd, Vd, T, D, all, qf + j * D, 1, 1 / sqrt(D), exact + j * D);
+        err0[j] = ref_masked_err(q + j * D, Kd, Vd, T, chosen, D, exact + j * D);
+        double s[T];
+        m[j] = -INFINITY;
+        for (int t = 0; t < T; t++) {
+            s[t] = 0;
+            for (int c = 0; c < D; c++)
+                s[t] += q[j * D + c] * Kd[t * D + c];
+            s[t] /= sqrt(D);
+            if (chosen[t])
+                m[j] = fmax(m[j], s[t]);
+        }
+        l_rest[j] = 0;
+        for (int c = 0; c < D; c++)
+            acc_rest[j * D + c] = 0;
+        for (int t = 0; t < NO; t++) {
+            l_rest[j] += exp(s[t] - m[j]);
+            for (int c = 0; c < D; c++)
+                acc_rest[j * D + c] += exp(s[t] - m[j]) * Vd[t * D + c];
+        }
+        first[j] = np;
+        for (int t = 0; t < N; t++)
+            if (t < visible[j] && sel[j][t]) {
+                tok[np] = t;
+                w[np++] = exp(s[NO + t] - m[j]);
+            }
+    }
+    first[NQ] = np;
+    mkv_mosaic_segobs obs = {.nq = NQ, .d = D, .scale = 1 / sqrt(D), .q = q, .exact = exact, .err0 = err0,
+                             .m = m, .l_rest = l_rest, .acc_rest = acc_rest, .first = first, .tok = tok,
+                             .w = w, .keys = Kseg, .values = Vseg};
+    /* r: {1..8, 10, 12, 14, 16, 20, 24, 28, 32} / 32 of d = 16, rounded half up, distinct */
+    const int rs[] = {1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16}, dps[] = {4, 8, 12, 16}, gs[] = {1, 2, 4};
     mkv_error err;
-    ck_assert_int_eq(mkv_mosaic_rotation(X, N, D, R, ev, &err), MKV_OK);
-    mkv_mosaic_round_f16(R, D * D);
-    const int rs[] = {1, 2, 3, 4, 6, 8}, dps[] = {4, 8, 12, 16}, gs[] = {1, 2, 4};
-    static ref_candidate cand[2 * 6 * 3 * 4];
-    for (int with_q = 0; with_q < 2; with_q++) {
-        int n = 0;
+    for (int which = 0; which < 2; which++) {
+        const float *X = which ? Vseg : Kseg;
+        double R[D * D], ev[D];
+        ck_assert_int_eq(mkv_mosaic_rotation(X, N, D, R, ev, &err), MKV_OK);
+        mkv_mosaic_round_f16(R, D * D);
+        int block = which ? 0 : 8;
+        mkv_mosaic_search_opts o = {.d = D, .block = block, .keydim = which ? 0 : 8, .bound = which ? 0 : 2,
+                                    .allow_rotate = 1, .obs = &obs};
+        mkv_mosaic_candidate *c;
+        int n;
+        ck_assert_int_eq(mkv_mosaic_candidates(&o, X, NO, N, R, &c, &n, &err), MKV_OK);
+        ck_assert_int_gt(n, 0);
+        /* the grid, priced and judged here */
+        static mkv_mosaic_candidate grid[2 * 3 * 4 * 12];
+        int ng = 0;
         for (int rot = 0; rot < 2; rot++)
             for (int gi = 0; gi < 3; gi++)
                 for (int di = 0; di < 4; di++)
-                    for (int ri = 0; ri < 6; ri++) {
+                    for (int ri = 0; ri < 12; ri++) {
                         int g = gs[gi], dp = rot ? dps[di] : D, r = rs[ri];
-                        if ((!rot && di > 0) || r % g || dp % g || r > dp)
+                        if ((!rot && (di > 0 || which == 0)) || r % g || dp % g || r > dp)
                             continue;
-                        ref_candidate *c = &cand[n++];
-                        c->s = (mkv_mosaic_strategy){.start = 0, .len = N, .rotate = rot, .r = r, .g = g,
-                                                     .dprime = dp, .pervector = 1};
-                        /* values + bitmap (none when r = d') + block keys
-                         * ceil(48/8) = 6 x d' x 2 + rotation 16 x d' x 2 */
-                        c->bytes = (uint64_t)N * r * 2 + (r < dp ? (uint64_t)N * ((dp / g + 7) / 8) : 0) +
-                                   6u * dp * 2 + (rot ? 16u * dp * 2 : 0);
-                        ref_losses(X, N, D, R, &c->s, q, qpos, with_q ? NQ : 0, &c->energy, &c->score);
-                        c->loss = c->score > c->energy ? c->score : c->energy;
+                        mkv_mosaic_candidate *x = &grid[ng++];
+                        x->s = (mkv_mosaic_strategy){.start = NO, .len = N, .rotate = rot, .r = r, .g = g,
+                                                     .dprime = dp, .pervector = 1,
+                                                     .keydim = which ? 0 : 8, .bound = which ? 0 : 2};
+                        x->bytes = ref_bytes(&x->s, D, block);
+                        double dropped = 0, total = 0, hat[N * D];
+                        for (int t = 0; t < N; t++)
+                            ref_candidate_vector(X + t * D, D, R, &x->s, hat + t * D, &dropped, &total);
+                        x->energy = dropped / total;
+                        double sum = 0;
+                        for (int j = 0; j < NQ; j++) {
+                            double Kc[T * D], Vc[T * D];
+                            uint8_t chosen[T];
+                            memcpy(Kc, Kd, sizeof Kc);
+                            memcpy(Vc, Vd, sizeof Vc);
+                            memcpy(which ? Vc + NO * D : Kc + NO * D, hat, sizeof(double) * N * D);
+                            for (int t = 0; t < T; t++)
+                                chosen[t] = t < NO || (t < NO + visible[j] && sel[j][t - NO]);
+                            sum += ref_masked_err(q + j * D, Kc, Vc, T, chosen, D, exact + j * D) - err0[j];
+                        }
+                        x->output = sum / NQ;
                     }
-        const double thresholds[] = {0.02, 0.1, 0.3, 0.0};
-        for (int ti = 0; ti < 4; ti++) {
-            double th = thresholds[ti];
-            int want = -1;
-            for (int i = 0; i < n; i++) {
-                if (cand[i].loss <= th) {
-                    if (want < 0 || cand[i].bytes < cand[want].bytes ||
-                        (cand[i].bytes == cand[want].bytes && cand[i].loss < cand[want].loss))
-                        want = i;
-                }
-            }
-            if (want < 0)
-                for (int i = 0; i < n; i++)
-                    if (want < 0 || cand[i].loss < cand[want].loss ||
-                        (cand[i].loss == cand[want].loss && cand[i].bytes < cand[want].bytes))
-                        want = i;
-            mkv_mosaic_obs obs = {.q = q, .pos = qpos, .nq = NQ};
-            mkv_mosaic_search_opts o = {.d = D, .block = 8, .threshold = th, .allow_rotate = 1,
-                                        .obs = with_q ? &obs : NULL};
-            mkv_mosaic_strategy s;
-            double energy, score;
-            ck_assert_int_eq(mkv_mosaic_search(&o, X, 0, N, R, &s, &energy, &score, &err), MKV_OK);
-            ck_assert_int_eq(s.rotate, cand[want].s.rotate);
-            ck_assert_int_eq(s.r, cand[want].s.r);
-            ck_assert_int_eq(s.g, cand[want].s.g);
-            ck_assert_int_eq(s.dprime, cand[want].s.dprime);
-            ck_assert_double_eq_tol(energy, cand[want].energy, 1e-9);
-            ck_assert_double_eq_tol(score, cand[want].score, 1e-9);
+        for (int i = 0; i < n; i++) {
+            int k = 0;
+            while (k < ng && !same_strategy(&grid[k].s, &c[i].s))
+                k++;
+            ck_assert_msg(k < ng, "candidate %d is not in the grid", i);
+            ck_assert_uint_eq(c[i].bytes, grid[k].bytes);
+            ck_assert_double_eq_tol(c[i].energy, grid[k].energy, 1e-10);
+            ck_assert_int_eq(c[i].measured, 1);
+            ck_assert_double_eq_tol(c[i].output, grid[k].output, 1e-9);
+        }
+        for (int k = 0; k < ng; k++) {
+            int beaten = 0;
+            for (int i = 0; i < n && !beaten; i++)
+                beaten = c[i].bytes <= grid[k].bytes && c[i].energy <= grid[k].energy + 1e-10;
+            ck_assert_msg(beaten, "grid candidate %d (r %d g %d d' %d rotate %d) dropped unbeaten", k,
+                          grid[k].s.r, grid[k].s.g, grid[k].s.dprime, grid[k].s.rotate);
+        }
+        mkv_free(c);
+    }
+}
+END_TEST
+
+START_TEST(pick_threshold_rule)
+{
+    mkv_mosaic_candidate c[5] = {
+        {.bytes = 100, .output = 0.3, .measured = 1},
+        {.bytes = 50, .output = 0.2, .measured = 1},
+        {.bytes = 50, .output = 0.1, .measured = 1},
+        {.bytes = 200, .output = 0.05, .measured = 1},
+        {.bytes = 300, .output = 0.05, .measured = 1},
+    };
+    ck_assert_int_eq(mkv_mosaic_pick(c, 5, 0.25), 2);    /* fewest bytes, then lower loss */
+    ck_assert_int_eq(mkv_mosaic_pick(c, 5, 0.1), 2);
+    ck_assert_int_eq(mkv_mosaic_pick(c, 5, 0.07), 3);
+    ck_assert_int_eq(mkv_mosaic_pick(c, 5, 0.01), 3);    /* none qualifies: lowest loss, fewer bytes */
+    /* not measured: the energy decides */
+    mkv_mosaic_candidate e[2] = {{.bytes = 10, .energy = 0.5, .output = 0}, {.bytes = 20, .energy = 0.1}};
+    ck_assert_int_eq(mkv_mosaic_pick(e, 2, 0.2), 1);
+    ck_assert_double_eq(mkv_mosaic_candidate_loss(&e[0]), 0.5);
+}
+END_TEST
+
+START_TEST(allocate_matches_brute_force)
+{
+    /* three items with decreasing returns; every budget from the
+     * cheapest total up: the choice fits, and its summed loss equals the
+     * best of all 4^3 combinations found here */
+    static mkv_mosaic_candidate a[4] = {{.bytes = 10, .energy = 1.0}, {.bytes = 20, .energy = 0.5},
+                                        {.bytes = 40, .energy = 0.2}, {.bytes = 80, .energy = 0.1}};
+    static mkv_mosaic_candidate b[4] = {{.bytes = 10, .energy = 0.8}, {.bytes = 30, .energy = 0.3},
+                                        {.bytes = 50, .energy = 0.25}, {.bytes = 70, .energy = 0.24}};
+    static mkv_mosaic_candidate e[4] = {{.bytes = 5, .energy = 0.4}, {.bytes = 15, .energy = 0.2},
+                                        {.bytes = 25, .energy = 0.12}, {.bytes = 45, .energy = 0.05}};
+    mkv_mosaic_candidate *const items[3] = {a, b, e};
+    const int nc[3] = {4, 4, 4};
+    for (uint64_t budget = 25; budget <= 200; budget += 5) {
+        int pick[3];
+        mkv_mosaic_allocate(items, nc, 3, budget, pick);
+        uint64_t used = a[pick[0]].bytes + b[pick[1]].bytes + e[pick[2]].bytes;
+        double loss = a[pick[0]].energy + b[pick[1]].energy + e[pick[2]].energy, best = INFINITY;
+        ck_assert_uint_le(used, budget);
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 4; j++)
+                for (int k = 0; k < 4; k++)
+                    if (a[i].bytes + b[j].bytes + e[k].bytes <= budget)
+                        best = fmin(best, a[i].energy + b[j].energy + e[k].energy);
+        ck_assert_msg(fabs(loss - best) < 1e-12, "budget %d: loss %g, best %g", (int)budget, loss, best);
+    }
+    /* nothing fits: the cheapest of each */
+    int pick[3];
+    mkv_mosaic_allocate(items, nc, 3, 10, pick);
+    ck_assert_int_eq(pick[0] + pick[1] + pick[2], 0);
+}
+END_TEST
+
+/* Attention of aq over h (budget b) against exact double attention over
+ * the raw rows; the relative error per query head into e [G]. */
+static void errors_of(const mkv_mosaic_head *h, const head_data *hd, const mkv_attend_query *aq, double b,
+                      double *e)
+{
+    float out[8 * 32];
+    uint8_t att[2000] = {0};
+    mkv_attend_result res = {.out = out, .attended = att};
+    mkv_mosaic_attn_opts o = {.budget = b};
+    mkv_error err;
+    ck_assert_int_eq(mkv_mosaic_attend(h, &o, aq, &res, &err), MKV_OK);
+    double *K = malloc(sizeof(double) * (size_t)(hd->T * hd->d)), *V = malloc(sizeof(double) * (size_t)(hd->T * hd->d));
+    ck_assert(K && V);
+    for (int64_t i = 0; i < hd->T * hd->d; i++) {
+        K[i] = hd->k[i];
+        V[i] = hd->v[i];
+    }
+    double ref[8 * 32];
+    ref_attend(K, V, aq->pos + 1, hd->d, NULL, aq->q, aq->G, aq->scale, ref);
+    for (int g = 0; g < aq->G; g++)
+        e[g] = rel_err(out + g * hd->d, ref + g * hd->d, hd->d);
+    free(K);
+    free(V);
+}
+
+START_TEST(recorded_loss_is_attention_error)
+{
+    /* One segment, every query an observation (W = 8 <= 64 / G). A head
+     * with K packed (keep 0.25) and V kept whole, attended at the
+     * compressor's budget, must add to the error of the head with both
+     * whole (same selection: block keys do not depend on r) what the K
+     * loss table says, averaged over the queries; likewise for V. Only
+     * fp16 storage of the whole tensors separates the two. */
+    head_data hd;
+    head_data_make(&hd, 71, 600, 32, 2, 8);
+    mkv_head_kv in = as_input(&hd);
+    mkv_mosaic_config c = fixed_config(32, 0.25, 1, 1.0);
+    c.segment = 600;
+    mkv_mosaic_head packed, whole_a, whole_b;
+    mkv_error err;
+    ck_assert_int_eq(mkv_mosaic_compress(&c, &in, &packed, &err), MKV_OK);
+    c.r = 32;
+    ck_assert_int_eq(mkv_mosaic_compress(&c, &in, &whole_a, &err), MKV_OK);
+    ck_assert_int_eq(mkv_mosaic_compress(&c, &in, &whole_b, &err), MKV_OK);
+    ck_assert_int_eq(packed.k.nseg, 1);
+    ck_assert_mem_eq(packed.k.blockkeys, whole_a.k.blockkeys, sizeof(float) * (size_t)packed.k.n_blockkeys);
+    /* whole_a: K packed, V whole; whole_b: K whole, V packed */
+    mkv_mosaic_tensor tmp = packed.k;
+    packed.k = whole_a.k;
+    whole_a.k = tmp;
+    tmp = packed.v;
+    packed.v = whole_b.v;
+    whole_b.v = tmp;
+    double added[2] = {0, 0};
+    for (int64_t w = 0; w < hd.W; w++) {
+        float q[2 * 32];
+        for (int g = 0; g < 2; g++)
+            memcpy(q + g * 32, hd.q + ((size_t)g * hd.W + w) * 32, sizeof(float) * 32);
+        mkv_attend_query aq = {.G = 2, .d = 32, .q = q, .pos = hd.qpos[w], .scale = 1 / sqrt(32.0)};
+        double e0[2], ek[2], ev[2];
+        errors_of(&packed, &hd, &aq, c.attn.budget, e0);   /* now both whole */
+        errors_of(&whole_a, &hd, &aq, c.attn.budget, ek);
+        errors_of(&whole_b, &hd, &aq, c.attn.budget, ev);
+        for (int g = 0; g < 2; g++) {
+            added[0] += (ek[g] - e0[g]) / (2.0 * hd.W);
+            added[1] += (ev[g] - e0[g]) / (2.0 * hd.W);
         }
     }
+    /* whole_a holds packed's original K loss table, whole_b its V table */
+    ck_assert_double_gt(whole_a.k.loss[1], 1e-3);
+    ck_assert_double_eq_tol(added[0], whole_a.k.loss[1], 2e-3 + 0.02 * whole_a.k.loss[1]);
+    ck_assert_double_eq_tol(added[1], whole_b.v.loss[1], 2e-3 + 0.02 * whole_b.v.loss[1]);
+    mkv_mosaic_head_free(&packed);
+    mkv_mosaic_head_free(&whole_a);
+    mkv_mosaic_head_free(&whole_b);
+    head_data_free(&hd);
+}
+END_TEST
+
+START_TEST(ratio_rule_hits_target)
+{
+    /* 4 segments; with and without queries, ratio 3 and 2: the hand count
+     * of the head's bytes is within the budget and within 8% of it. */
+    for (int withq = 0; withq < 2; withq++) {
+        head_data hd;
+        head_data_make(&hd, 81, 1220, 32, 2, withq ? 8 : 0);
+        mkv_head_kv in = as_input(&hd);
+        for (int ri = 0; ri < 2; ri++) {
+            double ratio = ri ? 2 : 3;
+            mkv_mosaic_config c = fixed_config(32, 0.25, 1, 1.0);
+            c.segment = 300;
+            c.dynamic = 1;
+            c.ratio = ratio;
+            mkv_mosaic_head h;
+            mkv_error err;
+            ck_assert_int_eq(mkv_mosaic_compress(&c, &in, &h, &err), MKV_OK);
+            ck_assert_int_eq(h.k.nseg, 4);
+            double budget = 2.0 * 1220 * 32 * 2 / ratio, got = (double)hand_count(&h);
+            ck_assert_double_le(got, budget);
+            ck_assert_double_ge(got, 0.92 * budget);
+            for (int64_t s = 0; s < 4; s++)
+                ck_assert_int_eq(!isnan(h.k.loss[2 * s + 1]), withq);
+            mkv_mosaic_head_free(&h);
+        }
+        head_data_free(&hd);
+    }
+}
+END_TEST
+
+START_TEST(bound_follows_recall)
+{
+    /* dynamic with queries: each segment's block keys keep bound 2 exactly
+     * when its top blocks (ranked with bound 2) hold more of the exact
+     * attention within the segment than with bound 0, recomputed here */
+    enum { T = 900, D = 32, G = 2, W = 8, KD = 16, B = 8 };
+    head_data hd;
+    head_data_make(&hd, 91, T, D, G, W);
+    /* a token in every few carries a spike on the offset channel the
+     * queries share, so the leading rotated channel varies within blocks */
+    for (int64_t t = 20; t < T; t += 13)
+        hd.k[t * D + 1] += 4.0f;
+    mkv_head_kv in = as_input(&hd);
+    mkv_mosaic_config c = fixed_config(D, 0.25, 1, 1.0);
+    c.segment = 300;
+    c.dynamic = 1;
+    mkv_mosaic_head h;
+    mkv_error err;
+    ck_assert_int_eq(mkv_mosaic_compress(&c, &in, &h, &err), MKV_OK);
+    int decided = 0;
+    for (int64_t si = 0; si < h.k.nseg; si++) {
+        const mkv_mosaic_strategy *st = &h.k.seg[si];
+        ck_assert(st->bound == 0 || st->bound == 2);
+        double R[D * D], ev[D];
+        ck_assert_int_eq(mkv_mosaic_rotation(hd.k + st->start * D, st->len, D, R, ev, &err), MKV_OK);
+        mkv_mosaic_round_f16(R, D * D);
+        double recall[2] = {0, 0};
+        for (int mi = 0; mi < 2; mi++) {
+            int m = mi ? 2 : 0;
+            int64_t nb = (st->len + B - 1) / B;
+            static float rows[400 * (KD + 2)];
+            for (int64_t b = 0; b < nb; b++)
+                for (int cc = 0; cc < KD; cc++) {
+                    double lo = INFINITY, hi = -INFINITY, sum = 0;
+                    int64_t cnt = 0;
+                    for (int64_t t = b * B; t < (b + 1) * B && t < st->len; t++, cnt++) {
+                        double x = 0;
+                        for (int j = 0; j < D; j++)
+                            x += hd.k[(st->start + t) * D + j] * R[j * D + cc];
+                        lo = fmin(lo, x);
+                        hi = fmax(hi, x);
+                        sum += x;
+                    }
+                    float *row = rows + b * (KD + m);
+                    if (cc < m) {
+                        row[cc] = mkv_f16_to_f32(mkv_f32_to_f16((float)lo));
+                        row[m + cc] = mkv_f16_to_f32(mkv_f32_to_f16((float)hi));
+                    } else {
+                        row[m + cc] = mkv_f16_to_f32(mkv_f32_to_f16((float)(sum / (double)cnt)));
+                    }
+                }
+            for (int w = 0; w < W; w++) {
+                int64_t p = hd.qpos[w];
+                if (p < st->start)
+                    continue;
+                int64_t vis = (p + 1 < st->start + st->len ? p + 1 : st->start + st->len) - st->start;
+                int64_t nbv = (vis + B - 1) / B, want = (int64_t)ceil((double)vis *
+                    (double)mkv_budget_tokens(c.attn.budget, p + 1) / (double)(p + 1) - 1e-9);
+                double score[400];
+                for (int64_t b = 0; b < nbv; b++) {
+                    score[b] = -INFINITY;
+                    for (int g = 0; g < G; g++) {
+                        const float *q = hd.q + ((size_t)g * W + w) * D;
+                        double sc = 0;
+                        for (int cc = 0; cc < KD; cc++) {
+                            double qt = 0;
+                            for (int j = 0; j < D; j++)
+                                qt += q[j] * R[j * D + cc];
+                            const float *row = rows + b * (KD + m);
+                            sc += cc < m ? fmax(qt * row[cc], qt * row[m + cc]) : qt * row[m + cc];
+                        }
+                        score[b] = fmax(score[b], sc / sqrt(D));
+                    }
+                }
+                uint8_t taken[400 * B] = {0};
+                for (int64_t got = 0; got < want;) {
+                    int64_t best = -1;
+                    for (int64_t b = 0; b < nbv; b++)
+                        if (score[b] > -INFINITY && (best < 0 || score[b] > score[best]))
+                            best = b;
+                    if (best < 0)
+                        break;
+                    score[best] = -INFINITY;
+                    for (int64_t t = best * B; t < (best + 1) * B && t < vis; t++, got++)
+                        taken[t] = 1;
+                }
+                for (int g = 0; g < G; g++) {
+                    const float *q = hd.q + ((size_t)g * W + w) * D;
+                    double s[400 * B], mx = -INFINITY, all = 0, held = 0;
+                    for (int64_t t = 0; t < vis; t++) {
+                        s[t] = 0;
+                        for (int j = 0; j < D; j++)
+                            s[t] += q[j] * hd.k[(st->start + t) * D + j];
+                        s[t] /= sqrt(D);
+                        mx = fmax(mx, s[t]);
+                    }
+                    for (int64_t t = 0; t < vis; t++) {
+                        all += exp(s[t] - mx);
+                        held += taken[t] ? exp(s[t] - mx) : 0;
+                    }
+                    recall[mi] += held / all / G;
+                }
+            }
+        }
+        if (fabs(recall[1] - recall[0]) > 1e-9) {
+            ck_assert_int_eq(st->bound, recall[1] > recall[0] ? 2 : 0);
+            decided++;
+        }
+    }
+    ck_assert_int_gt(decided, 0);
+    mkv_mosaic_head_free(&h);
+    head_data_free(&hd);
 }
 END_TEST
 
@@ -968,6 +1393,8 @@ START_TEST(bad_parameters_refused)
     expect_refused(m, "group", "3", NULL, "group");
     expect_refused(m, "energy", "0", NULL, "energy");
     expect_refused(m, "threshold", "2", NULL, "threshold");
+    expect_refused(m, "keydim", "0", NULL, "keydim");
+    expect_refused(m, "bound", "40", NULL, "larger than the 32 block-key channels");   /* keydim 0.5 of 64 */
     /* keep 0.1 of 64: r = 7, not a multiple of 4 */
     mkv_params p;
     mkv_params_init(&p, m->params);
@@ -995,6 +1422,8 @@ START_TEST(bad_parameters_refused)
     ck_assert_int_eq(mkv_params_set(&p, "keep", "1.5", &err), MKV_EUSAGE);
     ck_assert_int_eq(mkv_params_set(&p, "block", "0", &err), MKV_EUSAGE);
     ck_assert_int_eq(mkv_params_set(&p, "rotate", "maybe", &err), MKV_EUSAGE);
+    ck_assert_int_eq(mkv_params_set(&p, "ratio", "0.5", &err), MKV_EUSAGE);
+    ck_assert_int_eq(mkv_params_set(&p, "strategy", "greedy", &err), MKV_EUSAGE);
 }
 END_TEST
 
@@ -1032,9 +1461,12 @@ START_TEST(cdump_round_trip_counts_bytes)
     ck_assert_msg(m->compress(&p, &in, w, &err) == MKV_OK, "%s", err.msg);
     ck_assert_msg(mkv_cdump_commit(w, &err) == MKV_OK, "%s", err.msg);
 
-    /* the same head in memory, for the hand count and the comparison */
-    mkv_mosaic_config c = {.sink = 4, .recent = 16, .segment = 128, .block = 8, .dynamic = 1,
-                           .rotate = 1, .r = 16, .g = 1, .energy = 0.9, .threshold = 0.1, .pervector = 1};
+    /* the same head in memory, for the hand count and the comparison: the
+     * defaults (strategy ratio 3, block keys over 16 channels, 2 bounds)
+     * with the parameters set above */
+    mkv_mosaic_config c = {.sink = 4, .recent = 16, .segment = 128, .block = 8, .keydim = 16, .bound = 2,
+                           .dynamic = 1, .rotate = 1, .r = 8, .g = 1, .energy = 0.95, .threshold = 0.1,
+                           .ratio = 3, .pervector = 1, .attn = {.budget = 0.25, .agg_sum = 0}};
     mkv_mosaic_head h;
     ck_assert_int_eq(mkv_mosaic_compress(&c, &in, &h, &err), MKV_OK);
 
@@ -1042,6 +1474,7 @@ START_TEST(cdump_round_trip_counts_bytes)
     ck_assert_int_eq(mkv_cdump_open(path, &cd, &err), MKV_OK);
     ck_assert_uint_eq(mkv_cdump_meta_of(cd)->physical_bytes, hand_count(&h));
     ck_assert_uint_eq(mkv_cdump_meta_of(cd)->logical_bytes, 2 * 500 * 32 * 2);
+    ck_assert_uint_le(hand_count(&h) * 3, 2 * 500 * 32 * 2);
     void *state;
     ck_assert_msg(m->load(&p, cd, 0, 0, &state, &err) == MKV_OK, "%s", err.msg);
     float q[2 * 32], out1[2 * 32], out2[2 * 32];
@@ -1074,6 +1507,7 @@ static Suite *mosaic_suite(void)
     tcase_add_test(tc, dprime_by_energy_hand_count);
     tcase_add_test(tc, select_hand_made_vector);
     tcase_add_test(tc, encode_keeps_values_exactly);
+    tcase_add_test(tc, block_keys_hand_made);
     tcase_add_test(tc, popcount_is_r_for_every_vector);
     tcase_add_test(tc, segment_bytes_hand_count);
     suite_add_tcase(s, tc);
@@ -1085,9 +1519,14 @@ static Suite *mosaic_suite(void)
     tcase_add_test(tc, uniform2d_is_fixed_channel_truncation);
     suite_add_tcase(s, tc);
     tc = tcase_create("strategy");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, search_rank2_picks_cheapest);
-    tcase_add_test(tc, search_matches_enumeration);
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, search_energy_picks_cheapest);
+    tcase_add_test(tc, candidates_match_reference);
+    tcase_add_test(tc, pick_threshold_rule);
+    tcase_add_test(tc, allocate_matches_brute_force);
+    tcase_add_test(tc, recorded_loss_is_attention_error);
+    tcase_add_test(tc, ratio_rule_hits_target);
+    tcase_add_test(tc, bound_follows_recall);
     suite_add_tcase(s, tc);
     tc = tcase_create("method");
     tcase_add_test(tc, bad_parameters_refused);

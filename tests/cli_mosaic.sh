@@ -4,8 +4,9 @@
 # checked against its raw dump by tests/mosaic_ref.py (h5py/numpy: byte
 # accounting, table tiling, rotations, packed values, bitmaps, block keys,
 # losses); nothing dropped (keep=1, energy=1, budget=1) must give exact
-# attention to fp16 precision; bad parameters exit 2 with a message naming
-# them and leave no output.
+# attention to fp16 precision; strategy=ratio must land at its ratio (at
+# most 5% above); bad parameters exit 2 with a message naming them and
+# leave no output.
 #
 # Environment: top_builddir, top_srcdir (set by `make check`; default .),
 # PYTHON_H5PY (default /usr/bin/python3). Exit: 0 pass, 1 fail, 77 skip.
@@ -58,15 +59,26 @@ while read -r method params; do
     "$ATTEND" c.h5 --summary -q >sum.tsv || fail "mkv-attend on $method $params"
 done <<'CASES'
 mosaic
+mosaic strategy=dynamic
+mosaic strategy=dynamic threshold=0.3 bound=0 agg=sum
 mosaic strategy=fixed
 mosaic strategy=fixed group=2 keep=0.375 energy=0.8
 mosaic strategy=fixed rotate=off group=4
 mosaic rotate=off segment=300
-mosaic segment=256 block=16 threshold=0.3 sink=0 recent=0
+mosaic segment=256 block=16 ratio=2 sink=0 recent=0
+mosaic keydim=1 bound=4 ratio=4
 mosaic recent=2000
 uniform2d
-uniform2d keep=0.5 segment=500
+uniform2d keep=0.5 segment=500 keydim=0.25 bound=0
 CASES
+
+# the byte budget: logical / physical at or just above the ratio asked
+for want in 2 3 5; do
+    "$COMPRESS" raw.h5 -o r.h5 --method mosaic -p ratio=$want -q || fail "mkv-compress ratio=$want"
+    got=$("$ATTEND" r.h5 --summary -q | awk -F'\t' 'NR == 2 { print $4 }')
+    awk -v g="$got" -v w="$want" 'BEGIN { exit !(g != "" && g >= w && g <= 1.05 * w) }' ||
+        fail "ratio=$want: the file's ratio is $got"
+done
 
 # nothing dropped, every token attended: exact attention up to fp16
 "$COMPRESS" raw.h5 -o full.h5 --method mosaic -p strategy=fixed -p keep=1 -p energy=1 \
@@ -90,6 +102,10 @@ segment=4 smaller than block
 budget=5000 larger than the context
 group=3 group
 group=4,keep=0.2 does not divide r = 7
+bound=20 larger than the 16 block-key channels
+keydim=0 keydim
+ratio=0.5 ratio
+strategy=greedy strategy
 BAD
 
 if [ $failed -gt 0 ]; then

@@ -12,11 +12,15 @@ Reads both files with h5py only and checks, for every layer and KV head:
   - dense rows are the raw sink and recent rows rounded to fp16;
   - every stored rotation has orthonormal columns (to fp16 precision) whose
     Rayleigh quotients on the segment's Gram matrix are the leading
-    eigenvalues numpy finds, in descending order;
+    eigenvalues numpy finds, in descending order, max(d', keydim) of them
+    for keys and d' for values;
   - every bitmap keeps r / g groups; the packed values are the rotated
     elements x R at the bitmap's positions (to fp16 rounding), and no
     dropped group holds more energy than a kept one;
-  - block keys are the block means of the rotated keys over d' channels;
+  - block keys (k/blockdims gives keydim and bound per segment) are, per
+    block, the min and max of the first `bound` rotated key channels and
+    the means of the others up to keydim (raw channels, all d, no bound,
+    when unrotated);
   - the recorded energy loss is the one of the kept-only reconstruction.
 Exit 0 when everything holds, 1 with a message otherwise.
 """
@@ -62,6 +66,7 @@ def positions(bits, r, g, dprime, nbytes):
 
 
 def check_tensor(grp, x, X, sink_n, recent_n, block, T, d, where):
+    """block > 0: keys (block keys and k/blockdims)."""
     name = lambda a: "%s/%s" % (x, a)
     dense = grp[name("dense")][...] if name("dense") in grp else np.zeros((0, d))
     rows = np.r_[np.arange(sink_n), np.arange(T - recent_n, T)].astype(int)
@@ -71,32 +76,43 @@ def check_tensor(grp, x, X, sink_n, recent_n, block, T, d, where):
         return
     table = grp[name("strategy")][...]
     loss = grp[name("loss")][...]
+    if block:
+        bdims = grp["k/blockdims"][...]
+        if bdims.shape != (len(table), 2):
+            fail("%s: k/blockdims is %s, expected (%d, 2)" % (where, bdims.shape, len(table)))
+    else:
+        bdims = np.zeros((len(table), 2), int)
     flat = {a: (grp[name(a)][...] if name(a) in grp else np.zeros(0))
             for a in ("values", "bitmap", "blockkeys", "rotation")}
     off = dict.fromkeys(flat, 0)
     nxt = first
-    for row, ls in zip(table, loss):
+    for row, ls, bd in zip(table, loss, bdims):
         start, length, rot, r, g, dp, perv = (int(v) for v in row)
+        kd, bound = int(bd[0]), int(bd[1])
         w = "%s %s segment at %d" % (where, x, start)
         if start != nxt or length < 1:
             fail(w + ": segments do not tile the compressed tokens")
         nxt = start + length
         nbytes = (dp // g + 7) // 8 if perv and r < dp else 0
         Xs = X[start:start + length].astype(np.float64)
-        R = np.eye(d)[:, :dp]
+        if block and not (1 <= kd <= d and 0 <= bound <= kd and (rot or (kd == d and bound == 0))):
+            fail(w + ": block keys of %d channels with %d bounds" % (kd, bound))
+        cols = max(dp, kd) if block else dp
+        R = np.eye(d)
         if rot:
-            R = flat["rotation"][off["rotation"]:off["rotation"] + d * dp].astype(np.float64).reshape(d, dp)
-            off["rotation"] += d * dp
-            near(R.T @ R, np.eye(dp), 0, w + " R^T R", atol=2e-3)
+            R = flat["rotation"][off["rotation"]:off["rotation"] + d * cols].astype(np.float64).reshape(d, cols)
+            off["rotation"] += d * cols
+            near(R.T @ R, np.eye(cols), 0, w + " R^T R", atol=2e-3)
             C = Xs.T @ Xs
-            ev = np.linalg.eigvalsh(C)[::-1][:dp]
+            ev = np.linalg.eigvalsh(C)[::-1][:cols]
             rq = np.einsum("ic,ij,jc->c", R, C, R)
             if (np.diff(rq) > 1e-2 * ev[0]).any():
                 fail(w + ": rotation columns are not sorted by eigenvalue")
             near(rq, ev, 1e-2 * ev[0] / np.maximum(ev, 1e-300), w + " eigenvalues")
         elif dp != d:
             fail(w + ": unrotated segment with d' != d")
-        Xt = Xs @ R
+        Xfull = Xs @ R
+        Xt = Xfull[:, :dp]
         vals = flat["values"][off["values"]:off["values"] + length * r].reshape(length, r)
         bm = flat["bitmap"][off["bitmap"]:off["bitmap"] + length * nbytes].reshape(length, nbytes)
         off["values"] += length * r
@@ -112,15 +128,21 @@ def check_tensor(grp, x, X, sink_n, recent_n, block, T, d, where):
                     fail(w + ": token %d drops a group with more energy than a kept one" % (start + t))
         if block:
             nb = -(-length // block)
-            keys = flat["blockkeys"][off["blockkeys"]:off["blockkeys"] + nb * dp].reshape(nb, dp)
-            off["blockkeys"] += nb * dp
-            means = np.array([Xt[b * block:(b + 1) * block].mean(0) for b in range(nb)])
-            near(keys, means, F16_REL, w + " block keys")
+            wd = kd + bound
+            keys = flat["blockkeys"][off["blockkeys"]:off["blockkeys"] + nb * wd].reshape(nb, wd)
+            off["blockkeys"] += nb * wd
+            rows = []
+            for b in range(nb):
+                blk = Xfull[b * block:(b + 1) * block, :kd]
+                rows.append(np.r_[blk[:, :bound].min(0), blk[:, :bound].max(0), blk[:, bound:].mean(0)])
+            near(keys, np.array(rows), F16_REL, w + " block keys")
         # energy dropped: R is orthonormal to fp16 precision, so the energy
         # of all rotated channels is that of X
         drop = 1 - (vals.astype(np.float64) ** 2).sum() / max((Xs ** 2).sum(), 1e-300)
         if abs(drop - ls[0]) > 2e-3 + 2e-2 * abs(ls[0]):
             fail(w + ": recorded energy loss %g, recomputed %g" % (ls[0], drop))
+        if not (np.isnan(ls[1]) or abs(ls[1]) <= 10):
+            fail(w + ": recorded output error %g is neither NaN nor a relative error" % ls[1])
     if nxt != last:
         fail("%s %s: segments end at %d, not %d" % (where, x, nxt, last))
     for a, n in off.items():

@@ -1,11 +1,10 @@
 /* Attention benchmark on synthetic caches (mkv_bench_attention, declared in
  * mkv_cuda.h).  Each method is a bench_method: dense decode attention (the
  * default build and, on request, the other build of its kernel) and the
- * Quest-style kernel per token budget.  The packed MosaicKV kernel plugs in
- * the same way: a subclass that builds its compressed copy of each buffer
- * set in setup(), queues one decode step in run() (recording `mid` between
- * its scoring and attention stages), and counts its bytes; add it in
- * methods_for().
+ * Quest-style kernel per token budget, and the packed MosaicKV kernel per
+ * budget (a whole step, and its scoring + selection alone: the scoring
+ * stage's share), over synthetic packed caches built on the device once
+ * per configuration.
  *
  * Timing: for each method, `warmup` steps, then `runs` steps each between
  * two events, all queued behind a spin kernel so that the GPU runs them
@@ -17,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "attn_core.cuh"
+#include "attn_packed.cuh"
 
 namespace {
 
@@ -83,6 +82,12 @@ struct bench_case {
     uint64_t set_bytes = 0;      /* K + V of one set */
     std::vector<uint16_t *> meta; /* Quest page metadata of each set (same for every budget) */
     uint64_t meta_bytes = 0;     /* of one set */
+    /* Packed MosaicKV caches (their own number of sets: they are smaller). */
+    struct packed_holder {
+        mkv_packed_cache *c = nullptr;
+        ~packed_holder() { mkv_cuda_packed_free(c); }
+    };
+    std::vector<std::unique_ptr<packed_holder>> packed;
 
     int alloc(void **p, size_t bytes, mkv_error *err)
     {
@@ -210,6 +215,240 @@ public:
         return bytes;
     }
     uint64_t cache_bytes(const bench_case &c) const override { return c.set_bytes + c.meta_bytes; }
+};
+
+/* ------------------------------------------------- packed MosaicKV caches */
+
+/* Random packed records: every token keeps exactly rk (rv) of dk (dv)
+ * channels, chosen uniformly; values standard normal. */
+__global__ void fill_records(uint8_t *rec, int64_t n_rec, mkv_packed_seg g, int B, uint64_t seed)
+{
+    const int64_t n = n_rec * B;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        uint8_t *r = rec + (i / B) * g.rec_bytes;
+        const int row = (int)(i % B);
+        uint64_t h = mix64(seed ^ (uint64_t)i * 0x9e3779b97f4a7c15ull);
+        for (int t = 0; t < 2; t++) {
+            const int dch = t == 0 ? g.dk : g.dv, keep = t == 0 ? g.rk : g.rv, nw = dch / 32;
+            uint16_t *vals = reinterpret_cast<uint16_t *>(r + (t == 0 ? 0 : g.vval_off)) + row * keep;
+            uint32_t *mask = reinterpret_cast<uint32_t *>(r + (t == 0 ? g.kmask_off : g.vmask_off)) + row * nw;
+            uint32_t m[4] = {0, 0, 0, 0};
+            for (int got = 0; got < keep;) {
+                h = mix64(h + 0x632be59bd9b4e019ull);
+                const int bit = (int)((h >> 32) % (uint64_t)dch);
+                const uint32_t b = 1u << (bit & 31);
+#pragma unroll
+                for (int w = 0; w < 4; w++)
+                    if (w == bit >> 5 && !(m[w] & b)) {
+                        m[w] |= b;
+                        got++;
+                    }
+            }
+            for (int w = 0; w < nw; w++)
+                mask[w] = w == 0 ? m[0] : w == 1 ? m[1] : w == 2 ? m[2] : m[3];
+            for (int e = 0; e < keep; e++)
+                vals[e] = __half_as_ushort(__float2half_rn(normal_at(seed + 17 + t, (size_t)i * 256 + e)));
+        }
+    }
+}
+
+__global__ void fill_16_scaled(uint16_t *dst, size_t n, uint64_t seed, float scale)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = __half_as_ushort(__float2half_rn(scale * normal_at(seed, i)));
+}
+
+static int32_t align16(int64_t x) { return (int32_t)((x + 15) / 16 * 16); }
+
+/* The strategy every segment of the synthetic caches uses (both tensors). */
+static void packed_geometry(const mkv_bench_opts *o, mkv_packed_seg *g)
+{
+    memset(g, 0, sizeof *g);
+    const int d = o->head_dim, B = o->block;
+    int dp = o->dprime < 32 ? 32 : o->dprime > d ? d : o->dprime;
+    dp = dp / 32 * 32;
+    int r = (int)ceil(o->keep * d - 1e-9);
+    r = r < 1 ? 1 : r > dp ? dp : r;
+    g->dk = g->dv = g->dpk = g->dpv = dp;
+    g->rk = g->rv = r;
+    g->gk = g->gv = 1;
+    g->pvk = g->pvv = r < dp;
+    g->kdim = g->bk_width = dp;   /* block keys: the mean over the d' channels (DESIGN.md 5.1) */
+    g->kbound = 0;
+    g->kmask_off = align16((int64_t)B * r * 2);
+    g->vval_off = g->kmask_off + align16((int64_t)B * (dp / 32) * 4);
+    g->vmask_off = g->vval_off + align16((int64_t)B * r * 2);
+    g->rec_bytes = g->vmask_off + align16((int64_t)B * (dp / 32) * 4);
+}
+
+/* One synthetic packed cache per (request, KV head) of the case: sink and
+ * recent tokens dense, the rest in segments of o->segment tokens, each with
+ * its own random rotations. */
+static int build_packed(bench_case &c, const mkv_bench_opts *o, uint64_t seed, cudaStream_t st, mkv_packed_cache **out,
+                        mkv_error *err)
+{
+    const mkv_attn_shape &s = c.shape;
+    const int D = s.head_dim, B = o->block, n_heads = s.batch * s.n_kv_heads;
+    const int64_t T = s.t_max, S = o->segment;
+    mkv_packed_seg g;
+    packed_geometry(o, &g);
+    const int64_t sink = o->sink < T ? o->sink : T;
+    const int64_t recent = o->recent < T - sink ? o->recent : T - sink;
+    std::vector<mkv_packed_head> heads((size_t)n_heads);
+    std::vector<mkv_packed_seg> segs;
+    int64_t rec_off = 0, bk_off = 0, rot_off = 0;
+    for (int h = 0; h < n_heads; h++) {
+        mkv_packed_head &hd = heads[(size_t)h];
+        memset(&hd, 0, sizeof hd);
+        hd.T = T;
+        hd.dense_row = (int64_t)h * (sink + recent);
+        hd.sink_n = (int32_t)sink;
+        hd.recent_n = (int32_t)recent;
+        hd.first_seg = (int32_t)segs.size();
+        int32_t blocks = 0;
+        for (int64_t t = sink; t < T - recent; t += S) {
+            mkv_packed_seg sg = g;
+            sg.start = t;
+            sg.len = T - recent - t < S ? T - recent - t : S;
+            sg.n_blocks = (int32_t)((sg.len + B - 1) / B);
+            sg.first_block = blocks;
+            sg.rec_off = rec_off;
+            sg.bk_off = bk_off;
+            sg.rk_off = rot_off;
+            sg.rv_off = rot_off + (int64_t)D * g.dk;
+            rec_off += (int64_t)sg.n_blocks * g.rec_bytes;
+            bk_off += (int64_t)sg.n_blocks * g.bk_width;
+            rot_off += (int64_t)D * (g.dk + g.dv);
+            blocks += sg.n_blocks;
+            segs.push_back(sg);
+        }
+        hd.n_seg = (int32_t)segs.size() - hd.first_seg;
+        hd.n_blocks = blocks;
+    }
+    mkv_packed_layout l = {};
+    l.head_dim = D;
+    l.block = B;
+    l.n_heads = n_heads;
+    l.heads = heads.data();
+    l.n_segs = (int64_t)segs.size();
+    l.segs = segs.data();
+    l.record_bytes = (size_t)rec_off;
+    l.n_blockkeys = (size_t)bk_off;
+    l.n_rotations = (size_t)rot_off;
+    l.n_dense_rows = (int64_t)n_heads * (sink + recent);
+    int rc = mkv_cuda_packed_upload(&l, out, err);   /* pools NULL: allocated only */
+    if (rc != MKV_OK)
+        return rc;
+    mkv_packed_pools p;
+    if ((rc = mkv_cuda_packed_pools(*out, &p, err)) != MKV_OK)
+        return rc;
+    const int64_t n_rec = rec_off / g.rec_bytes;
+    fill_records<<<fill_blocks((size_t)(n_rec * B)), 256, 0, st>>>((uint8_t *)p.records, n_rec, g, B, seed);
+    fill_16_scaled<<<fill_blocks((size_t)bk_off), 256, 0, st>>>(p.blockkeys, (size_t)bk_off, seed + 3, 0.35f);
+    fill_16_scaled<<<fill_blocks((size_t)rot_off), 256, 0, st>>>(p.rotations, (size_t)rot_off, seed + 4,
+                                                                  (float)(1.0 / sqrt((double)D)));
+    const size_t dn = (size_t)l.n_dense_rows * D;
+    fill_16_scaled<<<fill_blocks(dn), 256, 0, st>>>(p.dense_k, dn, seed + 5, 1.f);
+    fill_16_scaled<<<fill_blocks(dn), 256, 0, st>>>(p.dense_v, dn, seed + 6, 1.f);
+    MKV_CUDA_CHECK_LAUNCH();
+    MKV_CUDA_CHECK(cudaStreamSynchronize(st));
+    return MKV_OK;
+}
+
+class packed_method : public bench_method {
+    const mkv_bench_opts *o_;
+    double budget_;
+    bool select_only_;
+    std::vector<mkv_packed_plan *> plans_;   /* one per packed set */
+    int step_ = 0;
+
+public:
+    packed_method(const mkv_bench_opts *o, double budget, bool select_only)
+        : o_(o), budget_(budget), select_only_(select_only) {}
+    ~packed_method() override
+    {
+        for (mkv_packed_plan *p : plans_)
+            mkv_cuda_packed_plan_free(p);
+    }
+    const char *impl() const override { return select_only_ ? "packed-select" : "packed"; }
+    const char *backend() const override { return "mkv"; }
+    double budget() const override { return budget_; }
+    int setup(bench_case &c, mkv_error *err) override
+    {
+        const mkv_attn_shape &s = c.shape;
+        int rc;
+        if (c.packed.empty()) {   /* the caches depend on the configuration only: built once per case */
+            int dev = 0, l2 = 0;
+            MKV_CUDA_CHECK(cudaGetDevice(&dev));
+            MKV_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+            mkv_packed_seg g;
+            packed_geometry(o_, &g);
+            const uint64_t per_token = (uint64_t)g.rec_bytes / o_->block + 2ull * g.bk_width / o_->block;
+            const uint64_t set = per_token * (uint64_t)s.t_max * s.batch * s.n_kv_heads;
+            uint64_t n = set > 0 ? (4ull * (uint64_t)l2 + set - 1) / set : 1;
+            n = n < 1 ? 1 : n > 8 ? 8 : n;
+            for (uint64_t i = 0; i < n; i++) {
+                std::unique_ptr<bench_case::packed_holder> h(new (std::nothrow) bench_case::packed_holder);
+                if (!h)
+                    return mkv_fail(err, MKV_ENOMEM, "benchmark: out of host memory");
+                if ((rc = build_packed(c, o_, o_->seed * 7777u + (uint64_t)s.t_max * 13u + i * 101u, NULL, &h->c,
+                                       err)) != MKV_OK)
+                    return rc;
+                c.packed.push_back(std::move(h));
+            }
+        }
+        std::vector<int32_t> heads((size_t)s.batch * s.n_kv_heads);
+        for (size_t i = 0; i < heads.size(); i++)
+            heads[i] = (int32_t)i;
+        std::vector<int64_t> pos((size_t)s.batch, s.t_max - 1);
+        mkv_packed_params pp = {};
+        pp.batch = s.batch;
+        pp.n_kv_heads = s.n_kv_heads;
+        pp.n_heads = s.n_heads;
+        pp.budget = budget_;
+        for (auto &h : c.packed) {
+            mkv_packed_plan *p = nullptr;
+            if ((rc = mkv_cuda_packed_plan(h->c, &pp, heads.data(), pos.data(), &p, err)) != MKV_OK)
+                return rc;
+            plans_.push_back(p);
+        }
+        return MKV_OK;
+    }
+    int run(bench_case &c, int set, cudaStream_t st, cudaEvent_t mid, mkv_error *err) override
+    {
+        const mkv_packed_plan *p = plans_[(size_t)(step_++ % (int)plans_.size())];
+        MKV_CUDA_CHECK(cudaEventRecord(mid, st));
+        if (select_only_)
+            return mkv_cuda_packed_select(p, c.q[(size_t)set], st, err);
+        return mkv_cuda_packed_run(p, c.q[(size_t)set], c.out, st, err);
+    }
+    /* What the kernels read of the cache (mkv_packed_counts.device_bytes:
+     * block keys and key scratch, R_k, records of the attended blocks, R_v
+     * per part, dense rows, q); the selection stage alone: its share. */
+    uint64_t bytes_read(const bench_case &c) const override
+    {
+        const mkv_attn_shape &s = c.shape;
+        mkv_error err = {};
+        uint64_t bytes = 0;
+        mkv_packed_seg g;
+        packed_geometry(o_, &g);
+        for (int b = 0; b < s.batch; b++)
+            for (int h = 0; h < s.n_kv_heads; h++) {
+                mkv_packed_counts ct;
+                if (mkv_cuda_packed_selection(plans_[0], b, h, NULL, NULL, &ct, &err) != MKV_OK)
+                    return 0;
+                if (!select_only_)
+                    bytes += ct.device_bytes;
+                else
+                    bytes += (uint64_t)ct.scored_blocks * (g.bk_width * 2 + 8) + (uint64_t)ct.segments * s.head_dim * g.dk * 2
+                        + (uint64_t)ct.dense_tokens * s.head_dim * 4 + (uint64_t)s.n_heads / s.n_kv_heads * s.head_dim * 4;
+            }
+        return bytes;
+    }
+    uint64_t cache_bytes(const bench_case &c) const override
+    {
+        return c.packed.empty() ? 0 : mkv_cuda_packed_bytes(c.packed[0]->c);
+    }
 };
 
 /* ---------------------------------------------------------------- timing */
@@ -381,6 +620,11 @@ static std::vector<std::unique_ptr<bench_method>> methods_for(const mkv_bench_op
             qp.budget = o->budgets[i];
             ms.emplace_back(new quest_method(qp));
         }
+    if (o->methods & MKV_BENCH_PACKED)
+        for (int i = 0; i < o->n_budgets; i++) {
+            ms.emplace_back(new packed_method(o, o->budgets[i], false));
+            ms.emplace_back(new packed_method(o, o->budgets[i], true));
+        }
     return ms;
 }
 
@@ -401,6 +645,13 @@ static int check_opts(const mkv_bench_opts *o, mkv_error *err)
     for (int i = 0; i < o->n_batches; i++)
         if (o->batches[i] < 1 || o->batches[i] > 4096)
             return mkv_fail(err, MKV_EUSAGE, "benchmark: batch %d out of range 1..4096", o->batches[i]);
+    if ((o->methods & MKV_BENCH_PACKED)
+        && (!(o->keep > 0 && o->keep <= 1) || o->dprime < 1 || o->dprime > o->head_dim || o->block < 1
+            || o->block > 16 || (o->block & (o->block - 1)) || o->segment < o->block || o->sink < 0 || o->recent < 0))
+        return mkv_fail(err, MKV_EUSAGE,
+                        "benchmark: packed caches: keep %g in (0, 1], d' %d in 1..head_dim, block %d a power of two "
+                        "up to 16, segment %d >= block",
+                        o->keep, o->dprime, o->block, o->segment);
     return MKV_OK;
 }
 

@@ -160,10 +160,199 @@ int mkv_cuda_quest_attend(const mkv_quest_plan *p, const float *q, const uint16_
 int mkv_cuda_quest_selection(const mkv_quest_plan *p, int32_t *pages, int32_t *counts, int64_t *tokens,
                              mkv_error *err);
 
+/* ------------------------------------------ packed MosaicKV attention (GPU)
+ * DESIGN.md 5.2 over the packed format of lib/method_mosaic.c, computing
+ * what mkv_mosaic_attend computes (rules 1-4 of that file's top comment)
+ * in float32 instead of double: the same budget, block scores and
+ * selection (ties to the earlier block), attention over the kept elements
+ * only, values accumulated in each segment's rotated space and rotated
+ * back once per segment, flash-decoding split over the segments and
+ * merged with the dense sink and recent tokens.
+ *
+ * GPU layout (lib/gpu_packed.c converts loaded heads into it, "conversion
+ * happens at load, in one place"; the benchmark synthesises it).  A cache
+ * holds heads.  A head holds its dense rows (its sink tokens, then its
+ * recent tokens: fp16 [rows][head_dim] in the dense pools) and a range of
+ * the segment table, segments in token order.  Per segment and tensor
+ * (K, V): dk (dv) rotated channels kept, d' padded with zero channels to a
+ * multiple of 32 (K: the rotated channels the values or the block keys
+ * use, whichever are more); rk (rv) values per vector; the rotation fp16
+ * [head_dim][dk] (as lib/mosaic.h stores it, zero columns past those);
+ * K block keys fp16 [n_blocks][bk_width], each row (lib/mosaic.h's)
+ * [min | max of the first kbound rotated channels | mean of channels
+ * kbound .. kdim-1], zero-padded to bk_width (a multiple of 8).  A block
+ * scores sum_c<kbound max(q~_c min_c, q~_c max_c) + sum q~_c mean_c, which
+ * is the dot product of the row with [min(q~,0) | max(q~,0) | q~]: the
+ * scoring stage computes it like attention scores.  Unrotated segments
+ * have dk = head_dim and no rotation.  Packed tokens are stored in records, one per block of B
+ * tokens (the segment's last block padded with zero tokens), each record
+ * rec_bytes long and 16-byte aligned, its four parts 16-byte aligned:
+ *   0           K values   fp16 [B][rk], ascending channel order
+ *   kmask_off   K bitmaps  uint32 [B][ceil(dpk/32)]: bit c%32 of word c/32
+ *                          set when channel c is kept
+ *   vval_off    V values   fp16 [B][rv]
+ *   vmask_off   V bitmaps  uint32 [B][dv/32]
+ * Bitmaps are per channel (the stored per-group bits of g > 1 expanded,
+ * the implicit first-r bitmaps written out), so a value's channel is found
+ * by popcount alone.  A segment flagged `always` is a temporary region
+ * (GPU-encoded tokens not yet final): it is attended whole, not scored, and
+ * its tokens count towards the budget like the sink and recent ones.
+ *
+ * A plan binds a cache to a batch: request b, KV head h reads cache head
+ * heads[b * n_kv_heads + h] (heads may be shared, e.g. many queries of one
+ * dump head) with a query at position pos[b] (tokens 0..pos[b]).  q and
+ * out are float [batch][n_heads][head_dim] as for dense attention.  Limits:
+ * head_dim 64 or 128, 1..8 query heads per KV head, B in {1, 2, 4, 8, 16};
+ * others MKV_EUNSUP with the reason.  Running a plan only queues kernels on
+ * the stream (score -> select -> attend -> merge; the later ones
+ * overlap their launch with the earlier ones through programmatic
+ * dependent launch unless MKV_NO_PDL is set). */
+typedef struct {
+    int64_t start, len;        /* tokens [start, start + len) */
+    int64_t rec_off;           /* byte offset of its first record in the record pool */
+    int64_t bk_off;            /* element offset of its first block key row */
+    int64_t rk_off, rv_off;    /* element offsets of R_k, R_v in the rotation pool; -1: not rotated */
+    int32_t first_block;       /* index of its first block among its head's blocks */
+    int32_t n_blocks;          /* ceil(len / B); a temporary region: its capacity */
+    int32_t dk, dv;            /* channels, multiples of 32, <= head_dim */
+    int32_t rk, rv;            /* values per vector, 1..dk (dv) */
+    int32_t rec_bytes;         /* bytes of one record */
+    int32_t kmask_off, vval_off, vmask_off;
+    int32_t always;            /* 1: temporary region */
+    /* The stored strategies (lib/mosaic.h), which a temporary region
+     * encodes new tokens with: d' before padding, group size, per-vector
+     * selection (0: the first r channels). */
+    int32_t dpk, dpv, gk, gv, pvk, pvv;
+    int32_t kdim, kbound;      /* block keys: channels, and the leading ones bounded (min, max) */
+    int32_t bk_width;          /* fp16 values per stored block-key row (>= kdim + kbound, multiple of 8) */
+    int32_t reserved;
+} mkv_packed_seg;
+
+typedef struct {
+    int64_t T;                 /* tokens of the cache as loaded (dense and segments) */
+    int64_t dense_row;         /* its first row in the dense pools */
+    int32_t sink_n, recent_n;  /* dense rows: tokens [0, sink_n), then [T - recent_n, T) */
+    int32_t first_seg, n_seg;  /* its rows of the segment table */
+    int32_t n_blocks;          /* blocks of all its segments */
+    int32_t reserved;
+} mkv_packed_head;
+
+/* Host copy of a cache: tables and pools.  Pool pointers may be NULL (the
+ * pool is then allocated and left for the caller to fill on the device,
+ * see mkv_cuda_packed_pools). */
+typedef struct {
+    int head_dim;              /* 64 or 128 */
+    int block;                 /* B */
+    int n_heads;
+    const mkv_packed_head *heads;
+    int64_t n_segs;
+    const mkv_packed_seg *segs;
+    size_t record_bytes;
+    const void *records;
+    size_t n_blockkeys;        /* fp16 elements */
+    const uint16_t *blockkeys;
+    size_t n_rotations;        /* fp16 elements */
+    const uint16_t *rotations;
+    int64_t n_dense_rows;
+    const uint16_t *dense_k, *dense_v;   /* fp16 [n_dense_rows][head_dim] */
+} mkv_packed_layout;
+
+typedef struct mkv_packed_cache mkv_packed_cache;
+typedef struct mkv_packed_plan mkv_packed_plan;
+
+/* Check the tables (offsets inside the pools, dims, segments in order and
+ * contiguous block numbering) and copy everything to the device. */
+int mkv_cuda_packed_upload(const mkv_packed_layout *l, mkv_packed_cache **out, mkv_error *err);
+void mkv_cuda_packed_free(mkv_packed_cache *c);
+/* Device pointers of the pools (for callers that fill them on the device). */
+typedef struct {
+    void *records;
+    uint16_t *blockkeys, *rotations, *dense_k, *dense_v;
+} mkv_packed_pools;
+int mkv_cuda_packed_pools(mkv_packed_cache *c, mkv_packed_pools *pools, mkv_error *err);
+/* Device bytes of the cache (pools and tables). */
+uint64_t mkv_cuda_packed_bytes(const mkv_packed_cache *c);
+
+typedef struct {
+    int batch, n_kv_heads, n_heads;
+    double scale;              /* score scale; 0 = 1/sqrt(head_dim) */
+    double budget;             /* <= 1: fraction of pos + 1; > 1: tokens (mkv_budget_tokens) */
+    int agg_sum;               /* block score over the group's heads: 0 max, 1 sum */
+} mkv_packed_params;
+
+int mkv_cuda_packed_plan(const mkv_packed_cache *c, const mkv_packed_params *pp, const int32_t *heads,
+                         const int64_t *pos, mkv_packed_plan **out, mkv_error *err);
+void mkv_cuda_packed_plan_free(mkv_packed_plan *p);
+/* Scoring and selection (and the dense tokens' partial): the first half
+ * of a step, alone for timing the scoring stage. */
+int mkv_cuda_packed_select(const mkv_packed_plan *p, const float *q, void *stream, mkv_error *err);
+/* Attention over the last selection, and the merge into out. */
+int mkv_cuda_packed_attend(const mkv_packed_plan *p, const float *q, float *out, void *stream, mkv_error *err);
+/* Both: one decode step. */
+int mkv_cuda_packed_run(const mkv_packed_plan *p, const float *q, float *out, void *stream, mkv_error *err);
+
+/* What the last step of (request, KV head) attended; synchronises.
+ * blocks (may be NULL): [n_blocks of its cache head] 1 for each block
+ * attended (selected or in a temporary region, and starting <= pos);
+ * attended (may be NULL): [end of its cache head's tokens] 1 for each token
+ * attended.  Counts (may be NULL): */
+typedef struct {
+    int64_t tokens;            /* tokens attended (dense, temporary, selected; <= pos) */
+    int64_t blocks;            /* packed blocks attended */
+    int64_t scored_blocks;     /* blocks scored (start <= pos, not temporary) */
+    int64_t segments;          /* segments starting <= pos */
+    int64_t segments_attended; /* of those, segments with an attended block */
+    int64_t dense_tokens;      /* dense rows attended */
+    uint64_t device_bytes;     /* bytes this request and KV head read from the cache on the device */
+} mkv_packed_counts;
+int mkv_cuda_packed_selection(const mkv_packed_plan *p, int request, int kv_head, uint8_t *blocks,
+                              uint8_t *attended, mkv_packed_counts *counts, mkv_error *err);
+
+/* ------------------------------------------------- GPU encode (kernels/encode.cu)
+ * The GPU half of the dual buffer (DESIGN.md 5.3): new tokens are packed
+ * at once with a segment's strategy and rotation. */
+typedef struct {
+    int rotate, r, g, dprime, pervector;   /* as mkv_mosaic_strategy (lib/mosaic.h) */
+} mkv_cuda_strategy;
+
+/* mkv_mosaic_encode (lib/mosaic.c) for n vectors X [n][d] (device, float32)
+ * with the rotation R (device, fp16 [d][d'] as stored; ignored without
+ * rotation), in lib/mosaic.h's format: values fp16 [n][r]; bitmap
+ * [n][bitmap bytes] (NULL when the strategy stores none); block keys fp16
+ * [ceil(n / block)][d'] when block > 0 and blockkeys is not NULL.  Rotated
+ * vectors, group energies and block means are computed in double like the
+ * CPU's, so the outputs are the CPU's bit for bit except where a double
+ * sum rounded differently lands on a float16 rounding boundary or an
+ * energy tie (see tests/check_gpu_packed.c).  d <= 128; d' a multiple of
+ * g. */
+int mkv_cuda_mosaic_encode(const mkv_cuda_strategy *s, int d, int64_t n, int block, const float *X,
+                           const uint16_t *R, uint16_t *values, uint8_t *bitmap, uint16_t *blockkeys,
+                           void *stream, mkv_error *err);
+
+/* Append n new tokens of cache head `head` (device float32 K and V rows
+ * [n][head_dim]) to its temporary region (its segment with `always` set,
+ * which carries the strategy and rotations it encodes with): the tokens
+ * become [start + len, start + len + n) of that segment.  MKV_EUSAGE when
+ * the head has no temporary region or its capacity is exceeded.  Plans
+ * made before an append do not see the new tokens: make a new plan. */
+int mkv_cuda_packed_append(mkv_packed_cache *c, int head, const float *k, const float *v, int64_t n,
+                           void *stream, mkv_error *err);
+
+/* ------------------------------------- segment rotations (cuSOLVER, batched)
+ * Eigenvectors and eigenvalues of `batch` symmetric d x d Gram matrices
+ * (host, row-major double, [batch][d][d]) on the GPU, with mkv_eigh's
+ * conventions (lib/eigen.h): eigenvalues descending, R [batch][d][d]
+ * row-major with eigenvector j in column j, the largest-magnitude
+ * component of each positive.  syevjBatched (Jacobi) for d <= 32, where
+ * cuSOLVER's batched Jacobi solver is limited to, else the batched
+ * cusolverDnXsyevBatched. */
+int mkv_cuda_rotations(const double *gram, int d, int batch, double *R, double *evals, mkv_error *err);
+
 /* ------------------------------------------------ attention benchmark (GPU)
  * Synthetic random caches of one attention shape (default LLaMA-3.1-8B: 32
  * query heads, 8 KV heads, head_dim 128, bf16) for every context x batch;
- * per configuration and method (dense, Quest at each budget) the median
+ * per configuration and method (dense, Quest at each budget, packed
+ * MosaicKV at each budget and its scoring stage alone) the median
  * kernel time of `runs` steps after `warmup` (CUDA events; the steps are
  * queued behind a spin kernel so host launch gaps stay out), inputs
  * rotated over enough buffer sets that L2 cannot serve them, bytes read,
@@ -175,7 +364,8 @@ int mkv_cuda_quest_selection(const mkv_quest_plan *p, int32_t *pages, int32_t *c
 enum {
     MKV_BENCH_DENSE = 1u,           /* dense decode attention */
     MKV_BENCH_DENSE_VARIANT = 2u,   /* also the other build of the dense kernel */
-    MKV_BENCH_QUEST = 4u            /* Quest-style selection + attention */
+    MKV_BENCH_QUEST = 4u,           /* Quest-style selection + attention */
+    MKV_BENCH_PACKED = 8u           /* packed MosaicKV: full step, and scoring + selection alone */
 };
 
 typedef struct {
@@ -191,6 +381,13 @@ typedef struct {
     uint64_t seed;
     double mem_fraction;                   /* of the free device memory the bench may take */
     unsigned methods;                      /* MKV_BENCH_* bits */
+    /* Packed MosaicKV caches (fixed strategy for every segment, K and V):
+     * r = ceil(keep x head_dim) values per vector among d' rotated
+     * channels, per-channel bitmaps, block keys per `block` tokens, one
+     * rotation pair per `segment` tokens, sink and recent tokens dense;
+     * budgets as for Quest. */
+    double keep;
+    int dprime, block, segment;
 } mkv_bench_opts;
 
 static inline void mkv_bench_opts_default(mkv_bench_opts *o)
@@ -220,7 +417,11 @@ static inline void mkv_bench_opts_default(mkv_bench_opts *o)
     o->recent = 64;
     o->seed = 20250101u;
     o->mem_fraction = 0.9;
-    o->methods = MKV_BENCH_DENSE | MKV_BENCH_QUEST;
+    o->methods = MKV_BENCH_DENSE | MKV_BENCH_QUEST | MKV_BENCH_PACKED;
+    o->keep = 0.25;
+    o->dprime = 64;
+    o->block = 8;
+    o->segment = 4096;
 }
 
 int mkv_bench_attention(const mkv_bench_opts *o, FILE *tsv, FILE *log, mkv_error *err);

@@ -7,11 +7,17 @@
  *   mkv-attend kv-quest.h5 --summary                    # one-row summary TSV only
  *   mkv-attend kv-quest.h5 --summary --budget 0.05 | tail -n 1
  *   for m in full quest mosaic; do mkv-attend kv-$m.h5 --summary | tail -n 1; done
+ *   mkv-attend kv-mosaic.h5 --device gpu --summary        # the GPU kernels (mosaic, uniform2d, quest, full)
+ *   mkv-attend --bench -o bench.tsv                        # GPU benchmark, synthetic LLaMA-3.1-8B caches
+ *   mkv-attend --bench --contexts 256K --batches 4 --budgets 0.1 --methods dense,quest,packed
  *
  * Work is split over (layer, KV head): the main thread reads a batch of
  * layers from the raw dump, workers load the method's state for one head,
  * answer every query with it and with exact attention, and fill their own
  * rows of the result table, so the output does not depend on --threads.
+ * On the GPU a worker answers all queries of its head in one call
+ * (lib/gpu_packed.c), one head on the GPU at a time; exact attention and
+ * the metrics stay on the CPU threads.
  */
 #include "config.h"
 
@@ -30,14 +36,19 @@
 
 #include "cdump.h"
 #include "cli.h"
+#include "gpu_packed.h"
 #include "dump.h"
 #include "log.h"
 #include "method.h"
 #include "metrics.h"
 #include "mkv.h"
+#include "mkv_cuda.h"
 #include "tensor.h"
 
-enum { OPT_REFERENCE = MKV_OPT_FIRST_TOOL, OPT_SUMMARY, OPT_BUDGET };
+enum {
+    OPT_REFERENCE = MKV_OPT_FIRST_TOOL, OPT_SUMMARY, OPT_BUDGET, OPT_BENCH, OPT_CONTEXTS, OPT_BATCHES,
+    OPT_BUDGETS, OPT_KEEP, OPT_DPRIME, OPT_SEGMENT, OPT_BLOCK, OPT_RUNS, OPT_WARMUP, OPT_METHODS, OPT_CHECK_CPU
+};
 
 static const struct option longopts[] = {
     MKV_COMMON_LONGOPTS,
@@ -45,12 +56,27 @@ static const struct option longopts[] = {
     {"reference", required_argument, NULL, 'r'},
     {"summary", no_argument, NULL, OPT_SUMMARY},
     {"budget", required_argument, NULL, OPT_BUDGET},
+    {"bench", no_argument, NULL, OPT_BENCH},
+    {"contexts", required_argument, NULL, OPT_CONTEXTS},
+    {"batches", required_argument, NULL, OPT_BATCHES},
+    {"budgets", required_argument, NULL, OPT_BUDGETS},
+    {"keep", required_argument, NULL, OPT_KEEP},
+    {"dprime", required_argument, NULL, OPT_DPRIME},
+    {"segment", required_argument, NULL, OPT_SEGMENT},
+    {"block", required_argument, NULL, OPT_BLOCK},
+    {"runs", required_argument, NULL, OPT_RUNS},
+    {"warmup", required_argument, NULL, OPT_WARMUP},
+    {"methods", required_argument, NULL, OPT_METHODS},
+    {"check-cpu", no_argument, NULL, OPT_CHECK_CPU},
     {NULL, 0, NULL, 0}};
 
 /* Leading ':' so a missing value is told apart from an unknown option. */
 #define SHORTOPTS ":" MKV_COMMON_SHORTOPTS "o:r:"
 
 #define ROW_HEADER "query\tpos\tlayer\thead\tkv_head\trel_l2\trecall\ttokens\tbytes_read"
+/* With --check-cpu: the CPU reference's token count and how far the output
+ * is from its output, ||o - o_cpu|| / ||o_cpu||. */
+#define CHECK_HEADER "\tcpu_tokens\tcpu_rel_diff"
 #define SUMMARY_HEADER                                                                       \
     "method\tparams\tdevice\tratio\tlogical_bytes\tphysical_bytes\trows\trel_l2_mean\t"      \
     "rel_l2_median\trel_l2_p90\trel_l2_max\trecall_mean\ttokens_mean\tbytes_read_mean\t"     \
@@ -59,7 +85,8 @@ static const struct option longopts[] = {
 static void usage(FILE *fp, int status)
 {
     fprintf(fp,
-            "Usage: %s COMPRESSED [--reference RAW] [-o OUT.tsv] [--summary] [options]\n\n"
+            "Usage: %s COMPRESSED [--reference RAW] [-o OUT.tsv] [--summary] [options]\n"
+            "       %s --bench [-o BENCH.tsv] [benchmark options]\n\n"
             "Answer every query of the dump with the compressed cache COMPRESSED (made by\n"
             "mkv-compress) and with exact attention over the raw dump RAW, and report the\n"
             "fidelity per query x layer x query head as TSV:\n"
@@ -74,10 +101,30 @@ static void usage(FILE *fp, int status)
             "  -o, --output FILE    write the table to FILE instead of stdout\n"
             "      --summary        write only the summary TSV (to stdout or FILE)\n"
             "      --budget X       override the method's token budget per step: a fraction\n"
-            "                       of the context when <= 1, a count of tokens above 1\n\n",
-            mkv_progname());
+            "                       of the context when <= 1, a count of tokens above 1\n"
+            "      --check-cpu      also answer with the CPU reference and add the columns\n"
+            "                       cpu_tokens and cpu_rel_diff (||o - o_cpu|| / ||o_cpu||)\n\n"
+            "--device gpu runs the GPU kernels (mosaic and uniform2d: packed attention;\n"
+            "quest: Quest-style selection; full: dense decode attention); auto (the\n"
+            "default) uses them when this build, the machine and the dump allow, else the\n"
+            "CPU reference (-v says why).  The summary's device column says which ran.\n\n"
+            "Benchmark (--bench, needs a GPU): synthetic caches of one attention shape for\n"
+            "every context x batch, per method the median kernel time over --runs steps,\n"
+            "bytes read, bandwidth against a device-to-device copy, cache bytes, peak\n"
+            "memory, as TSV (one row per configuration and method):\n"
+            "      --contexts LIST  tokens per request (default 32K,128K,256K,512K,1M)\n"
+            "      --batches LIST   requests per step (default 1,4,8)\n"
+            "      --budgets LIST   token budgets of quest and packed (default 0.0625,0.1,0.125,0.25)\n"
+            "      --methods LIST   of dense, dense-variant, quest, packed (default dense,quest,packed)\n"
+            "      --keep X         packed: fraction of head_dim kept per vector (default 0.25)\n"
+            "      --dprime N       packed: rotated channels d' (default 64)\n"
+            "      --segment N      packed: tokens per segment and rotation (default 4096)\n"
+            "      --block N        packed: tokens per block key (default 8)\n"
+            "      --runs N         timed steps per measurement (default 30)\n"
+            "      --warmup N       untimed steps first (default 5)\n"
+            "  The shape is LLaMA-3.1-8B's: 32 query heads, 8 KV heads, head_dim 128, bf16.\n\n",
+            mkv_progname(), mkv_progname());
     fputs(MKV_COMMON_USAGE, fp);
-    fprintf(fp, "\nOnly the CPU path exists in this build: --device gpu is refused.\n");
     exit(status);
 }
 
@@ -115,16 +162,76 @@ typedef struct {
     const char *output;
     const char *budget;
     int summary_only;
+    int check_cpu;
+    int bench;
+    mkv_bench_opts bo;
+    int bench_opt_seen;         /* a benchmark option was given (refused without --bench) */
     mkv_common_opts common;
 } attend_args;
+
+/* "32K,1M" etc. into out (at most MKV_BENCH_MAX_LIST); exits 2 on a bad list. */
+static int parse_list(const char *arg, const char *name, int is_size, double lo, double hi, double *out)
+{
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", arg);
+    int n = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (n == MKV_BENCH_MAX_LIST) {
+            mkv_usage_error("invalid value '%s' for --%s: at most %d entries", arg, name, MKV_BENCH_MAX_LIST);
+            exit(2);
+        }
+        if (is_size) {
+            int64_t v;
+            if (mkv_parse_size(tok, name, (int64_t)lo, (int64_t)hi, &v))
+                exit(2);
+            out[n++] = (double)v;
+        } else if (mkv_parse_double(tok, name, lo, hi, &out[n++])) {
+            exit(2);
+        }
+    }
+    if (n == 0) {
+        mkv_usage_error("invalid value '%s' for --%s: empty list", arg, name);
+        exit(2);
+    }
+    return n;
+}
+
+static unsigned parse_methods(const char *arg)
+{
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", arg);
+    unsigned m = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (!strcmp(tok, "dense"))
+            m |= MKV_BENCH_DENSE;
+        else if (!strcmp(tok, "dense-variant"))
+            m |= MKV_BENCH_DENSE_VARIANT;
+        else if (!strcmp(tok, "quest"))
+            m |= MKV_BENCH_QUEST;
+        else if (!strcmp(tok, "packed"))
+            m |= MKV_BENCH_PACKED;
+        else {
+            mkv_usage_error("invalid value '%s' for --methods: '%s' is not dense, dense-variant, quest or packed",
+                            arg, tok);
+            exit(2);
+        }
+    }
+    if (!m) {
+        mkv_usage_error("invalid value '%s' for --methods: empty list", arg);
+        exit(2);
+    }
+    return m;
+}
 
 static void parse_args(int argc, char **argv, attend_args *a)
 {
     memset(a, 0, sizeof *a);
     mkv_common_init(&a->common);
+    mkv_bench_opts_default(&a->bo);
     opterr = 0;   /* bad_option prints the one-line message */
     int opt;
-    double budget;
+    double budget, list[MKV_BENCH_MAX_LIST];
+    long v;
     while ((opt = getopt_long(argc, argv, SHORTOPTS, longopts, NULL)) != -1) {
         switch (opt) {
         case 'h':
@@ -157,6 +264,52 @@ static void parse_args(int argc, char **argv, attend_args *a)
             }
             a->budget = optarg;
             break;
+        case OPT_BENCH:
+            a->bench = 1;
+            break;
+        case OPT_CHECK_CPU:
+            a->check_cpu = 1;
+            break;
+        case OPT_CONTEXTS:
+            a->bo.n_contexts = parse_list(optarg, "contexts", 1, 1, INT32_MAX, list);
+            for (int i = 0; i < a->bo.n_contexts; i++)
+                a->bo.contexts[i] = (int64_t)list[i];
+            a->bench_opt_seen = 1;
+            break;
+        case OPT_BATCHES:
+            a->bo.n_batches = parse_list(optarg, "batches", 1, 1, 4096, list);
+            for (int i = 0; i < a->bo.n_batches; i++)
+                a->bo.batches[i] = (int)list[i];
+            a->bench_opt_seen = 1;
+            break;
+        case OPT_BUDGETS:
+            a->bo.n_budgets = parse_list(optarg, "budgets", 0, 1e-9, 1e15, a->bo.budgets);
+            a->bench_opt_seen = 1;
+            break;
+        case OPT_KEEP:
+            if (mkv_parse_double(optarg, "keep", 1e-9, 1, &a->bo.keep))
+                exit(2);
+            a->bench_opt_seen = 1;
+            break;
+        case OPT_DPRIME:
+        case OPT_SEGMENT:
+        case OPT_BLOCK:
+        case OPT_RUNS:
+        case OPT_WARMUP: {
+            static const char *names[] = {"dprime", "segment", "block", "runs", "warmup"};
+            static const long lo[] = {1, 1, 1, 1, 0}, hi[] = {128, 1 << 30, 16, 10000, 10000};
+            int i = opt - OPT_DPRIME;
+            if (mkv_parse_int(optarg, names[i], lo[i], hi[i], &v))
+                exit(2);
+            int *dst[] = {&a->bo.dprime, &a->bo.segment, &a->bo.block, &a->bo.runs, &a->bo.warmup};
+            *dst[i] = (int)v;
+            a->bench_opt_seen = 1;
+            break;
+        }
+        case OPT_METHODS:
+            a->bo.methods = parse_methods(optarg);
+            a->bench_opt_seen = 1;
+            break;
         default: {
             int handled = mkv_common_option(&a->common, opt, optarg);
             if (handled < 0)
@@ -166,6 +319,19 @@ static void parse_args(int argc, char **argv, attend_args *a)
         }
         }
     }
+    if (a->bench) {
+        if (optind < argc) {
+            char what[300];
+            snprintf(what, sizeof what, "--bench takes no operand ('%s')", argv[optind]);
+            misuse(what);
+        }
+        if (a->common.device == MKV_DEVICE_CPU)
+            misuse("--bench runs on the GPU: --device cpu does not apply");
+        return;
+    }
+    if (a->bench_opt_seen)
+        misuse("benchmark options (--contexts, --batches, --budgets, --methods, --keep, --dprime, --segment, "
+               "--block, --runs, --warmup) need --bench");
     if (optind >= argc)
         misuse("missing COMPRESSED (a dump made by mkv-compress)");
     if (argc - optind > 1) {
@@ -174,10 +340,6 @@ static void parse_args(int argc, char **argv, attend_args *a)
         misuse(what);
     }
     a->compressed = argv[optind];
-    if (a->common.device == MKV_DEVICE_GPU) {
-        mkv_usage_error("--device gpu: GPU attention is not available in this build yet (use --device cpu or auto)");
-        exit(1);
-    }
 }
 
 /* ------------------------------------------------------------ setup */
@@ -192,6 +354,9 @@ typedef struct {
     const mkv_cdump_meta *cm;
     const mkv_dump_meta *m;     /* of the raw dump */
     int32_t *query_pos;         /* [W] */
+    int gpu;                    /* answer with the GPU kernels */
+    int check_cpu;              /* and with the CPU reference, compared */
+    pthread_mutex_t gpu_mu;     /* one head on the GPU at a time */
 } session;
 
 /* Rebuild the parameters the file records (every one, in canonical form). */
@@ -328,6 +493,8 @@ typedef struct {
     double rel_l2, recall;
     int64_t tokens;
     uint64_t bytes_read;
+    int64_t cpu_tokens;
+    double cpu_diff;
 } row;
 
 /* A batch of layers read from the raw dump, and the (layer, KV head) tasks
@@ -359,16 +526,48 @@ static int attend_head(const batch *b, int slot, int h, mkv_error *err)
     const float *q = b->q + (size_t)slot * (size_t)m->n_heads * (size_t)W * (size_t)d;
 
     void *state = NULL;
-    int rc = s->method->load(&s->params, s->c, layer, h, &state, err);
+    int rc = s->gpu && !s->check_cpu ? MKV_OK : s->method->load(&s->params, s->c, layer, h, &state, err);
     if (rc)
         return rc;
-    float *qbuf = malloc(sizeof(float) * (size_t)G * (size_t)d);
-    float *out = malloc(sizeof(float) * (size_t)G * (size_t)d);
-    float *exact = malloc(sizeof(float) * (size_t)G * (size_t)d);
+    const size_t gd = (size_t)G * (size_t)d;
+    float *qbuf = malloc(sizeof(float) * gd);
+    float *out = malloc(sizeof(float) * gd);
+    float *exact = malloc(sizeof(float) * gd);
     double *probs = malloc(sizeof(double) * (size_t)G * (size_t)T);
     uint8_t *attended = malloc((size_t)T);
-    if (!qbuf || !out || !exact || !probs || !attended)
+    /* GPU: every query of the head at once */
+    float *gq = NULL, *gout = NULL, *cout = malloc(sizeof(float) * gd);
+    uint8_t *gatt = NULL, *catt = malloc((size_t)T);
+    uint64_t *gbytes = NULL;
+    int64_t *gpos = NULL;
+    if (!qbuf || !out || !exact || !probs || !attended || !cout || !catt)
         rc = mkv_fail(err, MKV_ENOMEM, "out of memory");
+    if (!rc && s->gpu) {
+        gq = malloc(sizeof(float) * gd * (size_t)W);
+        gout = malloc(sizeof(float) * gd * (size_t)W);
+        gatt = calloc((size_t)W * (size_t)T, 1);
+        gbytes = calloc((size_t)W, sizeof *gbytes);
+        gpos = malloc(sizeof(int64_t) * (size_t)W);
+        if (!gq || !gout || !gatt || !gbytes || !gpos)
+            rc = mkv_fail(err, MKV_ENOMEM, "out of memory");
+        for (int64_t w = 0; w < W && !rc; w++) {
+            gpos[w] = s->query_pos[w];
+            for (int g = 0; g < G; g++)
+                memcpy(gq + (size_t)w * gd + (size_t)g * (size_t)d,
+                       q + ((size_t)(h * G + g) * (size_t)W + (size_t)w) * (size_t)d, sizeof(float) * (size_t)d);
+        }
+        if (!rc) {
+            for (size_t i = 0; i < gd * (size_t)W; i++)
+                gout[i] = NAN;
+            mkv_gpu_queries gqs = {.G = G, .d = d, .T = T, .W = W, .q = gq, .pos = gpos};
+            mkv_gpu_answers ga = {.out = gout, .attended = gatt, .bytes_read = gbytes};
+            pthread_mutex_lock((pthread_mutex_t *)&s->gpu_mu);
+            rc = mkv_gpu_method_attend(s->method, &s->params, s->c, layer, h, &gqs, &ga, err);
+            pthread_mutex_unlock((pthread_mutex_t *)&s->gpu_mu);
+            if (rc)
+                mkv_error_prefix(err, "GPU");
+        }
+    }
     for (int64_t w = 0; w < W && !rc; w++) {
         int64_t pos = s->query_pos[w], n = pos + 1;
         for (int g = 0; g < G; g++)
@@ -377,12 +576,31 @@ static int attend_head(const batch *b, int slot, int h, mkv_error *err)
         mkv_attend_query aq = {.G = G, .d = d, .q = qbuf, .pos = pos, .scale = 1.0 / sqrt((double)d)};
         mkv_attend_exact(k, v, d, &aq, exact, probs);
         memset(attended, 0, (size_t)T);
-        for (size_t i = 0; i < (size_t)G * (size_t)d; i++)
+        for (size_t i = 0; i < gd; i++)
             out[i] = NAN;
         mkv_attend_result r = {.out = out, .attended = attended, .bytes_read = 0};
-        if ((rc = s->method->attend(state, &aq, &r, err))) {
+        int64_t cpu_tokens = 0;
+        if (s->gpu) {
+            memcpy(out, gout + (size_t)w * gd, sizeof(float) * gd);
+            memcpy(attended, gatt + (size_t)w * (size_t)T, (size_t)T);
+            r.bytes_read = gbytes[w];
+            if (s->check_cpu) {
+                memset(catt, 0, (size_t)T);
+                mkv_attend_result cr = {.out = cout, .attended = catt, .bytes_read = 0};
+                if ((rc = s->method->attend(state, &aq, &cr, err))) {
+                    mkv_error_prefix(err, "query %" PRId64 " (position %" PRId64 "), CPU check", w, pos);
+                    break;
+                }
+                for (int64_t t = 0; t < T; t++)
+                    cpu_tokens += catt[t] != 0;
+            }
+        } else if ((rc = s->method->attend(state, &aq, &r, err))) {
             mkv_error_prefix(err, "query %" PRId64 " (position %" PRId64 ")", w, pos);
             break;
+        } else if (s->check_cpu) {
+            memcpy(cout, out, sizeof(float) * gd);
+            for (int64_t t = 0; t < T; t++)
+                cpu_tokens += attended[t] != 0;
         }
         int64_t bad = mkv_find_nonfinite(out, (size_t)G * (size_t)d);
         if (bad >= 0) {
@@ -407,6 +625,8 @@ static int attend_head(const batch *b, int slot, int h, mkv_error *err)
             rw->recall = mkv_recall(probs + (size_t)g * (size_t)n, attended, n);
             rw->tokens = tokens;
             rw->bytes_read = r.bytes_read;
+            rw->cpu_tokens = cpu_tokens;
+            rw->cpu_diff = s->check_cpu ? mkv_rel_l2(out + (size_t)g * (size_t)d, cout + (size_t)g * (size_t)d, d) : 0;
         }
     }
     free(qbuf);
@@ -414,7 +634,15 @@ static int attend_head(const batch *b, int slot, int h, mkv_error *err)
     free(exact);
     free(probs);
     free(attended);
-    s->method->free_state(state);
+    free(gq);
+    free(gout);
+    free(cout);
+    free(catt);
+    free(gatt);
+    free(gbytes);
+    free(gpos);
+    if (state)
+        s->method->free_state(state);
     return rc;
 }
 
@@ -522,13 +750,16 @@ static void print_rows(FILE *fp, const session *s, const row *rows)
 {
     const mkv_dump_meta *m = s->m;
     int G = m->n_heads / m->n_kv_heads;
-    fputs(ROW_HEADER "\n", fp);
+    fputs(s->check_cpu ? ROW_HEADER CHECK_HEADER "\n" : ROW_HEADER "\n", fp);
     for (int64_t w = 0; w < m->n_queries; w++)
         for (int l = 0; l < m->n_layers; l++)
             for (int h = 0; h < m->n_heads; h++) {
                 const row *r = &rows[((size_t)w * (size_t)m->n_layers + (size_t)l) * (size_t)m->n_heads + (size_t)h];
-                fprintf(fp, "%" PRId64 "\t%d\t%d\t%d\t%d\t%.6g\t%.6f\t%" PRId64 "\t%" PRIu64 "\n", w,
+                fprintf(fp, "%" PRId64 "\t%d\t%d\t%d\t%d\t%.6g\t%.6f\t%" PRId64 "\t%" PRIu64, w,
                         s->query_pos[w], l, h, h / G, r->rel_l2, r->recall, r->tokens, r->bytes_read);
+                if (s->check_cpu)
+                    fprintf(fp, "\t%" PRId64 "\t%.3g", r->cpu_tokens, r->cpu_diff);
+                fputc('\n', fp);
             }
 }
 
@@ -557,8 +788,8 @@ static int print_summary(FILE *fp, const session *s, const row *rows, mkv_error 
     char params[sizeof s->cm->params];
     mkv_params_format(&s->params, params, sizeof params);
     fprintf(fp, SUMMARY_HEADER "\n");
-    fprintf(fp, "%s\t%s\tcpu\t%.4f\t%" PRIu64 "\t%" PRIu64 "\t%" PRId64 "\t%.6g\t%.6g\t%.6g\t%.6g\t%.6f\t%.2f\t%.1f\t%.1f\n",
-            s->method->name, params[0] ? params : "-",
+    fprintf(fp, "%s\t%s\t%s\t%.4f\t%" PRIu64 "\t%" PRIu64 "\t%" PRId64 "\t%.6g\t%.6g\t%.6g\t%.6g\t%.6f\t%.2f\t%.1f\t%.1f\n",
+            s->method->name, params[0] ? params : "-", s->gpu ? "gpu" : "cpu",
             (double)s->cm->logical_bytes / (double)s->cm->physical_bytes, s->cm->logical_bytes,
             s->cm->physical_bytes, n, st.mean, st.median, st.p90, st.max, recall / (double)n,
             tokens / (double)n, bytes / (double)n, dense / (double)n);
@@ -629,18 +860,102 @@ static int write_report(const char *path, const attend_args *a, const session *s
     return rc;
 }
 
+/* The device of a run: the GPU when it can and was not ruled out. */
+static int choose_device(const attend_args *a, session *s, mkv_error *err)
+{
+    if (a->common.device == MKV_DEVICE_CPU)
+        return MKV_OK;
+    char why[256];
+    int usable = mkv_gpu_method_usable(s->method, &s->params, s->m, why, sizeof why);
+    if (usable > 0) {
+        s->gpu = 1;
+        return MKV_OK;
+    }
+    if (a->common.device == MKV_DEVICE_GPU)
+        return mkv_fail(err, MKV_EUNSUP, "--device gpu: %s (use --device cpu or auto)", why);
+    /* auto: expected on a machine without a GPU; worth a word when one is there */
+    if (usable < 0)
+        mkv_warn("%s; attending on the CPU", why);
+    else
+        mkv_info("%s; attending on the CPU", why);
+    return MKV_OK;
+}
+
+/* --bench: the GPU benchmark to -o FILE (written whole, then renamed) or stdout. */
+static int run_bench(const attend_args *a, mkv_error *err)
+{
+    mkv_gpu_info info[1];
+    int count = 0;
+    if (!mkv_cuda_built())
+        return mkv_fail(err, MKV_EUNSUP, "--bench: this build has no CUDA");
+    if (mkv_cuda_devices(info, 1, &count, err) != MKV_OK)
+        return err->code;
+    if (count == 0 || !info[0].usable)
+        return mkv_fail(err, MKV_EGPU, "--bench: %s", count == 0 ? "no GPU is visible" : "the GPU is not a target of this build");
+    FILE *fp = stdout;
+    char *tmp = NULL;
+    if (a->output) {
+        size_t len = strlen(a->output) + 16;
+        char *dcopy = strdup(a->output), *bcopy = strdup(a->output);
+        tmp = malloc(len);
+        if (!dcopy || !bcopy || !tmp) {
+            free(dcopy);
+            free(bcopy);
+            free(tmp);
+            return mkv_fail(err, MKV_ENOMEM, "out of memory");
+        }
+        snprintf(tmp, len, "%s/.%s.XXXXXX", dirname(dcopy), basename(bcopy));
+        free(dcopy);
+        free(bcopy);
+        int fd = mkstemp(tmp);
+        if (fd < 0 || !(fp = fdopen(fd, "w"))) {
+            int e = errno;
+            if (fd >= 0)
+                close(fd);
+            free(tmp);
+            return mkv_fail_errno(err, MKV_EIO, e, "cannot create '%s'", a->output);
+        }
+    }
+    mkv_info("benchmark on %s", info[0].name);
+    int rc = mkv_bench_attention(&a->bo, fp, a->common.verbosity > MKV_LOG_ERROR ? stderr : NULL, err);
+    if (!rc && fflush(fp) != 0)
+        rc = mkv_fail_errno(err, MKV_EIO, errno, "cannot write '%s'", a->output ? a->output : "standard output");
+    if (tmp) {
+        if (fclose(fp) != 0 && !rc)
+            rc = mkv_fail_errno(err, MKV_EIO, errno, "cannot write '%s'", a->output);
+        if (!rc && rename(tmp, a->output) != 0)
+            rc = mkv_fail_errno(err, MKV_EIO, errno, "cannot write '%s'", a->output);
+        if (rc)
+            unlink(tmp);
+        free(tmp);
+    }
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     mkv_log_init(argv[0]);
     attend_args a;
     parse_args(argc, argv, &a);
+    if (a.bench) {
+        mkv_error berr;
+        mkv_error_clear(&berr);
+        int brc = run_bench(&a, &berr);
+        if (brc)
+            mkv_report(&berr);
+        return mkv_exit_code(brc);
+    }
 
     mkv_error err;
     mkv_error_clear(&err);
     session s;
     memset(&s, 0, sizeof s);
     row *rows = NULL;
+    pthread_mutex_init(&s.gpu_mu, NULL);
+    s.check_cpu = a.check_cpu;
     int rc = open_inputs(&a, &s, &err);
+    if (!rc)
+        rc = choose_device(&a, &s, &err);
     if (!rc && a.output && (same_file(a.output, a.compressed) || same_file(a.output, s.raw_path)))
         rc = mkv_fail(&err, MKV_EUSAGE, "output '%s' would overwrite an input", a.output);
     if (!rc) {
@@ -651,8 +966,8 @@ int main(int argc, char **argv)
     }
     if (!rc) {
         int threads = a.common.threads ? a.common.threads : mkv_ncpus();
-        mkv_info("%s: method %s, reference %s, %d threads on the CPU", s.c_label, s.method->name,
-                 mkv_dump_path(s.raw), threads);
+        mkv_info("%s: method %s, reference %s, %d threads on the CPU%s", s.c_label, s.method->name,
+                 mkv_dump_path(s.raw), threads, s.gpu ? ", attention on the GPU" : "");
         rc = attend_all(&s, threads, rows, &err);
     }
     if (!rc)
@@ -663,5 +978,6 @@ int main(int argc, char **argv)
         mkv_report(&err);
     free(rows);
     close_inputs(&s);
+    pthread_mutex_destroy(&s.gpu_mu);
     return mkv_exit_code(rc);
 }

@@ -1,0 +1,1508 @@
+/* Packed MosaicKV decode attention on the GPU (see attn_packed.cuh for the
+ * stages and kernels/mkv_cuda.h for the layout and the semantics, which
+ * are those of mkv_mosaic_attend in lib/method_mosaic.c). */
+#include <algorithm>
+#include <memory>
+#include <new>
+#include <stdlib.h>
+#include <vector>
+
+#include "attn_packed.cuh"
+
+extern "C" {
+#include "attn_util.h"
+}
+
+using namespace mkv_attn;
+using namespace mkv_packed;
+
+namespace {
+
+constexpr unsigned FULL = 0xffffffffu;
+constexpr int SEL_THREADS = 1024;   /* select_kernel: block_scan assumes 32 warps */
+constexpr int DENSE_CHUNK = 32;     /* dense rows staged at once by select_kernel */
+constexpr int STAGES = 3;           /* cp.async tiles in flight per warp, the one computed included */
+constexpr int WIN = 512;            /* blocks of a segment compacted at once (4 per thread) */
+
+/* ---------------------------------------------------------------- small pieces */
+
+/* Programmatic dependent launch (sm_90): wait for the grids this one
+ * depends on to complete (their memory visible); let the next grid launch. */
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+__device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+
+/* Exclusive prefix sum over a block of NT threads (a multiple of 32, at
+ * most 1024); *total gets the sum.  All threads must call it; sh holds
+ * NT / 32 ints. */
+template <int NT>
+__device__ int block_scan(int v, int *total, int *sh)
+{
+    constexpr int NW = NT / 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(FULL, x, o);
+        if (lane >= o)
+            x += y;
+    }
+    if (lane == 31)
+        sh[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        int w = lane < NW ? sh[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(FULL, w, o);
+            if (lane >= o)
+                w += y;
+        }
+        if (lane < NW)
+            sh[lane] = w;
+    }
+    __syncthreads();
+    const int before = warp > 0 ? sh[warp - 1] : 0;
+    *total = sh[NW - 1];
+    __syncthreads();   /* sh is reused by the next call */
+    return before + x - v;
+}
+
+/* The 8 channels of chunk byte m8 of one packed vector as the 16 bytes a
+ * dense row would hold there: kept channel e (bit e of m8) takes the next
+ * value of vals from index base on, the others are zero.  Each kept bit
+ * advances the pointer: a predicated load and add per channel. */
+__device__ __forceinline__ uint4 expand8(const uint16_t *vals, int base, uint32_t m8)
+{
+    const uint16_t *v = vals + base;
+    uint32_t h[8];
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        h[e] = 0;
+        if (m8 & (1u << e))
+            h[e] = *v++;
+    }
+    return make_uint4(h[0] | h[1] << 16, h[2] | h[3] << 16, h[4] | h[5] << 16, h[6] | h[7] << 16);
+}
+
+/* A query reaches the tensor cores as fp16 hi + lo parts (attn_core.cuh).
+ * Scaled by a power of two that brings its largest magnitude amax into
+ * [2^14, 2^15), nothing overflows and the lo parts of entries down to 2^-3
+ * stay normal: ~22 significant bits, as float32 scores need.  Returns
+ * {up, down}: q * up goes in, scores * down come out, both exact. */
+__device__ __forceinline__ float2 q_split_scale(float amax)
+{
+    int e = (int)((__float_as_uint(amax) >> 23) & 0xffu) - 126;   /* amax = m 2^e, m in [0.5, 1) */
+    e = e < -100 ? -100 : e > 100 ? 100 : e;   /* both factors finite (zero, subnormal, inf, NaN amax) */
+    return make_float2(ldexpf(1.f, 15 - e), ldexpf(1.f, e - 15));
+}
+
+/* Largest |x| over the warp (non-negative floats order as their bits). */
+__device__ __forceinline__ float warp_max_abs(float x)
+{
+    return __uint_as_float(__reduce_max_sync(FULL, __float_as_uint(fabsf(x))));
+}
+
+/* ------------------------------------------------------------------ scoring */
+
+struct score_args {
+    const mkv_packed_head *heads;
+    const mkv_packed_seg *segs;
+    const uint16_t *blockkeys, *rotations;
+    const job_info *jobs;
+    const int2 *items;       /* {job, segment of its head} */
+    const float *q;          /* [job][G][D] */
+    float *qt;               /* [job][seg_max][G][qt_width], scaled */
+    uint32_t *keys;          /* [job][kstride] */
+    uint8_t *wts;            /* [job][kstride] block weights */
+    uint32_t *hist;          /* [job][HIST_BINS] */
+    int64_t kstride;
+    int seg_max, qt_width, G, block, agg_sum;
+    float qscale;
+};
+
+/* KJ: 32-channel steps of the block-key rows (their width / 32, rounded up). */
+template <int D, int KJ>
+__global__ void __launch_bounds__(THREADS) score_kernel(const score_args a)
+{
+    constexpr int DKMAX = D;          /* q~ channels at most */
+    constexpr int W = 32 * KJ;        /* block-key row channels at most */
+    __shared__ float sm_q[MAX_G][D];
+    __shared__ float sm_qt[MAX_G][DKMAX];
+    __shared__ float sm_red[4][MAX_G][DKMAX];
+    __shared__ float sm_qb[MAX_G][W];
+    __shared__ uint32_t sm_hist[HIST_BINS];
+
+    /* Nothing downstream reads this grid before it completes (select_kernel
+     * waits for that), so the next grid may launch now. */
+    pdl_trigger();
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int n = lane >> 2, c = lane & 3;
+    const int2 it = a.items[blockIdx.x];
+    const job_info jb = a.jobs[it.x];
+    const mkv_packed_head hd = a.heads[jb.head];
+    const mkv_packed_seg sg = a.segs[hd.first_seg + it.y];
+    const int G = a.G, dk = sg.dk, B = a.block;
+
+    const float *qj = a.q + (size_t)it.x * G * D;
+    for (int i = tid; i < G * D; i += THREADS)
+        sm_q[i / D][i % D] = qj[i] * a.qscale;
+    for (int i = tid; i < HIST_BINS; i += THREADS)
+        sm_hist[i] = 0;
+    __syncthreads();
+
+    /* q~ = q R_k over the segment's dk channels: thread (split, c) sums the
+     * rows j = split, split + nsplit, ... of column c; the splits are added
+     * in order, so the result does not depend on scheduling. */
+    if (sg.rk_off >= 0) {
+        const int nsplit = THREADS / dk > 0 ? THREADS / dk : 1;
+        const int col = tid % dk, split = tid / dk;
+        if (split < nsplit) {
+            float acc[MAX_G];
+#pragma unroll
+            for (int g = 0; g < MAX_G; g++)
+                acc[g] = 0.f;
+            const uint16_t *R = a.rotations + sg.rk_off + col;
+#pragma unroll 4
+            for (int j = split; j < D; j += nsplit) {
+                const float r = h2f(R[(size_t)j * dk]);
+#pragma unroll
+                for (int g = 0; g < MAX_G; g++)
+                    if (g < G)
+                        acc[g] += sm_q[g][j] * r;
+            }
+#pragma unroll
+            for (int g = 0; g < MAX_G; g++)
+                if (g < G)
+                    sm_red[split][g][col] = acc[g];
+        }
+        __syncthreads();
+        for (int i = tid; i < G * DKMAX; i += THREADS) {
+            const int g = i / DKMAX, cc = i % DKMAX;
+            float v = 0.f;
+            if (cc < dk)
+                for (int s = 0; s < nsplit; s++)
+                    v += sm_red[s][g][cc];
+            sm_qt[g][cc] = v;
+        }
+    } else {
+        for (int i = tid; i < G * DKMAX; i += THREADS) {
+            const int g = i / DKMAX, cc = i % DKMAX;
+            sm_qt[g][cc] = cc < D ? sm_q[g][cc] : 0.f;
+        }
+    }
+    __syncthreads();   /* sm_qt complete before other threads' rows read it */
+    /* The block-score query: [min(q~, 0) | max(q~, 0) over the bounded
+     * channels | q~ over the others], matching the row layout. */
+    const int kb = sg.kbound, kw = sg.kdim + sg.kbound;
+    float qbmax = 0.f;
+    for (int i = tid; i < G * W; i += THREADS) {
+        const int g = i / W, c = i % W;
+        float v = 0.f;
+        if (c < kb)
+            v = fminf(sm_qt[g][c], 0.f);
+        else if (c < 2 * kb)
+            v = fmaxf(sm_qt[g][c - kb], 0.f);
+        else if (c < kw)
+            v = sm_qt[g][c - kb];
+        sm_qb[g][c] = v;
+        qbmax = fmaxf(qbmax, fabsf(v));
+    }
+    qbmax = warp_max_abs(qbmax);
+    if (lane == 0)   /* sm_red is free again */
+        sm_red[0][0][warp] = qbmax;
+    __syncthreads();
+    float *qt = a.qt + ((size_t)it.x * a.seg_max + it.y) * G * a.qt_width;
+    for (int i = tid; i < G * a.qt_width; i += THREADS)
+        qt[i] = i % a.qt_width < DKMAX ? sm_qt[i / a.qt_width][i % a.qt_width] : 0.f;
+
+    const int nbv = (int)visible_blocks(sg, B, jb.pos);
+    uint32_t *keys = a.keys + (size_t)it.x * a.kstride + sg.first_block;
+    uint8_t *wts = a.wts + (size_t)it.x * a.kstride + sg.first_block;
+    if (sg.always) {   /* attended whole: not a candidate */
+        for (int i = tid; i < nbv; i += THREADS) {
+            keys[i] = 0;
+            wts[i] = 0;
+        }
+        return;
+    }
+
+    float qbmax_all = 0.f;
+    for (int w = 0; w < WARPS; w++)
+        qbmax_all = fmaxf(qbmax_all, sm_red[0][0][w]);
+    const float2 qsc = q_split_scale(qbmax_all);
+    q_regs<KJ> qr;
+#pragma unroll
+    for (int j = 0; j < KJ; j++) {
+        float v[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            v[e] = n < G ? sm_qb[n < G ? n : 0][8 * (4 * j + c) + e] * qsc.x : 0.f;
+        q_fragments<false>(v, qr.f[j]);
+    }
+
+    /* One warp scores 16 blocks per step like 16 tokens of attention, the
+     * next step's block keys loaded before this step's products. */
+    const uint16_t *BK = a.blockkeys + sg.bk_off;
+    const int bkw = sg.bk_width, nch = bkw / 8;
+    auto load = [&](int t0, uint4 kr[2][KJ]) {
+        const int ra = t0 + half_a_token(n), rb = t0 + half_b_token(n);
+#pragma unroll
+        for (int j = 0; j < KJ; j++) {
+            const int ch = 4 * j + c;
+            kr[0][j] = make_uint4(0, 0, 0, 0);
+            kr[1][j] = make_uint4(0, 0, 0, 0);
+            if (ra < nbv && ch < nch)
+                kr[0][j] = ld_stream(BK + (size_t)ra * bkw + 8 * ch);
+            if (rb < nbv && ch < nch)
+                kr[1][j] = ld_stream(BK + (size_t)rb * bkw + 8 * ch);
+        }
+    };
+    uint4 kr[2][KJ], kn[2][KJ];
+    int t0 = warp * TILE;
+    if (t0 < nbv)
+        load(t0, kr);
+    for (; t0 < nbv; t0 += WARPS * TILE) {
+        const int t1 = t0 + WARPS * TILE;
+        if (t1 < nbv)
+            load(t1, kn);
+        float s[4];
+        tile_scores<KJ, false>(qr, kr, s);
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            /* Padding head rows score 0: left out of the max, harmless to the sum. */
+            float x = n < G || a.agg_sum ? s[u] * qsc.y : -INFINITY;
+            if (a.agg_sum) {
+                x += __shfl_xor_sync(FULL, x, 4);
+                x += __shfl_xor_sync(FULL, x, 8);
+                x += __shfl_xor_sync(FULL, x, 16);
+            } else {
+                x = fmaxf(x, __shfl_xor_sync(FULL, x, 4));
+                x = fmaxf(x, __shfl_xor_sync(FULL, x, 8));
+                x = fmaxf(x, __shfl_xor_sync(FULL, x, 16));
+            }
+            s[u] = x;
+        }
+        if (n == 0) {
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int blk = t0 + 4 * c + u;
+                if (blk < nbv) {
+                    const uint32_t key = order_key(s[u]);
+                    const int w = block_weight(sg, blk, B, jb.pos);
+                    keys[blk] = key;
+                    wts[blk] = (uint8_t)w;
+                    atomicAdd(&sm_hist[key >> 20], (uint32_t)w);
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < KJ; j++) {
+            kr[0][j] = kn[0][j];
+            kr[1][j] = kn[1][j];
+        }
+    }
+    __syncthreads();
+    uint32_t *gh = a.hist + (size_t)it.x * HIST_BINS;
+    for (int i = tid; i < HIST_BINS; i += THREADS)
+        if (sm_hist[i])
+            atomicAdd(&gh[i], sm_hist[i]);
+}
+
+/* ---------------------------------------------------------------- selection */
+
+struct select_args {
+    const job_info *jobs;
+    const mkv_packed_head *heads;
+    const uint16_t *dense_k, *dense_v;
+    const float *q;
+    float *part_o;           /* [slot][G][D] */
+    float2 *part_ml;         /* [slot][G] */
+    const uint32_t *keys;
+    const uint8_t *wts;
+    uint32_t *hist;
+    uint2 *sel;              /* [job] {K*, cut} */
+    int64_t kstride;
+    int G;
+    float qscale;
+};
+
+struct select_shared {
+    uint32_t hist[HIST_BINS];
+    int scan[32];
+    int found_digit, found_above, found_bin, found_cut;
+};
+
+/* The bin where the weight counted from the top bin down reaches `need`
+ * (0 < need <= the histogram's total): its digit, the weight above it and
+ * its own weight, for every thread. */
+__device__ void find_top(select_shared &sh, int nbins, int need, int *digit, int *above, int *binw)
+{
+    const int tid = threadIdx.x;
+    if (tid == 0) {   /* ordered before the writes below by the scan's barriers */
+        sh.found_digit = 0;
+        sh.found_above = 0;
+        sh.found_bin = 0;
+    }
+    int cnt[4], local = 0;
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const int rk = 4 * tid + q;   /* rk-th bin from the top */
+        cnt[q] = rk < nbins ? (int)sh.hist[nbins - 1 - rk] : 0;
+        local += cnt[q];
+    }
+    int total;
+    int before = block_scan<SEL_THREADS>(local, &total, sh.scan);
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const int rk = 4 * tid + q;
+        if (rk < nbins && before < need && need <= before + cnt[q]) {
+            sh.found_digit = nbins - 1 - rk;
+            sh.found_above = before;
+            sh.found_bin = cnt[q];
+        }
+        before += cnt[q];
+    }
+    __syncthreads();
+    *digit = sh.found_digit;
+    *above = sh.found_above;
+    *binw = sh.found_bin;
+    __syncthreads();
+}
+
+/* Weighted histogram of the keys of blocks [0, nb) whose key >> shift equals
+ * prefix: bin (key >> bshift) & (nbins - 1). */
+__device__ void key_hist(select_shared &sh, const uint32_t *keys, const uint8_t *wts, int nb, int shift,
+                         uint32_t prefix, int bshift, int nbins)
+{
+    for (int i = threadIdx.x; i < nbins; i += SEL_THREADS)
+        sh.hist[i] = 0;
+    __syncthreads();
+    for (int i = 4 * threadIdx.x; i < nb; i += 4 * SEL_THREADS) {
+        const uint4 k4 = *reinterpret_cast<const uint4 *>(keys + i);   /* rows are padded to 4 keys */
+        const uint32_t kv[4] = {k4.x, k4.y, k4.z, k4.w};
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            if (i + q < nb && kv[q] != 0u && (kv[q] >> shift) == prefix)
+                atomicAdd(&sh.hist[(kv[q] >> bshift) & (uint32_t)(nbins - 1)], (uint32_t)wts[i + q]);
+    }
+    __syncthreads();
+}
+
+/* Among the blocks keyed exactly kstar, in id order, the id of the one at
+ * which their running weight reaches rest. */
+__device__ int eq_cut(select_shared &sh, const uint32_t *keys, const uint8_t *wts, int nb, uint32_t kstar, int rest)
+{
+    const int tid = threadIdx.x;
+    const int per = ((nb + SEL_THREADS - 1) / SEL_THREADS + 3) / 4 * 4;
+    const int lo = tid * per, hi = lo + per < nb ? lo + per : nb;
+    if (tid == 0)
+        sh.found_cut = -1;   /* ordered before the reads by the scan's barriers */
+    int local = 0;
+    for (int i = lo; i < hi; i += 4) {
+        const uint4 k4 = *reinterpret_cast<const uint4 *>(keys + i);
+        const uint32_t kv[4] = {k4.x, k4.y, k4.z, k4.w};
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            if (i + q < hi && kv[q] == kstar)
+                local += wts[i + q];
+    }
+    int total;
+    const int before = block_scan<SEL_THREADS>(local, &total, sh.scan);
+    if (before < rest && rest <= before + local) {
+        int run = before;
+        for (int i = lo; i < hi; i++)
+            if (keys[i] == kstar) {
+                run += wts[i];
+                if (run >= rest) {
+                    sh.found_cut = i;
+                    break;
+                }
+            }
+    }
+    __syncthreads();
+    return sh.found_cut;
+}
+
+/* Lowest key L of a bin taken whole: selected iff key > L - 1 (keys are >= 1). */
+__device__ __forceinline__ uint32_t below(uint32_t lowest) { return lowest >= 1u ? lowest - 1u : 0u; }
+
+template <int D>
+__global__ void __launch_bounds__(SEL_THREADS, 1) select_kernel(const select_args a)
+{
+    __shared__ select_shared sh;
+    __shared__ __align__(16) uint16_t sm_k[DENSE_CHUNK][D];
+    __shared__ __align__(16) uint16_t sm_v[DENSE_CHUNK][D];
+    __shared__ float sm_s[DENSE_CHUNK][MAX_G];
+    __shared__ float sm_q[MAX_G][D];
+
+    pdl_trigger();
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int job = blockIdx.x, G = a.G;
+    const job_info jb = a.jobs[job];
+
+    /* The dense sink and recent tokens: they depend on q only, so they run
+     * while scoring may still be going on.  Thread (g, j) keeps head g's
+     * running max and sum (all threads of a head compute the same ones)
+     * and channel j's accumulator. */
+    {
+        const mkv_packed_head hd = a.heads[jb.head];
+        const int g = tid / D, j = tid % D;
+        const bool active = g < G;
+        for (int i = tid; i < G * D; i += SEL_THREADS)
+            sm_q[i / D][i % D] = a.q[(size_t)job * G * D + i] * a.qscale;
+        float m = -INFINITY, l = 0.f, acc = 0.f;
+        for (int r0 = 0; r0 < jb.nd_vis; r0 += DENSE_CHUNK) {
+            const int nr = jb.nd_vis - r0 < DENSE_CHUNK ? jb.nd_vis - r0 : DENSE_CHUNK;
+            const size_t row0 = (size_t)(hd.dense_row + r0) * D;
+            for (int i = tid; i < nr * (D / 8); i += SEL_THREADS) {
+                const int r = i / (D / 8), ch = i % (D / 8);
+                *reinterpret_cast<uint4 *>(&sm_k[r][8 * ch]) =
+                    *reinterpret_cast<const uint4 *>(a.dense_k + row0 + (size_t)r * D + 8 * ch);
+                *reinterpret_cast<uint4 *>(&sm_v[r][8 * ch]) =
+                    *reinterpret_cast<const uint4 *>(a.dense_v + row0 + (size_t)r * D + 8 * ch);
+            }
+            __syncthreads();
+            for (int r = warp; r < nr; r += SEL_THREADS / 32) {
+                for (int gg = 0; gg < G; gg++) {
+                    float x = 0.f;
+#pragma unroll
+                    for (int e = 0; e < D / 32; e++)
+                        x += sm_q[gg][lane + 32 * e] * h2f(sm_k[r][lane + 32 * e]);
+#pragma unroll
+                    for (int o = 16; o > 0; o >>= 1)
+                        x += __shfl_xor_sync(FULL, x, o);
+                    if (lane == 0)
+                        sm_s[r][gg] = x;
+                }
+            }
+            __syncthreads();
+            if (active) {
+                float mc = -INFINITY;
+                for (int r = 0; r < nr; r++)
+                    mc = fmaxf(mc, sm_s[r][g]);
+                const float m_new = fmaxf(m, mc);
+                const float alpha = m == -INFINITY ? 0.f : fast_exp2(m - m_new);
+                l *= alpha;
+                acc *= alpha;
+                for (int r = 0; r < nr; r++) {
+                    const float p = fast_exp2(sm_s[r][g] - m_new);
+                    l += p;
+                    acc += p * h2f(sm_v[r][j]);
+                }
+                m = m_new;
+            }
+            __syncthreads();
+        }
+        if (active) {
+            const size_t slot = (size_t)jb.slot0 * G + g;
+            a.part_o[slot * D + j] = acc;
+            if (j == 0)
+                a.part_ml[slot] = make_float2(m, l);
+        }
+    }
+
+    pdl_wait();   /* scoring complete: keys, weights, histograms */
+
+    uint32_t *gh = a.hist + (size_t)job * HIST_BINS;
+    const uint32_t *keys = a.keys + (size_t)job * a.kstride;
+    const uint8_t *wts = a.wts + (size_t)job * a.kstride;
+    const int nb = jb.nb_vis, need = jb.need;
+    uint32_t kstar;
+    int cut = -1;
+    if (need <= 0) {
+        kstar = 0xffffffffu;   /* no key is above it */
+    } else if (need >= jb.cand_w) {
+        kstar = 0u;            /* every candidate */
+    } else {
+        for (int i = tid; i < HIST_BINS; i += SEL_THREADS)
+            sh.hist[i] = gh[i];
+        __syncthreads();
+        int d1, above, binw;
+        find_top(sh, HIST_BINS, need, &d1, &above, &binw);
+        int rest = need - above;
+        if (binw == rest) {
+            kstar = below((uint32_t)d1 << 20);
+        } else {
+            key_hist(sh, keys, wts, nb, 20, (uint32_t)d1, 8, 4096);
+            int d2;
+            find_top(sh, 4096, rest, &d2, &above, &binw);
+            rest -= above;
+            const uint32_t prefix = (uint32_t)d1 << 12 | (uint32_t)d2;
+            if (binw == rest) {
+                kstar = below(prefix << 8);
+            } else {
+                key_hist(sh, keys, wts, nb, 8, prefix, 0, 256);
+                int d3;
+                find_top(sh, 256, rest, &d3, &above, &binw);
+                rest -= above;
+                kstar = prefix << 8 | (uint32_t)d3;
+                if (binw == rest)
+                    kstar -= 1u;   /* all of them: key >= K* */
+                else
+                    cut = eq_cut(sh, keys, wts, nb, kstar, rest);
+            }
+        }
+    }
+    if (tid == 0)
+        a.sel[job] = make_uint2(kstar, (uint32_t)cut);
+    /* Ready for the next step (the histogram was read above, if at all). */
+    for (int i = tid; i < HIST_BINS; i += SEL_THREADS)
+        gh[i] = 0;
+}
+
+/* ---------------------------------------------------------------- attention */
+
+struct attend_args {
+    const mkv_packed_head *heads;
+    const mkv_packed_seg *segs;
+    const uint8_t *records;
+    const uint16_t *rotations;
+    const job_info *jobs;
+    const int4 *items;       /* {job, segment of its head, part, 0} */
+    const float *qt;
+    const uint32_t *keys;
+    const uint2 *sel;
+    float *part_o;
+    float2 *part_ml;
+    int64_t kstride;
+    int seg_max, G, block, bshift, nparts;   /* block = 1 << bshift */
+    int stage_bytes;         /* bytes of one stage buffer (a tile of the largest records) */
+};
+
+/* Dynamic shared memory of attend_kernel: [WARPS][MAX_G][DVMAX] floats of
+ * per-warp accumulators, [WARPS + 1][MAX_G] maxima and sums (row WARPS:
+ * the folded ones), the block list, the scan scratch, the warps' chunk
+ * metadata ([2][TILE][CHS] words: K, V), then the warps' stage buffers. */
+template <int DKMAX, int DVMAX>
+struct attend_smem {
+    /* 8-channel chunks per vector, padded to an odd count: conflict-free reads */
+    static constexpr int CHS = (DKMAX > DVMAX ? DKMAX : DVMAX) / 8 + 1;
+    static constexpr size_t o_bytes = sizeof(float) * WARPS * MAX_G * DVMAX;
+    static constexpr size_t ml_bytes = sizeof(float) * 2 * (WARPS + 1) * MAX_G;
+    static constexpr size_t list_bytes = sizeof(int) * WIN;
+    static constexpr size_t scan_bytes = sizeof(int) * 32;
+    static constexpr size_t meta_bytes = (sizeof(uint32_t) * WARPS * 2 * TILE * CHS + 15) / 16 * 16;
+    static constexpr size_t fixed = o_bytes + ml_bytes + list_bytes + scan_bytes + meta_bytes;
+    static size_t total(int stage_bytes) { return fixed + (size_t)WARPS * STAGES * stage_bytes; }
+};
+
+template <int D, int DKMAX, int DVMAX>
+__global__ void __launch_bounds__(THREADS, (DKMAX + DVMAX <= 128 ? 4 : 2)) attend_kernel(const attend_args a)
+{
+    constexpr int KJ = DKMAX / 32, VH = DVMAX / 64, NT = DVMAX / 8;
+    constexpr int NW = (DKMAX > DVMAX ? DKMAX : DVMAX) / 32;   /* bitmap words per vector at most */
+    using smem = attend_smem<DKMAX, DVMAX>;
+    constexpr int CHS = smem::CHS;
+    extern __shared__ __align__(16) uint8_t dyn[];
+    float(*sm_o)[MAX_G][DVMAX] = reinterpret_cast<float(*)[MAX_G][DVMAX]>(dyn);
+    float(*sm_m)[MAX_G] = reinterpret_cast<float(*)[MAX_G]>(dyn + smem::o_bytes);
+    float(*sm_l)[MAX_G] = reinterpret_cast<float(*)[MAX_G]>(dyn + smem::o_bytes + smem::ml_bytes / 2);
+    int *sm_list = reinterpret_cast<int *>(dyn + smem::o_bytes + smem::ml_bytes);
+    int *sm_scan = reinterpret_cast<int *>(dyn + smem::o_bytes + smem::ml_bytes + smem::list_bytes);
+    uint32_t *sm_meta = reinterpret_cast<uint32_t *>(dyn + smem::o_bytes + smem::ml_bytes + smem::list_bytes +
+                                                     smem::scan_bytes);
+    uint8_t *stages = dyn + smem::fixed;
+
+    pdl_wait();   /* selection complete (and through it, scoring) */
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int n = lane >> 2, c = lane & 3;
+    const int4 it = a.items[blockIdx.x];
+    const int job = it.x, G = a.G, B = a.block, bs = a.bshift;
+    const job_info jb = a.jobs[job];
+    const mkv_packed_head hd = a.heads[jb.head];
+    const mkv_packed_seg sg = a.segs[hd.first_seg + it.y];
+    const size_t slot = (size_t)jb.slot0 + 1 + (size_t)it.y * a.nparts + it.z;
+    const int nbv = (int)visible_blocks(sg, B, jb.pos);
+    const uint2 sl = a.sel[job];
+    const uint32_t *keys = a.keys + (size_t)job * a.kstride + sg.first_block;
+    const int TB = TILE / B;                 /* blocks per 16-token tile */
+    const int rec = sg.rec_bytes, tile_bytes = TB * rec;
+    /* This lane's vector in the chunk metadata: tensor (K, V), token. */
+    const int m_tensor = lane >> 4, m_tok = lane & 15;
+    const int m_words = m_tensor ? sg.dv / 32 : (sg.dpk + 31) / 32, m_r = m_tensor ? sg.rv : sg.rk;
+    const int m_vals = m_tensor ? sg.vval_off : 0, m_mask = m_tensor ? sg.vmask_off : sg.kmask_off;
+    uint32_t *meta = sm_meta + (size_t)warp * 2 * TILE * CHS;
+    const int64_t seg_end = sg.start + sg.len;
+
+    /* The warp holds all of q~ (every head, every channel): the same scale in every warp. */
+    q_regs<KJ> qr;
+    float2 qsc;
+    {
+        const float *qt = a.qt + ((size_t)job * a.seg_max + it.y) * G * DKMAX;
+        float v[KJ][8] = {};
+        float amax = 0.f;
+#pragma unroll
+        for (int j = 0; j < KJ; j++) {
+            if (n < G) {
+                const float4 x = *reinterpret_cast<const float4 *>(qt + (size_t)n * DKMAX + 8 * (4 * j + c));
+                const float4 y = *reinterpret_cast<const float4 *>(qt + (size_t)n * DKMAX + 8 * (4 * j + c) + 4);
+                v[j][0] = x.x; v[j][1] = x.y; v[j][2] = x.z; v[j][3] = x.w;
+                v[j][4] = y.x; v[j][5] = y.y; v[j][6] = y.z; v[j][7] = y.w;
+            }
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                amax = fmaxf(amax, fabsf(v[j][e]));
+        }
+        qsc = q_split_scale(warp_max_abs(amax));
+#pragma unroll
+        for (int j = 0; j < KJ; j++) {
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                v[j][e] *= qsc.x;
+            q_fragments<false>(v[j], qr.f[j]);
+        }
+    }
+
+    float m_run = -INFINITY, l_run = 0.f;
+    float o[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; i++)
+        o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+
+    uint8_t *stage0 = stages + (size_t)warp * STAGES * a.stage_bytes;
+    const uint8_t *src_seg = a.records + sg.rec_off;
+    const int first_t = it.z * WARPS + warp, stride_t = a.nparts * WARPS;
+
+    for (int w0 = 0; w0 < nbv; w0 += WIN) {
+        /* The window's selected blocks, ascending, compacted. */
+        int flag[4], cnt = 0;
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int b = w0 + 4 * tid + q;
+            flag[q] = b < nbv && (sg.always || selected(keys[b], sg.first_block + b, sl.x, (int32_t)sl.y));
+            cnt += flag[q];
+        }
+        int n_list;
+        int pos = block_scan<THREADS>(cnt, &n_list, sm_scan);
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            if (flag[q])
+                sm_list[pos++] = w0 + 4 * tid + q;
+        __syncthreads();
+
+        const int n_tiles = (n_list + TB - 1) / TB;
+        const int n_mine = first_t < n_tiles ? (n_tiles - first_t + stride_t - 1) / stride_t : 0;
+        auto issue = [&](int k) {
+            if (k < n_mine) {
+                const int li0 = (first_t + k * stride_t) * TB;
+                uint8_t *dst = stage0 + (k % STAGES) * tile_bytes;
+                for (int s = 0; s < TB; s++)
+                    if (li0 + s < n_list) {
+                        const uint8_t *src = src_seg + (int64_t)sm_list[li0 + s] * rec;
+                        for (int ofs = 16 * lane; ofs < rec; ofs += 16 * 32)
+                            cp_async16(dst + s * rec + ofs, src + ofs);
+                    }
+            }
+            cp_async_commit();
+        };
+#pragma unroll
+        for (int k = 0; k < STAGES - 1; k++)
+            issue(k);
+
+        for (int k = 0; k < n_mine; k++) {
+            issue(k + STAGES - 1);
+            cp_async_wait<STAGES - 1>();
+            __syncwarp();
+            const uint8_t *buf = stage0 + (k % STAGES) * tile_bytes;
+            const int li0 = (first_t + k * stride_t) * TB;
+            /* Token t of the tile: block slot t >> bs, row t & (B - 1); which
+             * of the 16 count, found once per tile (lane t % 16 asks).  The
+             * same lane describes its token's K (lanes 0-15) or V (16-31)
+             * vector chunk by chunk: where the chunk's first value sits in
+             * the stage buffer and its 8 bitmap bits; tokens that do not
+             * count get empty bitmaps, hence zero rows. */
+            uint32_t vmask;
+            {
+                const int t = m_tok, li = li0 + (t >> bs);
+                bool ok = false;
+                if (li < n_list) {
+                    const int64_t tok = sg.start + ((int64_t)sm_list[li] << bs) + (t & (B - 1));
+                    ok = tok <= jb.pos && tok < seg_end;
+                }
+                vmask = __ballot_sync(FULL, ok) & 0xffffu;
+                const int r0 = (t >> bs) * rec, row = t & (B - 1);
+                const uint32_t *mp = reinterpret_cast<const uint32_t *>(buf + r0 + m_mask) + row * m_words;
+                uint32_t at = (uint32_t)(r0 + m_vals + 2 * row * m_r);
+                uint32_t *mo = meta + (m_tensor * TILE + t) * CHS;
+#pragma unroll
+                for (int w = 0; w < NW; w++) {
+                    const uint32_t word = ok && w < m_words ? mp[w] : 0u;
+#pragma unroll
+                    for (int b = 0; b < 4; b++) {
+                        const uint32_t m8 = word >> (8 * b) & 0xffu;
+                        mo[4 * w + b] = at | m8 << 16;
+                        at += 2 * __popc(m8);
+                    }
+                }
+                __syncwarp();
+            }
+            auto valid = [&](int t) { return (vmask >> t & 1u) != 0; };
+            auto chunk = [&](int tensor, int t, int ch) {
+                const uint32_t x = meta[(tensor * TILE + t) * CHS + ch];
+                return expand8(reinterpret_cast<const uint16_t *>(buf + (x & 0xffffu)), 0, x >> 16);
+            };
+            uint4 kr[2][KJ];
+#pragma unroll
+            for (int j = 0; j < KJ; j++) {
+                kr[0][j] = chunk(0, half_a_token(n), 4 * j + c);
+                kr[1][j] = chunk(0, half_b_token(n), 4 * j + c);
+            }
+            float s[4];
+            tile_scores<KJ, false>(qr, kr, s);
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                s[u] = valid(4 * c + u) ? s[u] * qsc.y : -INFINITY;
+            float mt = fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3]));
+            mt = fmaxf(mt, __shfl_xor_sync(FULL, mt, 1));
+            mt = fmaxf(mt, __shfl_xor_sync(FULL, mt, 2));
+            const float m_new = fmaxf(m_run, mt);
+            const float m_use = m_new == -INFINITY ? 0.f : m_new;
+            const float alpha = fast_exp2(m_run - m_use);
+            float p[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                p[u] = fast_exp2(s[u] - m_use);
+            l_run = l_run * alpha + ((p[0] + p[1]) + (p[2] + p[3]));
+            m_run = m_new;
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                o[t][0] *= alpha; o[t][1] *= alpha; o[t][2] *= alpha; o[t][3] *= alpha;
+            }
+            uint32_t pa[4];
+            split2<false>(p[0], p[1], pa[0], pa[1]);
+            split2<false>(p[2], p[3], pa[2], pa[3]);
+
+            uint4 vr[4][VH];
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+#pragma unroll
+                for (int h = 0; h < VH; h++)
+                    vr[u][h] = chunk(1, 4 * c + u, n + 8 * h);
+            tile_pv<DVMAX, false>(pa, vr, o);
+            __syncwarp();   /* the buffer is refilled by the next issue */
+        }
+        cp_async_wait<0>();
+        __syncthreads();   /* the list is rebuilt for the next window */
+    }
+
+    /* Fold the warps' states (rotated space), then rotate back once. */
+    l_run += __shfl_xor_sync(FULL, l_run, 1);
+    l_run += __shfl_xor_sync(FULL, l_run, 2);
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        sm_o[warp][n][out_channel(t, 2 * c)] = o[t][0] + o[t][2];
+        sm_o[warp][n][out_channel(t, 2 * c + 1)] = o[t][1] + o[t][3];
+    }
+    if (c == 0) {
+        sm_m[warp][n] = m_run;
+        sm_l[warp][n] = l_run;
+    }
+    __syncthreads();
+    /* In place into warp 0's rows: each element is read and written by the
+     * same thread. */
+    for (int idx = tid; idx < G * DVMAX; idx += THREADS) {
+        const int g = idx / DVMAX, ch = idx % DVMAX;
+        float mx = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < WARPS; w++)
+            mx = fmaxf(mx, sm_m[w][g]);
+        float l = 0.f, acc = 0.f;
+        if (mx != -INFINITY) {
+#pragma unroll
+            for (int w = 0; w < WARPS; w++) {
+                const float f = fast_exp2(sm_m[w][g] - mx);
+                l += sm_l[w][g] * f;
+                acc += sm_o[w][g][ch] * f;
+            }
+        }
+        sm_o[0][g][ch] = acc;
+        if (ch == 0) {
+            sm_m[WARPS][g] = mx;
+            sm_l[WARPS][g] = l;
+        }
+    }
+    __syncthreads();
+    for (int j = tid; j < D; j += THREADS) {
+        float acc[MAX_G];
+#pragma unroll
+        for (int g = 0; g < MAX_G; g++)
+            acc[g] = 0.f;
+        if (sg.rv_off >= 0) {
+            const uint16_t *R = a.rotations + sg.rv_off + (size_t)j * sg.dv;
+            for (int c8 = 0; c8 < sg.dv / 8; c8++) {
+                const uint4 w = *reinterpret_cast<const uint4 *>(R + 8 * c8);
+                const uint32_t ww[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    const float r = h2f((uint16_t)(ww[e / 2] >> (16 * (e & 1))));
+#pragma unroll
+                    for (int g = 0; g < MAX_G; g++)
+                        if (g < G)
+                            acc[g] += sm_o[0][g][8 * c8 + e] * r;
+                }
+            }
+        } else {
+#pragma unroll
+            for (int g = 0; g < MAX_G; g++)
+                if (g < G)
+                    acc[g] = j < DVMAX ? sm_o[0][g][j] : 0.f;
+        }
+#pragma unroll
+        for (int g = 0; g < MAX_G; g++)
+            if (g < G)
+                a.part_o[(slot * G + g) * D + j] = acc[g];
+    }
+    if (tid < G)
+        a.part_ml[slot * G + tid] = make_float2(sm_m[WARPS][tid], sm_l[WARPS][tid]);
+}
+
+/* ----------------------------------------------------------- launch helpers */
+
+bool pdl_enabled()
+{
+    const char *e = getenv("MKV_NO_PDL");
+    return !(e && *e && *e != '0');
+}
+
+template <typename K, typename A>
+cudaError_t launch(K kernel, unsigned grid, unsigned block, size_t smem, cudaStream_t st, bool pdl, const A &args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(block);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, args);
+}
+
+}  // namespace
+
+/* -------------------------------------------------------------- the cache */
+
+namespace mkv_packed {
+
+int check_layout(const mkv_packed_layout *l, mkv_error *err)
+{
+    const char *what = "packed cache";
+    if (l == NULL)
+        return mkv_fail(err, MKV_EUSAGE, "%s: NULL layout", what);
+    const int D = l->head_dim, B = l->block;
+    if (D != 64 && D != 128)
+        return mkv_fail(err, MKV_EUNSUP, "%s: head_dim %d; the GPU kernels support head_dim 64 and 128", what, D);
+    if (B != 1 && B != 2 && B != 4 && B != 8 && B != 16)
+        return mkv_fail(err, MKV_EUNSUP, "%s: block of %d tokens; the GPU kernel takes 1, 2, 4, 8 or 16", what, B);
+    if (l->n_heads < 1 || l->heads == NULL || l->n_segs < 0 || (l->n_segs > 0 && l->segs == NULL))
+        return mkv_fail(err, MKV_EUSAGE, "%s: no heads or no segment table", what);
+    if (l->n_segs > INT32_MAX)
+        return mkv_fail(err, MKV_EUNSUP, "%s: %lld segments, too many", what, (long long)l->n_segs);
+    for (int h = 0; h < l->n_heads; h++) {
+        const mkv_packed_head *hd = &l->heads[h];
+        if (hd->T < 0 || hd->T > INT32_MAX || hd->sink_n < 0 || hd->recent_n < 0
+            || (int64_t)hd->sink_n + hd->recent_n > hd->T || hd->dense_row < 0
+            || hd->dense_row + hd->sink_n + hd->recent_n > l->n_dense_rows)
+            return mkv_fail(err, MKV_EUSAGE, "%s: head %d: dense rows or length out of range", what, h);
+        if (hd->first_seg < 0 || hd->n_seg < 0 || (int64_t)hd->first_seg + hd->n_seg > l->n_segs)
+            return mkv_fail(err, MKV_EUSAGE, "%s: head %d: segment rows %d..%d outside the table of %lld", what, h,
+                            hd->first_seg, hd->first_seg + hd->n_seg, (long long)l->n_segs);
+        int64_t blocks = 0, prev_end = hd->sink_n;
+        for (int i = 0; i < hd->n_seg; i++) {
+            const mkv_packed_seg *s = &l->segs[hd->first_seg + i];
+            const int64_t nb = (s->len + B - 1) / B;
+            const bool last = i == hd->n_seg - 1;
+#define BAD(...) mkv_fail(err, MKV_EUSAGE, "%s: head %d segment %d: " __VA_ARGS__)
+            if (s->always && !last)
+                return BAD("a temporary region must be the head's last segment", what, h, i);
+            if (s->len < 0 || s->start < prev_end || (s->always && s->start < hd->T)
+                || (!s->always && s->start + s->len > hd->T - hd->recent_n))
+                return BAD("tokens %lld..%lld out of order or outside the packed range", what, h, i,
+                           (long long)s->start, (long long)(s->start + s->len));
+            if (s->first_block != blocks || (s->always ? s->n_blocks < nb : s->n_blocks != nb))
+                return BAD("block numbering: first %d, %d blocks; expected %lld, %lld", what, h, i, s->first_block,
+                           s->n_blocks, (long long)blocks, (long long)nb);
+            if (s->dk < 32 || s->dk > D || s->dk % 32 || s->dv < 32 || s->dv > D || s->dv % 32 || s->rk < 1
+                || s->rk > s->dk || s->rv < 1 || s->rv > s->dv)
+                return BAD("channels dk %d, dv %d (multiples of 32 up to %d), values rk %d, rv %d", what, h, i,
+                           s->dk, s->dv, D, s->rk, s->rv);
+            if ((s->rk_off < 0 && s->dk != D) || (s->rv_off < 0 && s->dv != D))
+                return BAD("an unrotated tensor keeps all %d channels", what, h, i, D);
+            if (s->dpk < s->rk || s->dpk > s->dk || s->dpv < s->rv || s->dpv > s->dv)
+                return BAD("d' of %d (K) and %d (V) channels outside r..dk", what, h, i, s->dpk, s->dpv);
+            const int64_t kv = (int64_t)B * s->rk * 2, km = (int64_t)B * ((s->dpk + 31) / 32) * 4;
+            const int64_t vv = (int64_t)B * s->rv * 2, vm = (int64_t)B * (s->dv / 32) * 4;
+            if (s->rec_bytes % 16 || s->kmask_off % 16 || s->vval_off % 16 || s->vmask_off % 16 || s->kmask_off < kv
+                || s->vval_off < s->kmask_off + km || s->vmask_off < s->vval_off + vv
+                || s->rec_bytes < s->vmask_off + vm || s->rec_bytes > 65536)
+                return BAD("record parts (%d, %d, %d of %d bytes) overlap or are not 16-byte aligned", what, h, i,
+                           s->kmask_off, s->vval_off, s->vmask_off, s->rec_bytes);
+            if (s->rec_off < 0 || s->rec_off % 16 || (uint64_t)s->rec_off + (uint64_t)s->n_blocks * s->rec_bytes > l->record_bytes)
+                return BAD("records outside the record pool", what, h, i);
+            if (!s->always
+                && (s->kdim < 1 || s->kdim > s->dk || s->kbound < 0 || s->kbound > s->kdim || s->bk_width % 8
+                    || s->bk_width < s->kdim + s->kbound || s->bk_width > 256))
+                return BAD("block keys of %d channels, %d bounded, rows of %d (at most 256, a multiple of 8)", what, h,
+                           i, s->kdim, s->kbound, s->bk_width);
+            if (!s->always
+                && (s->bk_off < 0 || s->bk_off % 8
+                    || (uint64_t)s->bk_off + (uint64_t)s->n_blocks * s->bk_width > l->n_blockkeys))
+                return BAD("block keys outside their pool", what, h, i);
+            if ((s->rk_off >= 0 && (uint64_t)s->rk_off + (uint64_t)D * s->dk > l->n_rotations)
+                || (s->rv_off >= 0 && (s->rv_off % 8 || (uint64_t)s->rv_off + (uint64_t)D * s->dv > l->n_rotations)))
+                return BAD("rotations outside their pool", what, h, i);
+#undef BAD
+            blocks += s->n_blocks;
+            prev_end = s->start + s->len;
+        }
+        if (blocks != hd->n_blocks || blocks > INT32_MAX / 2)
+            return mkv_fail(err, MKV_EUSAGE, "%s: head %d has %lld blocks, its table says %d", what, h,
+                            (long long)blocks, hd->n_blocks);
+    }
+    return MKV_OK;
+}
+
+int cache_alloc(const mkv_packed_layout *l, mkv_packed_cache **out, mkv_error *err)
+{
+    *out = NULL;
+    int rc = check_layout(l, err);
+    if (rc != MKV_OK)
+        return rc;
+    mkv_packed_cache *c = new (std::nothrow) mkv_packed_cache;
+    if (c == NULL)
+        return mkv_fail(err, MKV_ENOMEM, "packed cache: out of host memory");
+    try {
+        c->heads.assign(l->heads, l->heads + l->n_heads);
+        c->segs.assign(l->segs, l->segs + l->n_segs);
+    } catch (const std::bad_alloc &) {
+        delete c;
+        return mkv_fail(err, MKV_ENOMEM, "packed cache: out of host memory");
+    }
+    c->head_dim = l->head_dim;
+    c->block = l->block;
+    c->record_bytes = l->record_bytes;
+    c->n_blockkeys = l->n_blockkeys;
+    c->n_rotations = l->n_rotations;
+    c->n_dense_rows = l->n_dense_rows;
+    const size_t dense = (size_t)l->n_dense_rows * l->head_dim * 2;
+    struct { mkv_device_buffer *b; size_t bytes; } allocs[] = {
+        {&c->d_heads, sizeof(mkv_packed_head) * (size_t)l->n_heads},
+        {&c->d_segs, sizeof(mkv_packed_seg) * (size_t)l->n_segs},
+        {&c->records, l->record_bytes},
+        {&c->blockkeys, l->n_blockkeys * 2},
+        {&c->rotations, l->n_rotations * 2},
+        {&c->dense_k, dense},
+        {&c->dense_v, dense},
+    };
+    for (auto &a : allocs) {
+        cudaError_t e = cudaMalloc(&a.b->ptr, a.bytes ? a.bytes : 16);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            delete c;
+            return mkv_fail(err, e == cudaErrorMemoryAllocation ? MKV_ENOMEM : MKV_EGPU,
+                            "packed cache: cudaMalloc(%zu): %s", a.bytes, cudaGetErrorString(e));
+        }
+    }
+    cudaError_t e = cudaMemcpy(c->d_heads.ptr, l->heads, sizeof(mkv_packed_head) * (size_t)l->n_heads,
+                               cudaMemcpyHostToDevice);
+    if (e == cudaSuccess && l->n_segs > 0)
+        e = cudaMemcpy(c->d_segs.ptr, l->segs, sizeof(mkv_packed_seg) * (size_t)l->n_segs, cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) {
+        delete c;
+        return mkv_fail(err, MKV_EGPU, "packed cache: tables: %s", cudaGetErrorString(e));
+    }
+    *out = c;
+    return MKV_OK;
+}
+
+int cache_sync_seg(mkv_packed_cache *c, int64_t row, cudaStream_t st, mkv_error *err)
+{
+    MKV_CUDA_CHECK(cudaMemcpyAsync(c->d_segs.as<mkv_packed_seg>() + row, &c->segs[(size_t)row],
+                                   sizeof(mkv_packed_seg), cudaMemcpyHostToDevice, st));
+    MKV_CUDA_CHECK(cudaStreamSynchronize(st));
+    return MKV_OK;
+}
+
+}  // namespace mkv_packed
+
+extern "C" int mkv_cuda_packed_upload(const mkv_packed_layout *l, mkv_packed_cache **out, mkv_error *err)
+{
+    if (out == NULL)
+        return mkv_fail(err, MKV_EUSAGE, "packed cache: NULL result pointer");
+    *out = NULL;
+    mkv_packed_cache *c = NULL;
+    int rc = cache_alloc(l, &c, err);
+    if (rc != MKV_OK)
+        return rc;
+    const size_t dense = (size_t)l->n_dense_rows * l->head_dim * 2;
+    struct { void *dst; const void *src; size_t bytes; } copies[] = {
+        {c->records.ptr, l->records, l->record_bytes},
+        {c->blockkeys.ptr, l->blockkeys, l->n_blockkeys * 2},
+        {c->rotations.ptr, l->rotations, l->n_rotations * 2},
+        {c->dense_k.ptr, l->dense_k, dense},
+        {c->dense_v.ptr, l->dense_v, dense},
+    };
+    for (auto &cp : copies)
+        if (cp.src != NULL && cp.bytes > 0) {
+            cudaError_t e = cudaMemcpy(cp.dst, cp.src, cp.bytes, cudaMemcpyHostToDevice);
+            if (e != cudaSuccess) {
+                delete c;
+                return mkv_fail(err, MKV_EGPU, "packed cache: upload: %s", cudaGetErrorString(e));
+            }
+        }
+    *out = c;
+    return MKV_OK;
+}
+
+extern "C" void mkv_cuda_packed_free(mkv_packed_cache *c) { delete c; }
+
+extern "C" int mkv_cuda_packed_pools(mkv_packed_cache *c, mkv_packed_pools *p, mkv_error *err)
+{
+    if (c == NULL || p == NULL)
+        return mkv_fail(err, MKV_EUSAGE, "packed cache: NULL cache or pools");
+    p->records = c->records.ptr;
+    p->blockkeys = c->blockkeys.as<uint16_t>();
+    p->rotations = c->rotations.as<uint16_t>();
+    p->dense_k = c->dense_k.as<uint16_t>();
+    p->dense_v = c->dense_v.as<uint16_t>();
+    return MKV_OK;
+}
+
+extern "C" uint64_t mkv_cuda_packed_bytes(const mkv_packed_cache *c)
+{
+    if (c == NULL)
+        return 0;
+    return c->record_bytes + 2 * (c->n_blockkeys + c->n_rotations) + 4ull * c->n_dense_rows * c->head_dim
+        + sizeof(mkv_packed_head) * c->heads.size() + sizeof(mkv_packed_seg) * c->segs.size();
+}
+
+/* ---------------------------------------------------------------- the plan */
+
+struct mkv_packed_plan {
+    const mkv_packed_cache *c = nullptr;
+    mkv_packed_params pp = {};
+    int G = 0, n_jobs = 0, nparts = 1, seg_max = 1, dkmax = 64, dvmax = 64, score_kj = 2;
+    int64_t kstride = 4;
+    int stage_bytes = 16;
+    float qscale = 0.f;
+    std::vector<job_info> jobs;
+    std::vector<int2> score_items;
+    std::vector<int4> attend_items;
+    mkv_device_buffer d_jobs, d_score_items, d_attend_items, keys, wts, hist, sel, qt;
+    split_plan sp;   /* head_items, part_o, part_ml for merge_kernel */
+};
+
+namespace {
+
+using score_fn = void (*)(score_args);
+using select_fn = void (*)(select_args);
+using attend_fn = void (*)(attend_args);
+
+score_fn score_kernel_for(int D, int kj)
+{
+    if (D == 64)
+        return kj <= 2 ? score_kernel<64, 2> : kj <= 4 ? score_kernel<64, 4> : kj <= 5 ? score_kernel<64, 5>
+                                                                                     : score_kernel<64, 8>;
+    return kj <= 2 ? score_kernel<128, 2> : kj <= 4 ? score_kernel<128, 4> : kj <= 5 ? score_kernel<128, 5>
+                                                                                   : score_kernel<128, 8>;
+}
+
+select_fn select_kernel_for(int D) { return D == 64 ? select_kernel<64> : select_kernel<128>; }
+
+attend_fn attend_kernel_for(int D, int dkmax, int dvmax)
+{
+    if (D == 64)
+        return attend_kernel<64, 64, 64>;
+    if (dkmax <= 64)
+        return dvmax <= 64 ? attend_kernel<128, 64, 64> : attend_kernel<128, 64, 128>;
+    return dvmax <= 64 ? attend_kernel<128, 128, 64> : attend_kernel<128, 128, 128>;
+}
+
+size_t attend_smem_for(int dkmax, int dvmax, int stage_bytes)
+{
+    if (dkmax <= 64)
+        return dvmax <= 64 ? attend_smem<64, 64>::total(stage_bytes) : attend_smem<64, 128>::total(stage_bytes);
+    return dvmax <= 64 ? attend_smem<128, 64>::total(stage_bytes) : attend_smem<128, 128>::total(stage_bytes);
+}
+
+}  // namespace
+
+extern "C" int mkv_cuda_packed_plan(const mkv_packed_cache *c, const mkv_packed_params *pp, const int32_t *heads,
+                                    const int64_t *pos, mkv_packed_plan **out, mkv_error *err)
+{
+    const char *what = "packed attention";
+    if (out == NULL)
+        return mkv_fail(err, MKV_EUSAGE, "%s: NULL plan pointer", what);
+    *out = NULL;
+    if (c == NULL || pp == NULL || heads == NULL || pos == NULL)
+        return mkv_fail(err, MKV_EUSAGE, "%s: NULL cache, parameters, heads or positions", what);
+    if (pp->batch < 1 || pp->n_kv_heads < 1 || pp->n_heads < 1 || pp->n_heads % pp->n_kv_heads)
+        return mkv_fail(err, MKV_EUSAGE, "%s: batch %d, %d query heads, %d KV heads", what, pp->batch, pp->n_heads,
+                        pp->n_kv_heads);
+    const int G = pp->n_heads / pp->n_kv_heads;
+    if (G > MAX_G)
+        return mkv_fail(err, MKV_EUNSUP, "%s: %d query heads per KV head; the GPU kernels take 1 to %d", what, G,
+                        MAX_G);
+    if (!(pp->budget > 0) || isinf(pp->budget))
+        return mkv_fail(err, MKV_EUSAGE, "%s: budget %g must be > 0 (<= 1: fraction, > 1: tokens)", what,
+                        pp->budget);
+    if (!(pp->scale >= 0) || isinf(pp->scale))
+        return mkv_fail(err, MKV_EUSAGE, "%s: scale %g must be finite and >= 0", what, pp->scale);
+    const int64_t n_jobs = (int64_t)pp->batch * pp->n_kv_heads;
+    if (n_jobs > 65535)
+        return mkv_fail(err, MKV_EUNSUP, "%s: batch x KV heads = %lld; at most 65535", what, (long long)n_jobs);
+    const int D = c->head_dim, B = c->block;
+
+    mkv_packed_plan *p = new (std::nothrow) mkv_packed_plan;
+    if (p == NULL)
+        return mkv_fail(err, MKV_ENOMEM, "%s: out of host memory", what);
+    std::unique_ptr<mkv_packed_plan> hold(p);
+    p->c = c;
+    p->pp = *pp;
+    p->G = G;
+    p->n_jobs = (int)n_jobs;
+    const double scale = pp->scale > 0 ? pp->scale : 1.0 / sqrt((double)D);
+    p->qscale = (float)(scale * 1.4426950408889634);
+
+    int32_t nb_most = 4, rec_most = 16;
+    int64_t total_seg_items = 0, total_need = 0;
+    try {
+        p->jobs.resize((size_t)n_jobs);
+        for (int b = 0; b < pp->batch; b++)
+            for (int h = 0; h < pp->n_kv_heads; h++) {
+                const int64_t j = (int64_t)b * pp->n_kv_heads + h;
+                const int32_t hi = heads[j];
+                if (hi < 0 || hi >= (int)c->heads.size())
+                    return mkv_fail(err, MKV_EUSAGE, "%s: request %d KV head %d: no cache head %d", what, b, h, hi);
+                const mkv_packed_head &hd = c->heads[(size_t)hi];
+                int64_t end = hd.T;
+                if (hd.n_seg > 0 && c->segs[(size_t)(hd.first_seg + hd.n_seg - 1)].always) {
+                    const mkv_packed_seg &t = c->segs[(size_t)(hd.first_seg + hd.n_seg - 1)];
+                    end = t.len > 0 ? t.start + t.len : end;
+                }
+                if (pos[b] < 0 || pos[b] >= end)
+                    return mkv_fail(err, MKV_EUSAGE, "%s: request %d: position %lld outside the cache's %lld tokens",
+                                    what, b, (long long)pos[b], (long long)end);
+                job_info &jb = p->jobs[(size_t)j];
+                jb.pos = pos[b];
+                jb.head = hi;
+                const int64_t n_tok = pos[b] + 1;
+                int64_t fixed = 0, cand = 0;
+                /* dense rows: sink rows then recent rows, tokens ascending */
+                const int64_t sink_vis = hd.sink_n < n_tok ? hd.sink_n : n_tok;
+                int64_t rec_vis = n_tok - (hd.T - hd.recent_n);
+                rec_vis = rec_vis < 0 ? 0 : rec_vis > hd.recent_n ? hd.recent_n : rec_vis;
+                jb.nd_vis = (int32_t)(sink_vis + rec_vis);
+                fixed += jb.nd_vis;
+                jb.seg_vis = 0;
+                jb.nb_vis = 0;
+                for (int s = 0; s < hd.n_seg; s++) {
+                    const mkv_packed_seg &sg = c->segs[(size_t)(hd.first_seg + s)];
+                    const int64_t vb = visible_blocks(sg, B, pos[b]);
+                    if (vb == 0)
+                        break;
+                    jb.seg_vis = s + 1;
+                    jb.nb_vis = (int32_t)(sg.first_block + vb);
+                    int64_t toks = (pos[b] < sg.start + sg.len ? pos[b] + 1 : sg.start + sg.len) - sg.start;
+                    if (sg.always)
+                        fixed += toks;
+                    else
+                        cand += toks;
+                    rec_most = sg.rec_bytes > rec_most ? sg.rec_bytes : rec_most;
+                    p->dkmax = sg.dk > p->dkmax ? sg.dk : p->dkmax;
+                    p->dvmax = sg.dv > p->dvmax ? sg.dv : p->dvmax;
+                    if (!sg.always && (sg.bk_width + 31) / 32 > p->score_kj)
+                        p->score_kj = (sg.bk_width + 31) / 32;
+                }
+                const int64_t budget = mkv_budget_tokens(pp->budget, n_tok);
+                jb.need = (int32_t)(budget - fixed > -1 ? budget - fixed : -1);
+                jb.cand_w = (int32_t)cand;
+                nb_most = jb.nb_vis > nb_most ? jb.nb_vis : nb_most;
+                p->seg_max = jb.seg_vis > p->seg_max ? jb.seg_vis : p->seg_max;
+                total_seg_items += jb.seg_vis;
+                total_need += jb.need > 0 ? jb.need : 0;
+            }
+    } catch (const std::bad_alloc &) {
+        return mkv_fail(err, MKV_ENOMEM, "%s: out of host memory", what);
+    }
+    p->dkmax = p->dkmax <= 64 ? 64 : 128;
+    p->dvmax = p->dvmax <= 64 ? 64 : 128;
+    if (D == 64)
+        p->dkmax = p->dvmax = 64;
+    /* score kernel builds: rows of 64, 128, 160 or 256 channels */
+    p->score_kj = p->score_kj <= 2 ? 2 : p->score_kj <= 4 ? 4 : p->score_kj <= 5 ? 5 : 8;
+    p->kstride = ((int64_t)nb_most + 3) / 4 * 4;
+    p->stage_bytes = (TILE / B) * rec_most;
+
+    const attend_fn ak = attend_kernel_for(D, p->dkmax, p->dvmax);
+    const size_t smem = attend_smem_for(p->dkmax, p->dvmax, p->stage_bytes);
+    int dev = 0, sms = 1, per_sm = 0, smem_max = 0;
+    MKV_CUDA_CHECK(cudaGetDevice(&dev));
+    MKV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    MKV_CUDA_CHECK(cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    if (smem > (size_t)smem_max)
+        return mkv_fail(err, MKV_EUNSUP, "%s: records of %d bytes need %zu bytes of shared memory, the device has %d",
+                        what, rec_most, smem, smem_max);
+    MKV_CUDA_CHECK(cudaFuncSetAttribute(ak, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    MKV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ak, THREADS, smem));
+    /* Parts per segment: enough items for two waves of the attention
+     * kernel, as long as each part keeps a few tiles per warp. */
+    {
+        const int64_t resident = (int64_t)sms * (per_sm > 0 ? per_sm : 1);
+        int64_t parts = total_seg_items > 0 ? (2 * resident + total_seg_items - 1) / total_seg_items : 1;
+        const int64_t tiles_per_seg = total_seg_items > 0 ? total_need / B / (TILE / B) / total_seg_items : 0;
+        const int64_t cap = tiles_per_seg / (2 * WARPS) > 1 ? tiles_per_seg / (2 * WARPS) : 1;
+        parts = parts < cap ? parts : cap;
+        p->nparts = (int)(parts < 1 ? 1 : parts > 16 ? 16 : parts);
+    }
+
+    std::vector<int2> head_items((size_t)n_jobs);
+    int64_t slots = 0;
+    try {
+        for (int64_t j = 0; j < n_jobs; j++) {
+            job_info &jb = p->jobs[(size_t)j];
+            jb.slot0 = (int32_t)slots;
+            const int64_t count = 1 + (int64_t)jb.seg_vis * p->nparts;
+            head_items[(size_t)j] = make_int2((int)slots, (int)count);
+            slots += count;
+            for (int s = 0; s < jb.seg_vis; s++) {
+                p->score_items.push_back(make_int2((int)j, s));
+                for (int part = 0; part < p->nparts; part++)
+                    p->attend_items.push_back(make_int4((int)j, s, part, 0));
+            }
+        }
+    } catch (const std::bad_alloc &) {
+        return mkv_fail(err, MKV_ENOMEM, "%s: out of host memory", what);
+    }
+    if (slots > INT32_MAX / 2 || (int64_t)p->score_items.size() > INT32_MAX / 2)
+        return mkv_fail(err, MKV_EUNSUP, "%s: %lld work items, too many", what, (long long)slots);
+
+    const size_t nj = (size_t)n_jobs;
+    struct { mkv_device_buffer *b; size_t bytes; } allocs[] = {
+        {&p->d_jobs, sizeof(job_info) * nj},
+        {&p->d_score_items, sizeof(int2) * (p->score_items.size() + 1)},
+        {&p->d_attend_items, sizeof(int4) * (p->attend_items.size() + 1)},
+        {&p->keys, sizeof(uint32_t) * nj * (size_t)p->kstride},
+        {&p->wts, nj * (size_t)p->kstride},
+        {&p->hist, sizeof(uint32_t) * nj * HIST_BINS},
+        {&p->sel, sizeof(uint2) * nj},
+        {&p->qt, sizeof(float) * nj * (size_t)p->seg_max * G * p->dkmax},
+        {&p->sp.head_items, sizeof(int2) * nj},
+        {&p->sp.part_o, sizeof(float) * (size_t)slots * G * D},
+        {&p->sp.part_ml, sizeof(float2) * (size_t)slots * G},
+    };
+    for (auto &a : allocs) {
+        cudaError_t e = cudaMalloc(&a.b->ptr, a.bytes);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            return mkv_fail(err, e == cudaErrorMemoryAllocation ? MKV_ENOMEM : MKV_EGPU, "%s: plan: cudaMalloc(%zu): %s",
+                            what, a.bytes, cudaGetErrorString(e));
+        }
+    }
+    MKV_CUDA_CHECK(cudaMemcpy(p->d_jobs.ptr, p->jobs.data(), sizeof(job_info) * nj, cudaMemcpyHostToDevice));
+    if (!p->score_items.empty())
+        MKV_CUDA_CHECK(cudaMemcpy(p->d_score_items.ptr, p->score_items.data(), sizeof(int2) * p->score_items.size(),
+                                  cudaMemcpyHostToDevice));
+    if (!p->attend_items.empty())
+        MKV_CUDA_CHECK(cudaMemcpy(p->d_attend_items.ptr, p->attend_items.data(),
+                                  sizeof(int4) * p->attend_items.size(), cudaMemcpyHostToDevice));
+    MKV_CUDA_CHECK(cudaMemcpy(p->sp.head_items.ptr, head_items.data(), sizeof(int2) * nj, cudaMemcpyHostToDevice));
+    MKV_CUDA_CHECK(cudaMemset(p->hist.ptr, 0, sizeof(uint32_t) * nj * HIST_BINS));
+    MKV_CUDA_CHECK(cudaMemset(p->keys.ptr, 0, sizeof(uint32_t) * nj * (size_t)p->kstride));
+    MKV_CUDA_CHECK(cudaMemset(p->wts.ptr, 0, nj * (size_t)p->kstride));
+    p->sp.n_items = (int)slots;
+    *out = hold.release();
+    return MKV_OK;
+}
+
+extern "C" void mkv_cuda_packed_plan_free(mkv_packed_plan *p) { delete p; }
+
+extern "C" int mkv_cuda_packed_select(const mkv_packed_plan *p, const float *q, void *stream, mkv_error *err)
+{
+    const char *what = "packed selection";
+    if (p == NULL)
+        return mkv_fail(err, MKV_EUSAGE, "%s: NULL plan", what);
+    int rc = check_aligned(q, "q", what, err);
+    if (rc != MKV_OK)
+        return rc;
+    const mkv_packed_cache *c = p->c;
+    cudaStream_t st = (cudaStream_t)stream;
+    const bool pdl = pdl_enabled();
+    if (!p->score_items.empty()) {
+        score_args a = {};
+        a.heads = c->d_heads.as<mkv_packed_head>();
+        a.segs = c->d_segs.as<mkv_packed_seg>();
+        a.blockkeys = c->blockkeys.as<uint16_t>();
+        a.rotations = c->rotations.as<uint16_t>();
+        a.jobs = p->d_jobs.as<job_info>();
+        a.items = p->d_score_items.as<int2>();
+        a.q = q;
+        a.qt = p->qt.as<float>();
+        a.keys = p->keys.as<uint32_t>();
+        a.wts = p->wts.as<uint8_t>();
+        a.hist = p->hist.as<uint32_t>();
+        a.kstride = p->kstride;
+        a.seg_max = p->seg_max;
+        a.qt_width = p->dkmax;
+        a.G = p->G;
+        a.block = c->block;
+        a.agg_sum = p->pp.agg_sum != 0;
+        a.qscale = p->qscale;
+        /* The first kernel of a step waits for everything before it (the
+         * previous step still reads the keys it rewrites). */
+        MKV_CUDA_CHECK(launch(score_kernel_for(c->head_dim, p->score_kj), (unsigned)p->score_items.size(), THREADS, 0,
+                              st, false, a));
+    }
+    select_args s = {};
+    s.jobs = p->d_jobs.as<job_info>();
+    s.heads = c->d_heads.as<mkv_packed_head>();
+    s.dense_k = c->dense_k.as<uint16_t>();
+    s.dense_v = c->dense_v.as<uint16_t>();
+    s.q = q;
+    s.part_o = p->sp.part_o.as<float>();
+    s.part_ml = p->sp.part_ml.as<float2>();
+    s.keys = p->keys.as<uint32_t>();
+    s.wts = p->wts.as<uint8_t>();
+    s.hist = p->hist.as<uint32_t>();
+    s.sel = p->sel.as<uint2>();
+    s.kstride = p->kstride;
+    s.G = p->G;
+    s.qscale = p->qscale;
+    MKV_CUDA_CHECK(launch(select_kernel_for(c->head_dim), (unsigned)p->n_jobs, SEL_THREADS, 0, st,
+                          pdl && !p->score_items.empty(), s));
+    return MKV_OK;
+}
+
+extern "C" int mkv_cuda_packed_attend(const mkv_packed_plan *p, const float *q, float *out, void *stream,
+                                      mkv_error *err)
+{
+    const char *what = "packed attention";
+    if (p == NULL)
+        return mkv_fail(err, MKV_EUSAGE, "%s: NULL plan", what);
+    int rc;
+    if ((rc = check_aligned(q, "q", what, err)) || (rc = check_aligned(out, "out", what, err)))
+        return rc;
+    const mkv_packed_cache *c = p->c;
+    cudaStream_t st = (cudaStream_t)stream;
+    if (!p->attend_items.empty()) {
+        attend_args a = {};
+        a.heads = c->d_heads.as<mkv_packed_head>();
+        a.segs = c->d_segs.as<mkv_packed_seg>();
+        a.records = c->records.as<uint8_t>();
+        a.rotations = c->rotations.as<uint16_t>();
+        a.jobs = p->d_jobs.as<job_info>();
+        a.items = p->d_attend_items.as<int4>();
+        a.qt = p->qt.as<float>();
+        a.keys = p->keys.as<uint32_t>();
+        a.sel = p->sel.as<uint2>();
+        a.part_o = p->sp.part_o.as<float>();
+        a.part_ml = p->sp.part_ml.as<float2>();
+        a.kstride = p->kstride;
+        a.seg_max = p->seg_max;
+        a.G = p->G;
+        a.block = c->block;
+        a.bshift = __builtin_ctz((unsigned)c->block);
+        a.nparts = p->nparts;
+        a.stage_bytes = p->stage_bytes;
+        MKV_CUDA_CHECK(launch(attend_kernel_for(c->head_dim, p->dkmax, p->dvmax), (unsigned)p->attend_items.size(),
+                              THREADS, attend_smem_for(p->dkmax, p->dvmax, p->stage_bytes), st, pdl_enabled(), a));
+    }
+    /* merge_kernel does not wait programmatically: launched plainly. */
+    return launch_merge(&p->sp, p->pp.batch, p->pp.n_kv_heads, p->G, c->head_dim, out, st, err);
+}
+
+extern "C" int mkv_cuda_packed_run(const mkv_packed_plan *p, const float *q, float *out, void *stream, mkv_error *err)
+{
+    int rc = mkv_cuda_packed_select(p, q, stream, err);
+    return rc != MKV_OK ? rc : mkv_cuda_packed_attend(p, q, out, stream, err);
+}
+
+extern "C" int mkv_cuda_packed_selection(const mkv_packed_plan *p, int request, int kv_head, uint8_t *blocks,
+                                         uint8_t *attended, mkv_packed_counts *counts, mkv_error *err)
+{
+    if (p == NULL || request < 0 || request >= p->pp.batch || kv_head < 0 || kv_head >= p->pp.n_kv_heads)
+        return mkv_fail(err, MKV_EUSAGE, "packed selection: no request %d, KV head %d in the plan", request, kv_head);
+    const size_t j = (size_t)request * p->pp.n_kv_heads + kv_head;
+    const job_info &jb = p->jobs[j];
+    const mkv_packed_cache *c = p->c;
+    const mkv_packed_head &hd = c->heads[(size_t)jb.head];
+    const int B = c->block, D = c->head_dim;
+    std::vector<uint32_t> keys;
+    uint2 sel = make_uint2(0, 0);
+    try {
+        keys.resize((size_t)jb.nb_vis + 1);
+    } catch (const std::bad_alloc &) {
+        return mkv_fail(err, MKV_ENOMEM, "packed selection: out of host memory");
+    }
+    MKV_CUDA_CHECK(cudaDeviceSynchronize());
+    if (jb.nb_vis > 0)
+        MKV_CUDA_CHECK(cudaMemcpy(keys.data(), p->keys.as<uint32_t>() + j * (size_t)p->kstride,
+                                  sizeof(uint32_t) * (size_t)jb.nb_vis, cudaMemcpyDeviceToHost));
+    MKV_CUDA_CHECK(cudaMemcpy(&sel, p->sel.as<uint2>() + j, sizeof sel, cudaMemcpyDeviceToHost));
+    mkv_packed_counts ct = {};
+    ct.dense_tokens = jb.nd_vis;
+    ct.tokens = jb.nd_vis;
+    /* bytes: q, the dense rows, then per segment below */
+    uint64_t bytes = (uint64_t)p->G * D * 4 + (uint64_t)jb.nd_vis * D * 2 * 2;
+    if (attended) {
+        const int64_t end = jb.pos + 1;
+        for (int64_t t = 0; t < end; t++)
+            attended[t] = 0;
+        for (int r = 0; r < jb.nd_vis; r++)
+            attended[r < hd.sink_n ? r : hd.T - hd.recent_n + (r - hd.sink_n)] = 1;
+    }
+    for (int s = 0; s < jb.seg_vis; s++) {
+        const mkv_packed_seg &sg = c->segs[(size_t)(hd.first_seg + s)];
+        const int64_t vb = visible_blocks(sg, B, jb.pos);
+        int64_t taken = 0;
+        ct.segments++;
+        if (!sg.always) {
+            ct.scored_blocks += vb;
+            bytes += (uint64_t)vb * sg.bk_width * 2 + (uint64_t)vb * 8;   /* block keys; key written and read back */
+            if (sg.rk_off >= 0)
+                bytes += (uint64_t)D * sg.dk * 2;
+        }
+        for (int64_t b = 0; b < vb; b++) {
+            const int32_t id = (int32_t)(sg.first_block + b);
+            const bool in = sg.always || selected(keys[(size_t)id], id, sel.x, (int32_t)sel.y);
+            if (blocks)
+                blocks[id] = in;
+            if (!in)
+                continue;
+            taken++;
+            const int w = block_weight(sg, b, B, jb.pos);
+            ct.tokens += w;
+            if (attended)
+                for (int64_t t = sg.start + b * B; t < sg.start + b * B + w; t++)
+                    attended[t] = 1;
+        }
+        ct.blocks += taken;
+        bytes += (uint64_t)taken * sg.rec_bytes;
+        if (taken > 0) {
+            ct.segments_attended++;
+            if (sg.rv_off >= 0)
+                bytes += (uint64_t)p->nparts * D * sg.dv * 2;
+        }
+    }
+    if (blocks)
+        for (int64_t id = jb.nb_vis; id < hd.n_blocks; id++)
+            blocks[id] = 0;
+    ct.device_bytes = bytes;
+    if (counts)
+        *counts = ct;
+    return MKV_OK;
+}

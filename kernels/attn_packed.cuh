@@ -1,0 +1,118 @@
+/* Packed MosaicKV attention: what attn_packed.cu, encode.cu and bench.cu
+ * share (C++; the C door is kernels/mkv_cuda.h).
+ *
+ * One decode step is four kernels on one stream:
+ *   score_kernel   per (request x KV head = "job", visible segment): q~ =
+ *                  q R_k once for the segment (kept for the attention),
+ *                  block scores q~ . kbar on the tensor cores (the same
+ *                  mma path as the attention scores), aggregated over the
+ *                  group's heads, written as order-preserving 32-bit keys,
+ *                  and a weighted histogram of their top 12 bits per job
+ *                  (the first digit of the selection, fused into scoring);
+ *   select_kernel  per job: the dense sink/recent tokens' partial (before
+ *                  waiting for scoring), then the token budget's threshold:
+ *                  the key K* and, among blocks scored exactly K*, the
+ *                  last block id taken, found digit by digit (12 + 12 + 8
+ *                  bits) from the fused histogram with early exit when a
+ *                  whole bin is needed (the usual case after 24 bits), so
+ *                  the block list is never sorted or compacted globally;
+ *   attend_kernel  per (job, segment, part): the segment's blocks with
+ *                  key > K* (or = K* and id <= cut) compacted in shared
+ *                  memory, their records streamed into shared memory with
+ *                  cp.async three tiles ahead per warp, expanded into the
+ *                  register fragments a dense 16-token tile would have
+ *                  (positions by popcount, zeros elsewhere), scores and
+ *                  P V on the tensor cores (attn_core.cuh), online softmax
+ *                  in the segment's rotated V space, then one rotation
+ *                  back per segment and part: a partial (m, l, acc);
+ *   merge_kernel   (attn_core.cuh) over each job's partials.
+ * The layout and semantics are in mkv_cuda.h. */
+#ifndef MKV_ATTN_PACKED_CUH
+#define MKV_ATTN_PACKED_CUH
+
+#include <vector>
+
+#include "attn_core.cuh"
+
+namespace mkv_packed {
+
+/* Per job (request b, KV head h): what the kernels need of the plan. */
+struct job_info {
+    int64_t pos;          /* query position */
+    int32_t head;         /* cache head */
+    int32_t seg_vis;      /* segments starting <= pos */
+    int32_t nb_vis;       /* blocks (head-wide ids) starting <= pos: ids [0, nb_vis) */
+    int32_t nd_vis;       /* dense rows at tokens <= pos (a prefix of the rows) */
+    int32_t need;         /* budget minus the always-attended tokens: what blocks must add */
+    int32_t cand_w;       /* tokens <= pos in scored (non-temporary) blocks */
+    int32_t slot0;        /* its first partial slot (the dense tokens), then its attend items */
+    int32_t reserved;
+};
+
+constexpr int HIST_BINS = 4096;      /* first digit: key bits 31..20 */
+
+}  // namespace mkv_packed
+
+struct mkv_packed_cache {
+    int head_dim = 0, block = 0;
+    std::vector<mkv_packed_head> heads;
+    std::vector<mkv_packed_seg> segs;
+    size_t record_bytes = 0, n_blockkeys = 0, n_rotations = 0;
+    int64_t n_dense_rows = 0;
+    mkv_device_buffer d_heads, d_segs, records, blockkeys, rotations, dense_k, dense_v;
+};
+
+namespace mkv_packed {
+
+/* Check a layout's tables against its pool sizes and limits. */
+int check_layout(const mkv_packed_layout *l, mkv_error *err);
+/* Allocate a cache for a layout's tables (pools uninitialised); upload
+ * copies the pools that are given. */
+int cache_alloc(const mkv_packed_layout *l, mkv_packed_cache **out, mkv_error *err);
+/* Rewrite segment row `row` on the device from the host table (after an
+ * append changed its length). */
+int cache_sync_seg(mkv_packed_cache *c, int64_t row, cudaStream_t st, mkv_error *err);
+
+/* Tokens <= pos of block b (0-based within the segment) of segment s. */
+__host__ __device__ inline int block_weight(const mkv_packed_seg &s, int64_t b, int B, int64_t pos)
+{
+    const int64_t t0 = s.start + b * B;
+    int64_t t1 = t0 + B;
+    if (t1 > s.start + s.len)
+        t1 = s.start + s.len;
+    if (t1 > pos + 1)
+        t1 = pos + 1;
+    return t1 > t0 ? (int)(t1 - t0) : 0;
+}
+
+/* Blocks of segment s that start <= pos. */
+__host__ __device__ inline int64_t visible_blocks(const mkv_packed_seg &s, int B, int64_t pos)
+{
+    if (pos < s.start || s.len <= 0)
+        return 0;
+    const int64_t v = (pos - s.start) / B + 1, nb = (s.len + B - 1) / B;
+    return v < nb ? v : nb;
+}
+
+/* Order-preserving key of a score: larger score, larger key; never 0
+ * (0 marks blocks that are not candidates); NaN ranks lowest. */
+__device__ __forceinline__ uint32_t order_key(float s)
+{
+    if (s != s)
+        return 1u;
+    if (s == 0.f)
+        s = 0.f;   /* -0 ties with +0 */
+    uint32_t u = __float_as_uint(s);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return u < 1u ? 1u : u;
+}
+
+/* Whether block `id` (head-wide) with key k is selected by (K*, cut). */
+__host__ __device__ inline bool selected(uint32_t k, int32_t id, uint32_t kstar, int32_t cut)
+{
+    return k > kstar || (k == kstar && id <= cut);
+}
+
+}  // namespace mkv_packed
+
+#endif

@@ -70,6 +70,23 @@ void mkv_usage_error(const char *fmt, ...)
     fputc('\n', stderr);
 }
 
+void mkv_describe_bad_option(int opt, char **argv, const char *shortopts, char *buf, size_t size)
+{
+    const char *arg = argv[optind - 1];
+    int name_len = (int)strcspn(arg, "=");
+    int is_short = optopt > 0 && optopt < 0x100;
+    if (opt == ':' && is_short)
+        snprintf(buf, size, "option '-%c' needs a value", optopt);
+    else if (opt == ':')
+        snprintf(buf, size, "option '%s' needs a value", arg);
+    else if (optopt == 0)
+        snprintf(buf, size, "unknown option '%.*s'", name_len, arg);
+    else if (!is_short || strchr(shortopts, optopt))
+        snprintf(buf, size, "option '%.*s' takes no value", name_len, arg);
+    else
+        snprintf(buf, size, "unknown option '-%c'", optopt);
+}
+
 void mkv_report(const mkv_error *err)
 {
     fprintf(stderr, "%s: %s\n", mkv_progname(), err->msg[0] ? err->msg : "unknown error");

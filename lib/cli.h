@@ -55,6 +55,13 @@ int mkv_parse_double(const char *arg, const char *name, double lo, double hi, do
 /* Sizes with an optional K, M, G (x1024) suffix: "64K" = 65536. */
 int mkv_parse_size(const char *arg, const char *name, int64_t lo, int64_t hi, int64_t *out);
 
+/* Describe the option getopt_long just rejected (opt is '?' or ':') as
+ * the user wrote it, e.g. "unknown option '--x'", "option '-o' needs a
+ * value", "option '--help' takes no value"; shortopts is the string given
+ * to getopt_long. glibc leaves optopt 0 for an unknown long option and sets
+ * it to the option's value for a long option given a value it does not take. */
+void mkv_describe_bad_option(int opt, char **argv, const char *shortopts, char *buf, size_t size);
+
 /* Print "PROG: message" + newline to stderr (for usage errors: exit 2). */
 void mkv_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Print "PROG: <err->msg>" to stderr. */

@@ -174,25 +174,11 @@ static void command_misuse(const command *cmd, const char *what)
     exit(2);
 }
 
-/* Say which option getopt_long just rejected ('?' or ':'), as the user
- * wrote it. glibc leaves optopt 0 for an unknown long option and sets it
- * to the option's value for a long option given a value it does not take. */
+/* A rejected option is a usage error, in the user's own spelling. */
 static void bad_option(const command *cmd, int opt, char **argv, const char *shortopts)
 {
     char what[300];
-    const char *arg = argv[optind - 1];
-    int name_len = (int)strcspn(arg, "=");
-    int is_short = optopt > 0 && optopt < 0x100;
-    if (opt == ':' && is_short)
-        snprintf(what, sizeof what, "option '-%c' needs a value", optopt);
-    else if (opt == ':')
-        snprintf(what, sizeof what, "option '%s' needs a value", arg);
-    else if (optopt == 0)
-        snprintf(what, sizeof what, "unknown option '%.*s'", name_len, arg);
-    else if (!is_short || strchr(shortopts, optopt))
-        snprintf(what, sizeof what, "option '%.*s' takes no value", name_len, arg);
-    else
-        snprintf(what, sizeof what, "unknown option '-%c'", optopt);
+    mkv_describe_bad_option(opt, argv, shortopts, what, sizeof what);
     command_misuse(cmd, what);
 }
 

@@ -76,25 +76,11 @@ static void misuse(const char *what)
     exit(2);
 }
 
-/* Say which option getopt_long just rejected, as the user wrote it. glibc
- * leaves optopt 0 for an unknown long option and sets it to the option's
- * value for a long option given a value it does not take. */
+/* A rejected option is a usage error, in the user's own spelling. */
 static void bad_option(int opt, char **argv)
 {
     char what[300];
-    const char *arg = argv[optind - 1];
-    int name_len = (int)strcspn(arg, "=");
-    int is_short = optopt > 0 && optopt < 0x100;
-    if (opt == ':' && is_short)
-        snprintf(what, sizeof what, "option '-%c' needs a value", optopt);
-    else if (opt == ':')
-        snprintf(what, sizeof what, "option '%s' needs a value", arg);
-    else if (optopt == 0)
-        snprintf(what, sizeof what, "unknown option '%.*s'", name_len, arg);
-    else if (!is_short || strchr(SHORTOPTS, optopt))
-        snprintf(what, sizeof what, "option '%.*s' takes no value", name_len, arg);
-    else
-        snprintf(what, sizeof what, "unknown option '-%c'", optopt);
+    mkv_describe_bad_option(opt, argv, SHORTOPTS, what, sizeof what);
     misuse(what);
 }
 

@@ -40,80 +40,6 @@ static const char *const PUBLISHED =
 
 /* ------------------------------------------------------------ environment */
 
-static int file_exists(const char *path) { return access(path, R_OK) == 0; }
-
-static int has_models(const char *dir)
-{
-    char a[4200], b[4200];
-    snprintf(a, sizeof a, "%s/stories260K.bin", dir);
-    snprintf(b, sizeof b, "%s/tok512.bin", dir);
-    return file_exists(a) && file_exists(b);
-}
-
-/* Directory with stories260K.bin and tok512.bin, or NULL (MKV_MODELS_DIR,
- * else ../shared/models beside the source tree or the working directory). */
-static const char *models_dir(void)
-{
-    static char dir[4096];
-    static int looked;
-    if (!looked) {
-        looked = 1;
-        const char *env = getenv("MKV_MODELS_DIR"), *top = getenv("top_srcdir");
-        if (env && *env) {
-            snprintf(dir, sizeof dir, "%s", env);
-        } else {
-            if (top && *top)
-                snprintf(dir, sizeof dir, "%s/../shared/models", top);
-            if (!dir[0] || !has_models(dir))
-                snprintf(dir, sizeof dir, "../shared/models");
-        }
-        if (!has_models(dir))
-            dir[0] = '\0';
-    }
-    return dir[0] ? dir : NULL;
-}
-
-static const char *model_file(const char *name)
-{
-    static char path[2][4200];
-    static int which;
-    which ^= 1;
-    snprintf(path[which], sizeof path[which], "%s/%s", models_dir(), name);
-    return path[which];
-}
-
-static const char *python(void)
-{
-    static char py[1024];
-    static int looked;
-    if (!looked) {
-        looked = 1;
-        const char *cands[] = {getenv("PYTHON_H5PY"), "/usr/bin/python3", "python3"};
-        for (int i = 0; i < 3 && !py[0]; i++) {
-            if (!cands[i] || !*cands[i])
-                continue;
-            char cmd[1200];
-            snprintf(cmd, sizeof cmd, "'%s' -c 'import numpy' >/dev/null 2>&1", cands[i]);
-            if (system(cmd) == 0)
-                snprintf(py, sizeof py, "%s", cands[i]);
-        }
-    }
-    return py[0] ? py : NULL;
-}
-
-static const char *ref_script(void)
-{
-    static char path[4200];
-    const char *dirs[] = {getenv("top_srcdir"), getenv("srcdir"), "."};
-    for (int i = 0; i < 3; i++) {
-        if (!dirs[i] || !*dirs[i])
-            continue;
-        snprintf(path, sizeof path, "%s/tests/model_ref.py", dirs[i]);
-        if (file_exists(path))
-            return path;
-    }
-    return NULL;
-}
 
 /* ------------------------------------------------------------ files */
 
@@ -131,7 +57,7 @@ static const char *tmp_path(const char *name)
 static const char *make_dir(const char *name)
 {
     const char *dir = tmp_path(name);
-    ck_assert_msg(mkdir(dir, 0755) == 0 || file_exists(dir), "mkdir %s", dir);
+    ck_assert_msg(mkdir(dir, 0755) == 0 || test_file_exists(dir), "mkdir %s", dir);
     return dir;
 }
 
@@ -482,7 +408,7 @@ static spm_vocab tok512_vocab(void)
 {
     mkv_tokenizer *t;
     mkv_error err;
-    ck_assert_msg(mkv_tokenizer_load_llama2c(model_file("tok512.bin"), 512, &t, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_msg(mkv_tokenizer_load_llama2c(test_model_file("tok512.bin"), 512, &t, &err) == MKV_OK, "%s", err.msg);
     spm_vocab v = {.n = t->vocab_size};
     for (int id = 0; id < v.n; id++) {
         const mkv_token *tok = &t->tokens[id];
@@ -785,7 +711,7 @@ static mkv_model *load_stories(void)
 {
     mkv_model *m;
     mkv_error err;
-    ck_assert_msg(mkv_llama2c_load(model_file("stories260K.bin"), &m, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_msg(mkv_llama2c_load(test_model_file("stories260K.bin"), &m, &err) == MKV_OK, "%s", err.msg);
     return m;
 }
 
@@ -793,7 +719,7 @@ static mkv_tokenizer *load_tok512(void)
 {
     mkv_tokenizer *t;
     mkv_error err;
-    ck_assert_msg(mkv_tokenizer_load_llama2c(model_file("tok512.bin"), 512, &t, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_msg(mkv_tokenizer_load_llama2c(test_model_file("tok512.bin"), 512, &t, &err) == MKV_OK, "%s", err.msg);
     return t;
 }
 
@@ -912,8 +838,8 @@ END_TEST
 START_TEST(test_stories_sharded)
 {
     const char *dir = write_stories_dir("stories-sharded", "F32", 2);
-    ck_assert(file_exists(in_dir(dir, "model-00002-of-00002.safetensors")));
-    ck_assert(!file_exists(in_dir(dir, "model.safetensors")));
+    ck_assert(test_file_exists(in_dir(dir, "model-00002-of-00002.safetensors")));
+    ck_assert(!test_file_exists(in_dir(dir, "model.safetensors")));
     double e = stories_logit_error(dir);
     ck_assert_msg(e <= 1e-5, "sharded HF vs llama2.c logits: relative error %.3g", e);
 }
@@ -1287,7 +1213,7 @@ static void write_biases(const char *path, const mkv_model *m)
 static double *reference_logits(const mkv_model *m, const int32_t *ids, size_t n, const char *tag,
                                 const char *args)
 {
-    if (!python() || !ref_script())
+    if (!test_python() || !test_ref_script())
         return NULL;
     char name[3][128];
     snprintf(name[0], sizeof name[0], "%s.bin", tag);
@@ -1303,7 +1229,7 @@ static double *reference_logits(const mkv_model *m, const int32_t *ids, size_t n
     }
     for (size_t i = 0; i < n; i++)
         snprintf(list + strlen(list), sizeof list - strlen(list), "%s%d", i ? "," : "", (int)ids[i]);
-    snprintf(cmd, sizeof cmd, "'%s' '%s' forward '%s' '%s' --tokens %s %s %s", python(), ref_script(),
+    snprintf(cmd, sizeof cmd, "'%s' '%s' forward '%s' '%s' --tokens %s %s %s", test_python(), test_ref_script(),
              ckpt, out, list, args, bias_arg);
     ck_assert_msg(system(cmd) == 0, "reference failed: %s", cmd);
     FILE *fp = fopen(out, "rb");
@@ -1655,7 +1581,7 @@ START_TEST(test_config_errors)
     huge.n_heads = 512;
     huge.n_kv_heads = 512;
     write_config(dir, &huge, "LlamaForCausalLM", "", NULL);
-    if (file_exists("/proc/meminfo"))
+    if (test_file_exists("/proc/meminfo"))
         expect_load_error(dir, MKV_ENOMEM, "GiB", "float32");
     ck_assert_int_eq(unlink(in_dir(dir, "config.json")), 0);
     expect_load_error(dir, MKV_EIO, "config.json");
@@ -1831,7 +1757,7 @@ END_TEST
 
 int main(void)
 {
-    int have_models = models_dir() != NULL;
+    int have_models = test_models_dir() != NULL;
     Suite *s = suite_create("hf");
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 120);

@@ -32,86 +32,11 @@ static const char *const PUBLISHED =
 
 /* ------------------------------------------------------------ environment */
 
-static int file_exists(const char *path) { return access(path, R_OK) == 0; }
-
-static int has_models(const char *dir)
-{
-    char a[4200], b[4200];
-    snprintf(a, sizeof a, "%s/stories260K.bin", dir);
-    snprintf(b, sizeof b, "%s/tok512.bin", dir);
-    return file_exists(a) && file_exists(b);
-}
-
-/* Directory with stories260K.bin and tok512.bin, or NULL.  MKV_MODELS_DIR,
- * when set, is the only place looked at. */
-static const char *models_dir(void)
-{
-    static char dir[4096];
-    static int looked;
-    if (!looked) {
-        looked = 1;
-        const char *env = getenv("MKV_MODELS_DIR"), *top = getenv("top_srcdir");
-        if (env && *env) {
-            snprintf(dir, sizeof dir, "%s", env);
-        } else {
-            if (top && *top)
-                snprintf(dir, sizeof dir, "%s/../shared/models", top);
-            if (!dir[0] || !has_models(dir))
-                snprintf(dir, sizeof dir, "../shared/models");
-        }
-        if (!has_models(dir))
-            dir[0] = '\0';
-    }
-    return dir[0] ? dir : NULL;
-}
-
-static const char *model_file(const char *name)
-{
-    static char path[2][4200];
-    static int which;
-    which ^= 1;
-    snprintf(path[which], sizeof path[which], "%s/%s", models_dir(), name);
-    return path[which];
-}
-
-/* Python with numpy for the reference, or NULL. */
-static const char *python(void)
-{
-    static char py[1024];
-    static int looked;
-    if (!looked) {
-        looked = 1;
-        const char *cands[] = {getenv("PYTHON_H5PY"), "/usr/bin/python3", "python3"};
-        for (int i = 0; i < 3 && !py[0]; i++) {
-            if (!cands[i] || !*cands[i])
-                continue;
-            char cmd[1200];
-            snprintf(cmd, sizeof cmd, "'%s' -c 'import numpy' >/dev/null 2>&1", cands[i]);
-            if (system(cmd) == 0)
-                snprintf(py, sizeof py, "%s", cands[i]);
-        }
-    }
-    return py[0] ? py : NULL;
-}
-
-static const char *ref_script(void)
-{
-    static char path[4200];
-    const char *dirs[] = {getenv("top_srcdir"), getenv("srcdir"), "."};
-    for (int i = 0; i < 3; i++) {
-        if (!dirs[i] || !*dirs[i])
-            continue;
-        snprintf(path, sizeof path, "%s/tests/model_ref.py", dirs[i]);
-        if (file_exists(path))
-            return path;
-    }
-    return NULL;
-}
 
 /* Both python and the script, or a skip message and 0. */
 static int have_reference(const char *test)
 {
-    if (python() && ref_script())
+    if (test_python() && test_ref_script())
         return 1;
     printf("check_model: %s skipped: python3 with numpy or tests/model_ref.py not found\n", test);
     return 0;
@@ -440,7 +365,7 @@ static mkv_model *load_stories(void)
 {
     mkv_model *m;
     mkv_error err;
-    ck_assert_msg(mkv_llama2c_load(model_file("stories260K.bin"), &m, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_msg(mkv_llama2c_load(test_model_file("stories260K.bin"), &m, &err) == MKV_OK, "%s", err.msg);
     return m;
 }
 
@@ -448,7 +373,7 @@ static mkv_tokenizer *load_tok512(void)
 {
     mkv_tokenizer *t;
     mkv_error err;
-    ck_assert_msg(mkv_tokenizer_load_llama2c(model_file("tok512.bin"), 512, &t, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_msg(mkv_tokenizer_load_llama2c(test_model_file("tok512.bin"), 512, &t, &err) == MKV_OK, "%s", err.msg);
     return t;
 }
 
@@ -464,7 +389,7 @@ static void compare_with_reference(const mkv_model *m, const char *checkpoint, c
                  (int)tokens[i]);
     const char *out = tmp_file("ref.f64");
     char cmd[16384];
-    snprintf(cmd, sizeof cmd, "'%s' '%s' forward '%s' '%s' --tokens %s %s", python(), ref_script(),
+    snprintf(cmd, sizeof cmd, "'%s' '%s' forward '%s' '%s' --tokens %s %s", test_python(), test_ref_script(),
              checkpoint, out, tok_list, extra_args);
     ck_assert_msg(system(cmd) == 0, "reference failed: %s", cmd);
     size_t nbytes;
@@ -574,8 +499,8 @@ START_TEST(test_tokenizer_matches_reference)
         fwrite(cases[k], 1, strlen(cases[k]) + (k + 1 < count), fp); /* NUL-separated */
     fclose(fp);
     char cmd[8192];
-    snprintf(cmd, sizeof cmd, "'%s' '%s' tokenize '%s' '%s' > '%s'", python(), ref_script(),
-             model_file("tok512.bin"), texts, out);
+    snprintf(cmd, sizeof cmd, "'%s' '%s' tokenize '%s' '%s' > '%s'", test_python(), test_ref_script(),
+             test_model_file("tok512.bin"), texts, out);
     ck_assert_msg(system(cmd) == 0, "reference failed: %s", cmd);
     fp = fopen(out, "r");
     ck_assert_ptr_nonnull(fp);
@@ -740,7 +665,7 @@ START_TEST(test_stories_matches_reference)
     size_t n;
     int32_t *ids = encode(t, "Once upon a time, there was a little girl named Lily. She loved to", &n);
     /* chunks of 8 and two threads: several chunks and attention blocks */
-    compare_with_reference(m, model_file("stories260K.bin"), ids, (int)n, "", 2, 8);
+    compare_with_reference(m, test_model_file("stories260K.bin"), ids, (int)n, "", 2, 8);
     free(ids);
     mkv_tokenizer_free(t);
     mkv_model_free(m);
@@ -809,7 +734,7 @@ START_TEST(test_threads_identical)
     c.vocab_size = 300;
     c.max_seq_len = 256;
     mkv_model *syn = random_model(&c, 5);
-    mkv_model *stories = models_dir() ? load_stories() : NULL;
+    mkv_model *stories = test_models_dir() ? load_stories() : NULL;
     mkv_model *models[] = {syn, stories};
     int32_t tokens[200];
     for (int k = 0; k < 2 && models[k]; k++) {
@@ -838,7 +763,7 @@ START_TEST(test_chunked_equals_stepwise)
     mkv_model_config c;
     synthetic_config(&c);
     mkv_model *syn = random_model(&c, 9);
-    mkv_model *stories = models_dir() ? load_stories() : NULL;
+    mkv_model *stories = test_models_dir() ? load_stories() : NULL;
     mkv_model *models[] = {syn, stories};
     int32_t tokens[150];
     for (int k = 0; k < 2 && models[k]; k++) {
@@ -1080,7 +1005,7 @@ END_TEST
 
 int main(void)
 {
-    int have_models = models_dir() != NULL;
+    int have_models = test_models_dir() != NULL;
     Suite *s = suite_create("model");
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 120);

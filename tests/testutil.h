@@ -79,4 +79,85 @@ static inline int test_run(Suite *s)
     return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }
 
+/* ---- real models and the numpy reference (tests that need them skip) ---- */
+
+static inline int test_file_exists(const char *path) { return access(path, R_OK) == 0; }
+
+static inline int test_has_models(const char *dir)
+{
+    char a[4200], b[4200];
+    snprintf(a, sizeof a, "%s/stories260K.bin", dir);
+    snprintf(b, sizeof b, "%s/tok512.bin", dir);
+    return test_file_exists(a) && test_file_exists(b);
+}
+
+/* Directory with stories260K.bin and tok512.bin, or NULL.  MKV_MODELS_DIR,
+ * when set, is the only place looked at; else ../shared/models beside the
+ * source tree (top_srcdir) or the working directory. */
+static inline const char *test_models_dir(void)
+{
+    static char dir[4096];
+    static int looked;
+    if (!looked) {
+        looked = 1;
+        const char *env = getenv("MKV_MODELS_DIR"), *top = getenv("top_srcdir");
+        if (env && *env) {
+            snprintf(dir, sizeof dir, "%s", env);
+        } else {
+            if (top && *top)
+                snprintf(dir, sizeof dir, "%s/../shared/models", top);
+            if (!dir[0] || !test_has_models(dir))
+                snprintf(dir, sizeof dir, "../shared/models");
+        }
+        if (!test_has_models(dir))
+            dir[0] = '\0';
+    }
+    return dir[0] ? dir : NULL;
+}
+
+/* Path of a file in the models directory; two stay valid at once. */
+static inline const char *test_model_file(const char *name)
+{
+    static char path[2][4200];
+    static int which;
+    which ^= 1;
+    snprintf(path[which], sizeof path[which], "%s/%s", test_models_dir(), name);
+    return path[which];
+}
+
+/* Python with numpy for the reference, or NULL. */
+static inline const char *test_python(void)
+{
+    static char py[1024];
+    static int looked;
+    if (!looked) {
+        looked = 1;
+        const char *cands[] = {getenv("PYTHON_H5PY"), "/usr/bin/python3", "python3"};
+        for (int i = 0; i < 3 && !py[0]; i++) {
+            if (!cands[i] || !*cands[i])
+                continue;
+            char cmd[1200];
+            snprintf(cmd, sizeof cmd, "'%s' -c 'import numpy' >/dev/null 2>&1", cands[i]);
+            if (system(cmd) == 0)
+                snprintf(py, sizeof py, "%s", cands[i]);
+        }
+    }
+    return py[0] ? py : NULL;
+}
+
+/* tests/model_ref.py of the source tree, or NULL. */
+static inline const char *test_ref_script(void)
+{
+    static char path[4200];
+    const char *dirs[] = {getenv("top_srcdir"), getenv("srcdir"), "."};
+    for (int i = 0; i < 3; i++) {
+        if (!dirs[i] || !*dirs[i])
+            continue;
+        snprintf(path, sizeof path, "%s/tests/model_ref.py", dirs[i]);
+        if (test_file_exists(path))
+            return path;
+    }
+    return NULL;
+}
+
 #endif

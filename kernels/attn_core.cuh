@@ -54,8 +54,10 @@ constexpr int WARPS = 4;           /* warps per block of the split kernel */
 constexpr int THREADS = WARPS * 32;
 constexpr int MAX_G = 8;           /* query heads per KV head (A rows 0..7) */
 /* Blocks per multiprocessor the attention kernels are built for (see
- * split_kernel). */
-constexpr int ATTN_MINB = 3;
+ * split_kernel): 2 (q in registers) timed faster than 3 (q in shared
+ * memory) on every shape of docs/BENCHMARKS.md run 1, by 1-13%. */
+constexpr int ATTN_MINB = 2;
+constexpr int MERGE_THREADS = 512;   /* merge_kernel: a multiple of 128 */
 
 /* ------------------------------------------------------------ small pieces */
 
@@ -522,20 +524,39 @@ __global__ void __launch_bounds__(THREADS, MINB) split_kernel(const split_args a
  * the request has no token.  One block of D threads per (request, query
  * head). */
 template <int D>
-__global__ void __launch_bounds__(D) merge_kernel(const int2 *head_items, const float *part_o,
-                                                  const float2 *part_ml, float *out, int n_kv, int G)
+__global__ void __launch_bounds__(MERGE_THREADS) merge_kernel(const int2 *head_items, const float *part_o,
+                                                              const float2 *part_ml, float *out, int n_kv, int G)
 {
+    /* P slot lanes per channel: a (request, head) may have hundreds of
+     * partials, and one thread walking them in turn waits on one load per
+     * partial; P threads with their loads unrolled keep many in flight. */
+    constexpr int P = MERGE_THREADS / D, NW = MERGE_THREADS / 32;
+    __shared__ float sm_red[NW];
+    __shared__ float sm_acc[P][D];
+    __shared__ float sm_l[P];
     const int hq_all = n_kv * G;
     const int b = blockIdx.x / hq_all, hq = blockIdx.x % hq_all;
     const int h = hq / G, g = hq % G;
     const int2 r = head_items[(size_t)b * n_kv + h];
-    const int ch = threadIdx.x;
+    const int tid = threadIdx.x, ch = tid % D, p = tid / D;
     float mx = -INFINITY;
-    for (int i = 0; i < r.y; i++)
+#pragma unroll 4
+    for (int i = tid; i < r.y; i += MERGE_THREADS)
         mx = fmaxf(mx, part_ml[(size_t)(r.x + i) * G + g].x);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if ((tid & 31) == 0)
+        sm_red[tid >> 5] = mx;
+    __syncthreads();
+    mx = sm_red[0];
+#pragma unroll
+    for (int w = 1; w < NW; w++)
+        mx = fmaxf(mx, sm_red[w]);
     float l = 0.f, acc = 0.f;
     if (mx != -INFINITY) {
-        for (int i = 0; i < r.y; i++) {
+#pragma unroll 4
+        for (int i = p; i < r.y; i += P) {
             const size_t slot = (size_t)(r.x + i) * G + g;
             const float2 ml = part_ml[slot];
             const float f = fast_exp2(ml.x - mx);
@@ -543,7 +564,18 @@ __global__ void __launch_bounds__(D) merge_kernel(const int2 *head_items, const 
             acc += part_o[slot * D + ch] * f;
         }
     }
-    out[(size_t)blockIdx.x * D + ch] = l > 0.f ? acc / l : 0.f;
+    sm_acc[p][ch] = acc;
+    if (ch == 0)
+        sm_l[p] = l;
+    __syncthreads();
+    if (p == 0) {
+#pragma unroll
+        for (int q = 1; q < P; q++) {
+            acc += sm_acc[q][ch];
+            l += sm_l[q];
+        }
+        out[(size_t)blockIdx.x * D + ch] = l > 0.f ? acc / l : 0.f;
+    }
 }
 
 /* --------------------------------------------------------------- host side */

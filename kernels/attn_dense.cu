@@ -112,10 +112,10 @@ int launch_merge(const split_plan *sp, int batch, int n_kv, int G, int D, float 
 {
     const unsigned blocks = (unsigned)(batch * n_kv * G);
     if (D == 64)
-        merge_kernel<64><<<blocks, 64, 0, st>>>(sp->head_items.as<int2>(), sp->part_o.as<float>(),
+        merge_kernel<64><<<blocks, MERGE_THREADS, 0, st>>>(sp->head_items.as<int2>(), sp->part_o.as<float>(),
                                                  sp->part_ml.as<float2>(), out, n_kv, G);
     else
-        merge_kernel<128><<<blocks, 128, 0, st>>>(sp->head_items.as<int2>(), sp->part_o.as<float>(),
+        merge_kernel<128><<<blocks, MERGE_THREADS, 0, st>>>(sp->head_items.as<int2>(), sp->part_o.as<float>(),
                                                    sp->part_ml.as<float2>(), out, n_kv, G);
     MKV_CUDA_CHECK_LAUNCH();
     return MKV_OK;

@@ -20,7 +20,7 @@ namespace {
 
 constexpr unsigned FULL = 0xffffffffu;
 constexpr int SEL_THREADS = 1024;   /* select_kernel: block_scan assumes 32 warps */
-constexpr int DENSE_CHUNK = 32;     /* dense rows staged at once by select_kernel */
+constexpr int DENSE_CHUNK = 32;     /* dense rows staged at once by dense_partial */
 constexpr int STAGES = 3;           /* cp.async tiles in flight per warp, the one computed included */
 constexpr int WIN = 512;            /* blocks of a segment compacted at once (4 per thread) */
 
@@ -116,11 +116,10 @@ __device__ __forceinline__ float warp_max_abs(float x)
 /* ------------------------------------------------------------------ scoring */
 
 struct score_args {
-    const mkv_packed_head *heads;
     const mkv_packed_seg *segs;
     const uint16_t *blockkeys, *rotations;
     const job_info *jobs;
-    const int2 *items;       /* {job, segment of its head} */
+    const int4 *items;       /* {job, segment of its head, segment row, 0} */
     const float *q;          /* [job][G][D] */
     float *qt;               /* [job][seg_max][G][qt_width], scaled */
     uint32_t *keys;          /* [job][kstride] */
@@ -131,128 +130,115 @@ struct score_args {
     float qscale;
 };
 
+/* Dynamic shared memory of score_kernel: R_k [D][dk] fp16 and the row
+ * splits' partial sums of q R_k [THREADS / (dk / 2)][MAX_G][dk] floats
+ * while q~ is computed, then the histogram. */
+inline size_t score_smem(int D, int dkmax)
+{
+    const size_t rot = (size_t)D * dkmax * 2 + sizeof(float) * 2 * THREADS * MAX_G;
+    const size_t hist = sizeof(uint32_t) * HIST_BINS;
+    return rot > hist ? rot : hist;
+}
+
+/* q~ = q R_k into sm_qt [MAX_G][D] (zeros past dk) from R_k staged in
+ * sm_r.  Thread (split, pair) sums rows [split * rows, (split + 1) * rows)
+ * of columns 2 pair and 2 pair + 1 for every head (one R load feeds G FMAs
+ * per column); the splits are then added in order, so the result does not
+ * depend on scheduling.  Ends with a barrier. */
+template <int D, int NG>
+__device__ void rotate_query(const float (*sm_q)[D], const uint16_t *sm_r, float *sm_part, int dk, int G,
+                             float (*sm_qt)[D])
+{
+    const int tid = threadIdx.x;
+    const int npair = dk / 2, nsplit = THREADS / npair, rows = D / nsplit;   /* dk in 32..D: rows % 4 == 0 */
+    const int pair = tid % npair, split = tid / npair;
+    const int j_end = split < nsplit ? (split + 1) * rows : 0;   /* dk = 96 leaves threads idle */
+    float acc[NG][2] = {};
+    for (int j0 = split * rows; j0 < j_end; j0 += 4) {
+        uint32_t r2[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            r2[u] = *reinterpret_cast<const uint32_t *>(sm_r + (size_t)(j0 + u) * dk + 2 * pair);
+        float r[4][2];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            r[u][0] = h2f((uint16_t)(r2[u] & 0xffffu));
+            r[u][1] = h2f((uint16_t)(r2[u] >> 16));
+        }
+#pragma unroll
+        for (int g = 0; g < NG; g++)
+            if (g < G) {
+                const float4 qv = *reinterpret_cast<const float4 *>(&sm_q[g][j0]);
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    acc[g][h] += qv.x * r[0][h] + qv.y * r[1][h] + qv.z * r[2][h] + qv.w * r[3][h];
+            }
+    }
+    if (split < nsplit)
+#pragma unroll
+        for (int g = 0; g < NG; g++)
+            if (g < G) {
+                sm_part[((size_t)split * MAX_G + g) * dk + 2 * pair] = acc[g][0];
+                sm_part[((size_t)split * MAX_G + g) * dk + 2 * pair + 1] = acc[g][1];
+            }
+    __syncthreads();
+    for (int i = tid; i < G * D; i += THREADS) {
+        const int g = i / D, c = i % D;
+        float v = 0.f;
+        if (c < dk)
+            for (int sp = 0; sp < nsplit; sp++)
+                v += sm_part[((size_t)sp * MAX_G + g) * dk + c];
+        sm_qt[g][c] = v;
+    }
+    __syncthreads();
+}
+
+/* rotate_query with the head loop unrolled as far as G needs. */
+template <int D>
+__device__ void rotate_query_g(const float (*sm_q)[D], const uint16_t *sm_r, float *sm_part, int dk, int G,
+                               float (*sm_qt)[D])
+{
+    if (G <= 1)
+        rotate_query<D, 1>(sm_q, sm_r, sm_part, dk, G, sm_qt);
+    else if (G <= 2)
+        rotate_query<D, 2>(sm_q, sm_r, sm_part, dk, G, sm_qt);
+    else if (G <= 4)
+        rotate_query<D, 4>(sm_q, sm_r, sm_part, dk, G, sm_qt);
+    else
+        rotate_query<D, MAX_G>(sm_q, sm_r, sm_part, dk, G, sm_qt);
+}
+
 /* KJ: 32-channel steps of the block-key rows (their width / 32, rounded up). */
 template <int D, int KJ>
 __global__ void __launch_bounds__(THREADS) score_kernel(const score_args a)
 {
-    constexpr int DKMAX = D;          /* q~ channels at most */
     constexpr int W = 32 * KJ;        /* block-key row channels at most */
-    __shared__ float sm_q[MAX_G][D];
-    __shared__ float sm_qt[MAX_G][DKMAX];
-    __shared__ float sm_red[4][MAX_G][DKMAX];
+    __shared__ __align__(16) float sm_q[MAX_G][D];
+    __shared__ __align__(16) float sm_qt[MAX_G][D];
     __shared__ float sm_qb[MAX_G][W];
-    __shared__ uint32_t sm_hist[HIST_BINS];
+    __shared__ float sm_wmax[WARPS];
+    extern __shared__ __align__(16) uint8_t dyn[];
+    uint32_t *sm_hist = reinterpret_cast<uint32_t *>(dyn);   /* after q~: R_k and the sums are dead */
 
-    /* Nothing downstream reads this grid before it completes (select_kernel
-     * waits for that), so the next grid may launch now. */
-    pdl_trigger();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int n = lane >> 2, c = lane & 3;
-    const int2 it = a.items[blockIdx.x];
+    const int4 it = a.items[blockIdx.x];
     const job_info jb = a.jobs[it.x];
-    const mkv_packed_head hd = a.heads[jb.head];
-    const mkv_packed_seg sg = a.segs[hd.first_seg + it.y];
-    const int G = a.G, dk = sg.dk, B = a.block;
+    const mkv_packed_seg sg = a.segs[it.z];
+    const int G = a.G, B = a.block, dk = sg.dk;
+    const bool rot = sg.rk_off >= 0;
 
-    const float *qj = a.q + (size_t)it.x * G * D;
-    for (int i = tid; i < G * D; i += THREADS)
-        sm_q[i / D][i % D] = qj[i] * a.qscale;
-    for (int i = tid; i < HIST_BINS; i += THREADS)
-        sm_hist[i] = 0;
-    __syncthreads();
-
-    /* q~ = q R_k over the segment's dk channels: thread (split, c) sums the
-     * rows j = split, split + nsplit, ... of column c; the splits are added
-     * in order, so the result does not depend on scheduling. */
-    if (sg.rk_off >= 0) {
-        const int nsplit = THREADS / dk > 0 ? THREADS / dk : 1;
-        const int col = tid % dk, split = tid / dk;
-        if (split < nsplit) {
-            float acc[MAX_G];
-#pragma unroll
-            for (int g = 0; g < MAX_G; g++)
-                acc[g] = 0.f;
-            const uint16_t *R = a.rotations + sg.rk_off + col;
-#pragma unroll 4
-            for (int j = split; j < D; j += nsplit) {
-                const float r = h2f(R[(size_t)j * dk]);
-#pragma unroll
-                for (int g = 0; g < MAX_G; g++)
-                    if (g < G)
-                        acc[g] += sm_q[g][j] * r;
-            }
-#pragma unroll
-            for (int g = 0; g < MAX_G; g++)
-                if (g < G)
-                    sm_red[split][g][col] = acc[g];
-        }
-        __syncthreads();
-        for (int i = tid; i < G * DKMAX; i += THREADS) {
-            const int g = i / DKMAX, cc = i % DKMAX;
-            float v = 0.f;
-            if (cc < dk)
-                for (int s = 0; s < nsplit; s++)
-                    v += sm_red[s][g][cc];
-            sm_qt[g][cc] = v;
-        }
-    } else {
-        for (int i = tid; i < G * DKMAX; i += THREADS) {
-            const int g = i / DKMAX, cc = i % DKMAX;
-            sm_qt[g][cc] = cc < D ? sm_q[g][cc] : 0.f;
-        }
+    /* Start the segment's R_k and this warp's first block keys on their
+     * way before anything waits: neither depends on q. */
+    if (rot) {
+        const uint16_t *R = a.rotations + sg.rk_off;
+        for (int i = tid; i < D * dk / 8; i += THREADS)
+            cp_async16(reinterpret_cast<uint16_t *>(dyn) + 8 * i, R + 8 * i);
+        cp_async_commit();
     }
-    __syncthreads();   /* sm_qt complete before other threads' rows read it */
-    /* The block-score query: [min(q~, 0) | max(q~, 0) over the bounded
-     * channels | q~ over the others], matching the row layout. */
-    const int kb = sg.kbound, kw = sg.kdim + sg.kbound;
-    float qbmax = 0.f;
-    for (int i = tid; i < G * W; i += THREADS) {
-        const int g = i / W, c = i % W;
-        float v = 0.f;
-        if (c < kb)
-            v = fminf(sm_qt[g][c], 0.f);
-        else if (c < 2 * kb)
-            v = fmaxf(sm_qt[g][c - kb], 0.f);
-        else if (c < kw)
-            v = sm_qt[g][c - kb];
-        sm_qb[g][c] = v;
-        qbmax = fmaxf(qbmax, fabsf(v));
-    }
-    qbmax = warp_max_abs(qbmax);
-    if (lane == 0)   /* sm_red is free again */
-        sm_red[0][0][warp] = qbmax;
-    __syncthreads();
-    float *qt = a.qt + ((size_t)it.x * a.seg_max + it.y) * G * a.qt_width;
-    for (int i = tid; i < G * a.qt_width; i += THREADS)
-        qt[i] = i % a.qt_width < DKMAX ? sm_qt[i / a.qt_width][i % a.qt_width] : 0.f;
-
     const int nbv = (int)visible_blocks(sg, B, jb.pos);
-    uint32_t *keys = a.keys + (size_t)it.x * a.kstride + sg.first_block;
-    uint8_t *wts = a.wts + (size_t)it.x * a.kstride + sg.first_block;
-    if (sg.always) {   /* attended whole: not a candidate */
-        for (int i = tid; i < nbv; i += THREADS) {
-            keys[i] = 0;
-            wts[i] = 0;
-        }
-        return;
-    }
-
-    float qbmax_all = 0.f;
-    for (int w = 0; w < WARPS; w++)
-        qbmax_all = fmaxf(qbmax_all, sm_red[0][0][w]);
-    const float2 qsc = q_split_scale(qbmax_all);
-    q_regs<KJ> qr;
-#pragma unroll
-    for (int j = 0; j < KJ; j++) {
-        float v[8];
-#pragma unroll
-        for (int e = 0; e < 8; e++)
-            v[e] = n < G ? sm_qb[n < G ? n : 0][8 * (4 * j + c) + e] * qsc.x : 0.f;
-        q_fragments<false>(v, qr.f[j]);
-    }
-
-    /* One warp scores 16 blocks per step like 16 tokens of attention, the
-     * next step's block keys loaded before this step's products. */
+    /* tokens of the segment at positions <= pos (blocks past it are not visible) */
+    const int vis_tokens = (int)(jb.pos + 1 - sg.start < sg.len ? jb.pos + 1 - sg.start : sg.len);
     const uint16_t *BK = a.blockkeys + sg.bk_off;
     const int bkw = sg.bk_width, nch = bkw / 8;
     auto load = [&](int t0, uint4 kr[2][KJ]) {
@@ -270,8 +256,75 @@ __global__ void __launch_bounds__(THREADS) score_kernel(const score_args a)
     };
     uint4 kr[2][KJ], kn[2][KJ];
     int t0 = warp * TILE;
-    if (t0 < nbv)
+    if (!sg.always && t0 < nbv)
         load(t0, kr);
+
+    const float *qj = a.q + (size_t)it.x * G * D;
+    for (int i = tid; i < G * D; i += THREADS)
+        sm_q[i / D][i % D] = qj[i] * a.qscale;
+    cp_async_wait<0>();
+    __syncthreads();
+    if (rot) {
+        rotate_query_g<D>(sm_q, reinterpret_cast<const uint16_t *>(dyn),
+                        reinterpret_cast<float *>(dyn + (size_t)D * dk * 2), dk, G, sm_qt);
+    } else {
+        for (int i = tid; i < G * D; i += THREADS)
+            sm_qt[i / D][i % D] = sm_q[i / D][i % D];
+        __syncthreads();
+    }
+    /* q~ for the attention */
+    float *qt = a.qt + ((size_t)it.x * a.seg_max + it.y) * G * a.qt_width;
+    for (int i = tid; i < G * a.qt_width; i += THREADS)
+        qt[i] = i % a.qt_width < D ? sm_qt[i / a.qt_width][i % a.qt_width] : 0.f;
+
+    uint32_t *keys = a.keys + (size_t)it.x * a.kstride + sg.first_block;
+    uint8_t *wts = a.wts + (size_t)it.x * a.kstride + sg.first_block;
+    if (sg.always) {   /* attended whole: not a candidate */
+        for (int i = tid; i < nbv; i += THREADS) {
+            keys[i] = 0;
+            wts[i] = 0;
+        }
+        return;
+    }
+    for (int i = tid; i < HIST_BINS; i += THREADS)
+        sm_hist[i] = 0;
+    /* The block-score query: [min(q~, 0) | max(q~, 0) over the bounded
+     * channels | q~ over the others], matching the row layout. */
+    const int kb = sg.kbound, kw = sg.kdim + sg.kbound;
+    float qbmax = 0.f;
+    for (int i = tid; i < G * W; i += THREADS) {
+        const int g = i / W, c = i % W;
+        float v = 0.f;
+        if (c < kb)
+            v = fminf(sm_qt[g][c], 0.f);
+        else if (c < 2 * kb)
+            v = fmaxf(sm_qt[g][c - kb], 0.f);
+        else if (c < kw)
+            v = sm_qt[g][c - kb];
+        sm_qb[g][c] = v;
+        qbmax = fmaxf(qbmax, fabsf(v));
+    }
+    qbmax = warp_max_abs(qbmax);
+    if (lane == 0)
+        sm_wmax[warp] = qbmax;
+    __syncthreads();
+
+    float qbmax_all = 0.f;
+    for (int w = 0; w < WARPS; w++)
+        qbmax_all = fmaxf(qbmax_all, sm_wmax[w]);
+    const float2 qsc = q_split_scale(qbmax_all);
+    q_regs<KJ> qr;
+#pragma unroll
+    for (int j = 0; j < KJ; j++) {
+        float v[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            v[e] = n < G ? sm_qb[n < G ? n : 0][8 * (4 * j + c) + e] * qsc.x : 0.f;
+        q_fragments<false>(v, qr.f[j]);
+    }
+
+    /* One warp scores 16 blocks per step like 16 tokens of attention, the
+     * next step's block keys loaded before this step's products. */
     for (; t0 < nbv; t0 += WARPS * TILE) {
         const int t1 = t0 + WARPS * TILE;
         if (t1 < nbv)
@@ -293,18 +346,17 @@ __global__ void __launch_bounds__(THREADS) score_kernel(const score_args a)
             }
             s[u] = x;
         }
-        if (n == 0) {
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const int blk = t0 + 4 * c + u;
-                if (blk < nbv) {
-                    const uint32_t key = order_key(s[u]);
-                    const int w = block_weight(sg, blk, B, jb.pos);
-                    keys[blk] = key;
-                    wts[blk] = (uint8_t)w;
-                    atomicAdd(&sm_hist[key >> 20], (uint32_t)w);
-                }
-            }
+        /* Every lane holds its column's aggregate: lane (n < 4, c) takes
+         * block 4 c + n of the tile, one block per lane. */
+        const float sn = n == 0 ? s[0] : n == 1 ? s[1] : n == 2 ? s[2] : s[3];
+        const int blk = t0 + 4 * c + n;
+        if (n < 4 && blk < nbv) {
+            const uint32_t key = order_key(sn);
+            const int left = vis_tokens - blk * B;   /* tokens <= pos from the block's start on */
+            const int w = left < B ? left : B;
+            keys[blk] = key;
+            wts[blk] = (uint8_t)w;
+            atomicAdd(&sm_hist[key >> 20], (uint32_t)w);
         }
 #pragma unroll
         for (int j = 0; j < KJ; j++) {
@@ -323,18 +375,11 @@ __global__ void __launch_bounds__(THREADS) score_kernel(const score_args a)
 
 struct select_args {
     const job_info *jobs;
-    const mkv_packed_head *heads;
-    const uint16_t *dense_k, *dense_v;
-    const float *q;
-    float *part_o;           /* [slot][G][D] */
-    float2 *part_ml;         /* [slot][G] */
     const uint32_t *keys;
     const uint8_t *wts;
     uint32_t *hist;
     uint2 *sel;              /* [job] {K*, cut} */
     int64_t kstride;
-    int G;
-    float qscale;
 };
 
 struct select_shared {
@@ -385,16 +430,32 @@ __device__ void find_top(select_shared &sh, int nbins, int need, int *digit, int
 __device__ void key_hist(select_shared &sh, const uint32_t *keys, const uint8_t *wts, int nb, int shift,
                          uint32_t prefix, int bshift, int nbins)
 {
+    constexpr int U = 4;   /* 4-key loads in flight per thread */
     for (int i = threadIdx.x; i < nbins; i += SEL_THREADS)
         sh.hist[i] = 0;
     __syncthreads();
-    for (int i = 4 * threadIdx.x; i < nb; i += 4 * SEL_THREADS) {
-        const uint4 k4 = *reinterpret_cast<const uint4 *>(keys + i);   /* rows are padded to 4 keys */
-        const uint32_t kv[4] = {k4.x, k4.y, k4.z, k4.w};
+    for (int i0 = 4 * threadIdx.x; i0 < nb; i0 += 4 * SEL_THREADS * U) {
+        uint4 k4[U];
+        uint32_t w4[U];
 #pragma unroll
-        for (int q = 0; q < 4; q++)
-            if (i + q < nb && kv[q] != 0u && (kv[q] >> shift) == prefix)
-                atomicAdd(&sh.hist[(kv[q] >> bshift) & (uint32_t)(nbins - 1)], (uint32_t)wts[i + q]);
+        for (int u = 0; u < U; u++) {
+            const int i = i0 + 4 * SEL_THREADS * u;   /* rows are padded to 4 keys */
+            k4[u] = make_uint4(0, 0, 0, 0);
+            w4[u] = 0;
+            if (i < nb) {
+                k4[u] = *reinterpret_cast<const uint4 *>(keys + i);
+                w4[u] = *reinterpret_cast<const uint32_t *>(wts + i);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = i0 + 4 * SEL_THREADS * u;
+            const uint32_t kv[4] = {k4[u].x, k4[u].y, k4[u].z, k4[u].w};
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                if (i + q < nb && kv[q] != 0u && (kv[q] >> shift) == prefix)
+                    atomicAdd(&sh.hist[(kv[q] >> bshift) & (uint32_t)(nbins - 1)], w4[u] >> (8 * q) & 0xffu);
+        }
     }
     __syncthreads();
 }
@@ -409,13 +470,15 @@ __device__ int eq_cut(select_shared &sh, const uint32_t *keys, const uint8_t *wt
     if (tid == 0)
         sh.found_cut = -1;   /* ordered before the reads by the scan's barriers */
     int local = 0;
+#pragma unroll 4
     for (int i = lo; i < hi; i += 4) {
         const uint4 k4 = *reinterpret_cast<const uint4 *>(keys + i);
+        const uint32_t w4 = *reinterpret_cast<const uint32_t *>(wts + i);
         const uint32_t kv[4] = {k4.x, k4.y, k4.z, k4.w};
 #pragma unroll
         for (int q = 0; q < 4; q++)
             if (i + q < hi && kv[q] == kstar)
-                local += wts[i + q];
+                local += w4 >> (8 * q) & 0xffu;
     }
     int total;
     const int before = block_scan<SEL_THREADS>(local, &total, sh.scan);
@@ -437,80 +500,16 @@ __device__ int eq_cut(select_shared &sh, const uint32_t *keys, const uint8_t *wt
 /* Lowest key L of a bin taken whole: selected iff key > L - 1 (keys are >= 1). */
 __device__ __forceinline__ uint32_t below(uint32_t lowest) { return lowest >= 1u ? lowest - 1u : 0u; }
 
-template <int D>
 __global__ void __launch_bounds__(SEL_THREADS, 1) select_kernel(const select_args a)
 {
     __shared__ select_shared sh;
-    __shared__ __align__(16) uint16_t sm_k[DENSE_CHUNK][D];
-    __shared__ __align__(16) uint16_t sm_v[DENSE_CHUNK][D];
-    __shared__ float sm_s[DENSE_CHUNK][MAX_G];
-    __shared__ float sm_q[MAX_G][D];
 
+    /* The attention grid may launch now: its dense items need only q, and
+     * its packed items wait for this grid to complete. */
     pdl_trigger();
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int job = blockIdx.x, G = a.G;
+    const int tid = threadIdx.x;
+    const int job = blockIdx.x;
     const job_info jb = a.jobs[job];
-
-    /* The dense sink and recent tokens: they depend on q only, so they run
-     * while scoring may still be going on.  Thread (g, j) keeps head g's
-     * running max and sum (all threads of a head compute the same ones)
-     * and channel j's accumulator. */
-    {
-        const mkv_packed_head hd = a.heads[jb.head];
-        const int g = tid / D, j = tid % D;
-        const bool active = g < G;
-        for (int i = tid; i < G * D; i += SEL_THREADS)
-            sm_q[i / D][i % D] = a.q[(size_t)job * G * D + i] * a.qscale;
-        float m = -INFINITY, l = 0.f, acc = 0.f;
-        for (int r0 = 0; r0 < jb.nd_vis; r0 += DENSE_CHUNK) {
-            const int nr = jb.nd_vis - r0 < DENSE_CHUNK ? jb.nd_vis - r0 : DENSE_CHUNK;
-            const size_t row0 = (size_t)(hd.dense_row + r0) * D;
-            for (int i = tid; i < nr * (D / 8); i += SEL_THREADS) {
-                const int r = i / (D / 8), ch = i % (D / 8);
-                *reinterpret_cast<uint4 *>(&sm_k[r][8 * ch]) =
-                    *reinterpret_cast<const uint4 *>(a.dense_k + row0 + (size_t)r * D + 8 * ch);
-                *reinterpret_cast<uint4 *>(&sm_v[r][8 * ch]) =
-                    *reinterpret_cast<const uint4 *>(a.dense_v + row0 + (size_t)r * D + 8 * ch);
-            }
-            __syncthreads();
-            for (int r = warp; r < nr; r += SEL_THREADS / 32) {
-                for (int gg = 0; gg < G; gg++) {
-                    float x = 0.f;
-#pragma unroll
-                    for (int e = 0; e < D / 32; e++)
-                        x += sm_q[gg][lane + 32 * e] * h2f(sm_k[r][lane + 32 * e]);
-#pragma unroll
-                    for (int o = 16; o > 0; o >>= 1)
-                        x += __shfl_xor_sync(FULL, x, o);
-                    if (lane == 0)
-                        sm_s[r][gg] = x;
-                }
-            }
-            __syncthreads();
-            if (active) {
-                float mc = -INFINITY;
-                for (int r = 0; r < nr; r++)
-                    mc = fmaxf(mc, sm_s[r][g]);
-                const float m_new = fmaxf(m, mc);
-                const float alpha = m == -INFINITY ? 0.f : fast_exp2(m - m_new);
-                l *= alpha;
-                acc *= alpha;
-                for (int r = 0; r < nr; r++) {
-                    const float p = fast_exp2(sm_s[r][g] - m_new);
-                    l += p;
-                    acc += p * h2f(sm_v[r][j]);
-                }
-                m = m_new;
-            }
-            __syncthreads();
-        }
-        if (active) {
-            const size_t slot = (size_t)jb.slot0 * G + g;
-            a.part_o[slot * D + j] = acc;
-            if (j == 0)
-                a.part_ml[slot] = make_float2(m, l);
-        }
-    }
 
     pdl_wait();   /* scoring complete: keys, weights, histograms */
 
@@ -566,10 +565,12 @@ __global__ void __launch_bounds__(SEL_THREADS, 1) select_kernel(const select_arg
 struct attend_args {
     const mkv_packed_head *heads;
     const mkv_packed_seg *segs;
+    const uint16_t *dense_k, *dense_v;
+    const float *q;          /* [job][G][D], for the dense tokens */
     const uint8_t *records;
     const uint16_t *rotations;
     const job_info *jobs;
-    const int4 *items;       /* {job, segment of its head, part, 0} */
+    const int4 *items;       /* {job, segment of its head, part, segment row}; part -1: the dense tokens */
     const float *qt;
     const uint32_t *keys;
     const uint2 *sel;
@@ -578,7 +579,144 @@ struct attend_args {
     int64_t kstride;
     int seg_max, G, block, bshift, nparts;   /* block = 1 << bshift */
     int stage_bytes;         /* bytes of one stage buffer (a tile of the largest records) */
+    float qscale;
 };
+
+/* out[g][j] = sum over c < dv of o[g][c] R_v[j][c] (o already in the
+ * original space when R is NULL), for the G <= NG heads.  Thread j reads
+ * row j of R_v (prefetched to L2 when the kernel started), four 16-byte
+ * loads in flight at a time. */
+template <int D, int DVMAX, int NG>
+__device__ void rotate_back(const float (*o)[DVMAX], const uint16_t *R, int dv, int G, float *out)
+{
+    for (int j = threadIdx.x; j < D; j += THREADS) {
+        float acc[NG];
+#pragma unroll
+        for (int g = 0; g < NG; g++)
+            acc[g] = 0.f;
+        if (R != nullptr) {
+            const uint16_t *Rj = R + (size_t)j * dv;
+            for (int c0 = 0; c0 < dv / 8; c0 += 4) {
+                uint4 row[4];
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    row[u] = c0 + u < dv / 8 ? *reinterpret_cast<const uint4 *>(Rj + 8 * (c0 + u))
+                                             : make_uint4(0, 0, 0, 0);
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const uint32_t ww[4] = {row[u].x, row[u].y, row[u].z, row[u].w};
+#pragma unroll
+                    for (int e = 0; e < 8; e++) {
+                        const float r = h2f((uint16_t)(ww[e / 2] >> (16 * (e & 1))));
+#pragma unroll
+                        for (int g = 0; g < NG; g++)
+                            if (g < G)
+                                acc[g] += o[g][8 * (c0 + u) + e] * r;
+                    }
+                }
+            }
+        } else {
+#pragma unroll
+            for (int g = 0; g < NG; g++)
+                if (g < G)
+                    acc[g] = j < DVMAX ? o[g][j] : 0.f;
+        }
+#pragma unroll
+        for (int g = 0; g < NG; g++)
+            if (g < G)
+                out[(size_t)g * D + j] = acc[g];
+    }
+}
+
+/* Shared memory dense_partial needs: DENSE_CHUNK K and V rows, their
+ * scores, the scaled query. */
+inline size_t dense_smem(int D)
+{
+    return (size_t)2 * DENSE_CHUNK * D * 2 + sizeof(float) * DENSE_CHUNK * MAX_G + sizeof(float) * MAX_G * D;
+}
+
+/* The partial (m, l, acc) of a job's dense sink and recent tokens into its
+ * first slot: exact attention over 16-bit rows staged DENSE_CHUNK at a
+ * time.  Thread k-th (head, channel) pair idx = tid + k THREADS keeps the
+ * head's running max and sum (every thread of a head computes the same)
+ * and the channel's accumulator. */
+template <int D>
+__device__ __noinline__ void dense_partial(const attend_args &a, int job, uint8_t *smem)
+{
+    constexpr int PER = MAX_G * D / THREADS;
+    uint16_t(*sm_k)[D] = reinterpret_cast<uint16_t(*)[D]>(smem);
+    uint16_t(*sm_v)[D] = reinterpret_cast<uint16_t(*)[D]>(smem + (size_t)DENSE_CHUNK * D * 2);
+    float(*sm_s)[MAX_G] = reinterpret_cast<float(*)[MAX_G]>(smem + (size_t)2 * DENSE_CHUNK * D * 2);
+    float(*sm_q)[D] = reinterpret_cast<float(*)[D]>(smem + (size_t)2 * DENSE_CHUNK * D * 2
+                                                    + sizeof(float) * DENSE_CHUNK * MAX_G);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const job_info jb = a.jobs[job];
+    const mkv_packed_head hd = a.heads[jb.head];
+    const int G = a.G;
+    for (int i = tid; i < G * D; i += THREADS)
+        sm_q[i / D][i % D] = a.q[(size_t)job * G * D + i] * a.qscale;
+    float m[PER], l[PER], acc[PER];
+#pragma unroll
+    for (int k = 0; k < PER; k++) {
+        m[k] = -INFINITY;
+        l[k] = acc[k] = 0.f;
+    }
+    for (int r0 = 0; r0 < jb.nd_vis; r0 += DENSE_CHUNK) {
+        const int nr = jb.nd_vis - r0 < DENSE_CHUNK ? jb.nd_vis - r0 : DENSE_CHUNK;
+        const size_t row0 = (size_t)(hd.dense_row + r0) * D;
+        for (int i = tid; i < nr * (D / 8); i += THREADS) {
+            const int r = i / (D / 8), ch = i % (D / 8);
+            *reinterpret_cast<uint4 *>(&sm_k[r][8 * ch]) =
+                *reinterpret_cast<const uint4 *>(a.dense_k + row0 + (size_t)r * D + 8 * ch);
+            *reinterpret_cast<uint4 *>(&sm_v[r][8 * ch]) =
+                *reinterpret_cast<const uint4 *>(a.dense_v + row0 + (size_t)r * D + 8 * ch);
+        }
+        __syncthreads();
+        for (int r = warp; r < nr; r += WARPS)
+            for (int g = 0; g < G; g++) {
+                float x = 0.f;
+#pragma unroll
+                for (int e = 0; e < D / 32; e++)
+                    x += sm_q[g][lane + 32 * e] * h2f(sm_k[r][lane + 32 * e]);
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1)
+                    x += __shfl_xor_sync(FULL, x, o);
+                if (lane == 0)
+                    sm_s[r][g] = x;
+            }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < PER; k++) {
+            const int idx = tid + k * THREADS, g = idx / D, j = idx % D;
+            if (g < G) {
+                float mc = -INFINITY;
+                for (int r = 0; r < nr; r++)
+                    mc = fmaxf(mc, sm_s[r][g]);
+                const float m_new = fmaxf(m[k], mc);
+                const float alpha = m[k] == -INFINITY ? 0.f : fast_exp2(m[k] - m_new);
+                l[k] *= alpha;
+                acc[k] *= alpha;
+                for (int r = 0; r < nr; r++) {
+                    const float p = fast_exp2(sm_s[r][g] - m_new);
+                    l[k] += p;
+                    acc[k] += p * h2f(sm_v[r][j]);
+                }
+                m[k] = m_new;
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int k = 0; k < PER; k++) {
+        const int idx = tid + k * THREADS, g = idx / D, j = idx % D;
+        if (g < G) {
+            const size_t slot = (size_t)jb.slot0 * G + g;
+            a.part_o[slot * D + j] = acc[k];
+            if (j == 0)
+                a.part_ml[slot] = make_float2(m[k], l[k]);
+        }
+    }
+}
 
 /* Dynamic shared memory of attend_kernel: [WARPS][MAX_G][DVMAX] floats of
  * per-warp accumulators, [WARPS + 1][MAX_G] maxima and sums (row WARPS:
@@ -614,16 +752,18 @@ __global__ void __launch_bounds__(THREADS, (DKMAX + DVMAX <= 128 ? 4 : 2)) atten
                                                      smem::scan_bytes);
     uint8_t *stages = dyn + smem::fixed;
 
+    const int4 it = a.items[blockIdx.x];
+    if (it.z < 0) {   /* the dense tokens need q only: no wait */
+        dense_partial<D>(a, it.x, dyn);
+        return;
+    }
     pdl_wait();   /* selection complete (and through it, scoring) */
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int n = lane >> 2, c = lane & 3;
-    const int4 it = a.items[blockIdx.x];
     const int job = it.x, G = a.G, B = a.block, bs = a.bshift;
     const job_info jb = a.jobs[job];
-    const mkv_packed_head hd = a.heads[jb.head];
-    const mkv_packed_seg sg = a.segs[hd.first_seg + it.y];
-    const size_t slot = (size_t)jb.slot0 + 1 + (size_t)it.y * a.nparts + it.z;
+    const mkv_packed_seg sg = a.segs[it.w];
     const int nbv = (int)visible_blocks(sg, B, jb.pos);
     const uint2 sl = a.sel[job];
     const uint32_t *keys = a.keys + (size_t)job * a.kstride + sg.first_block;
@@ -670,6 +810,10 @@ __global__ void __launch_bounds__(THREADS, (DKMAX + DVMAX <= 128 ? 4 : 2)) atten
 #pragma unroll
     for (int i = 0; i < NT; i++)
         o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+
+    if (sg.rv_off >= 0)   /* R_v is read once, at the end: start fetching it now */
+        for (int ofs = 128 * tid; ofs < D * sg.dv * 2; ofs += 128 * THREADS)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const uint8_t *>(a.rotations + sg.rv_off) + ofs));
 
     uint8_t *stage0 = stages + (size_t)warp * STAGES * a.stage_bytes;
     const uint8_t *src_seg = a.records + sg.rec_off;
@@ -834,36 +978,17 @@ __global__ void __launch_bounds__(THREADS, (DKMAX + DVMAX <= 128 ? 4 : 2)) atten
         }
     }
     __syncthreads();
-    for (int j = tid; j < D; j += THREADS) {
-        float acc[MAX_G];
-#pragma unroll
-        for (int g = 0; g < MAX_G; g++)
-            acc[g] = 0.f;
-        if (sg.rv_off >= 0) {
-            const uint16_t *R = a.rotations + sg.rv_off + (size_t)j * sg.dv;
-            for (int c8 = 0; c8 < sg.dv / 8; c8++) {
-                const uint4 w = *reinterpret_cast<const uint4 *>(R + 8 * c8);
-                const uint32_t ww[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-                for (int e = 0; e < 8; e++) {
-                    const float r = h2f((uint16_t)(ww[e / 2] >> (16 * (e & 1))));
-#pragma unroll
-                    for (int g = 0; g < MAX_G; g++)
-                        if (g < G)
-                            acc[g] += sm_o[0][g][8 * c8 + e] * r;
-                }
-            }
-        } else {
-#pragma unroll
-            for (int g = 0; g < MAX_G; g++)
-                if (g < G)
-                    acc[g] = j < DVMAX ? sm_o[0][g][j] : 0.f;
-        }
-#pragma unroll
-        for (int g = 0; g < MAX_G; g++)
-            if (g < G)
-                a.part_o[(slot * G + g) * D + j] = acc[g];
-    }
+    const size_t slot = (size_t)jb.slot0 + 1 + (size_t)it.y * a.nparts + it.z;
+    float *out = a.part_o + slot * G * D;
+    const uint16_t *R = sg.rv_off >= 0 ? a.rotations + sg.rv_off : nullptr;
+    if (G <= 1)
+        rotate_back<D, DVMAX, 1>(sm_o[0], R, sg.dv, G, out);
+    else if (G <= 2)
+        rotate_back<D, DVMAX, 2>(sm_o[0], R, sg.dv, G, out);
+    else if (G <= 4)
+        rotate_back<D, DVMAX, 4>(sm_o[0], R, sg.dv, G, out);
+    else
+        rotate_back<D, DVMAX, MAX_G>(sm_o[0], R, sg.dv, G, out);
     if (tid < G)
         a.part_ml[slot * G + tid] = make_float2(sm_m[WARPS][tid], sm_l[WARPS][tid]);
 }
@@ -962,7 +1087,7 @@ int check_layout(const mkv_packed_layout *l, mkv_error *err)
                 && (s->bk_off < 0 || s->bk_off % 8
                     || (uint64_t)s->bk_off + (uint64_t)s->n_blocks * s->bk_width > l->n_blockkeys))
                 return BAD("block keys outside their pool", what, h, i);
-            if ((s->rk_off >= 0 && (uint64_t)s->rk_off + (uint64_t)D * s->dk > l->n_rotations)
+            if ((s->rk_off >= 0 && (s->rk_off % 8 || (uint64_t)s->rk_off + (uint64_t)D * s->dk > l->n_rotations))
                 || (s->rv_off >= 0 && (s->rv_off % 8 || (uint64_t)s->rv_off + (uint64_t)D * s->dv > l->n_rotations)))
                 return BAD("rotations outside their pool", what, h, i);
 #undef BAD
@@ -1100,7 +1225,7 @@ struct mkv_packed_plan {
     int stage_bytes = 16;
     float qscale = 0.f;
     std::vector<job_info> jobs;
-    std::vector<int2> score_items;
+    std::vector<int4> score_items;
     std::vector<int4> attend_items;
     mkv_device_buffer d_jobs, d_score_items, d_attend_items, keys, wts, hist, sel, qt;
     split_plan sp;   /* head_items, part_o, part_ml for merge_kernel */
@@ -1121,7 +1246,6 @@ score_fn score_kernel_for(int D, int kj)
                                                                                    : score_kernel<128, 8>;
 }
 
-select_fn select_kernel_for(int D) { return D == 64 ? select_kernel<64> : select_kernel<128>; }
 
 attend_fn attend_kernel_for(int D, int dkmax, int dvmax)
 {
@@ -1132,11 +1256,14 @@ attend_fn attend_kernel_for(int D, int dkmax, int dvmax)
     return dvmax <= 64 ? attend_kernel<128, 128, 64> : attend_kernel<128, 128, 128>;
 }
 
-size_t attend_smem_for(int dkmax, int dvmax, int stage_bytes)
+size_t attend_smem_for(int D, int dkmax, int dvmax, int stage_bytes)
 {
+    size_t b;
     if (dkmax <= 64)
-        return dvmax <= 64 ? attend_smem<64, 64>::total(stage_bytes) : attend_smem<64, 128>::total(stage_bytes);
-    return dvmax <= 64 ? attend_smem<128, 64>::total(stage_bytes) : attend_smem<128, 128>::total(stage_bytes);
+        b = dvmax <= 64 ? attend_smem<64, 64>::total(stage_bytes) : attend_smem<64, 128>::total(stage_bytes);
+    else
+        b = dvmax <= 64 ? attend_smem<128, 64>::total(stage_bytes) : attend_smem<128, 128>::total(stage_bytes);
+    return b > dense_smem(D) ? b : dense_smem(D);
 }
 
 }  // namespace
@@ -1249,7 +1376,7 @@ extern "C" int mkv_cuda_packed_plan(const mkv_packed_cache *c, const mkv_packed_
     p->stage_bytes = (TILE / B) * rec_most;
 
     const attend_fn ak = attend_kernel_for(D, p->dkmax, p->dvmax);
-    const size_t smem = attend_smem_for(p->dkmax, p->dvmax, p->stage_bytes);
+    const size_t smem = attend_smem_for(D, p->dkmax, p->dvmax, p->stage_bytes);
     int dev = 0, sms = 1, per_sm = 0, smem_max = 0;
     MKV_CUDA_CHECK(cudaGetDevice(&dev));
     MKV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
@@ -1259,6 +1386,9 @@ extern "C" int mkv_cuda_packed_plan(const mkv_packed_cache *c, const mkv_packed_
                         what, rec_most, smem, smem_max);
     MKV_CUDA_CHECK(cudaFuncSetAttribute(ak, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     MKV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ak, THREADS, smem));
+    /* score_kernel: R_k of up to 128 x 128 fp16 plus its sums pass the 48 KB default */
+    MKV_CUDA_CHECK(cudaFuncSetAttribute(score_kernel_for(D, p->score_kj), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)score_smem(D, p->dkmax)));
     /* Parts per segment: enough items for two waves of the attention
      * kernel, as long as each part keeps a few tiles per warp. */
     {
@@ -1273,6 +1403,9 @@ extern "C" int mkv_cuda_packed_plan(const mkv_packed_cache *c, const mkv_packed_
     std::vector<int2> head_items((size_t)n_jobs);
     int64_t slots = 0;
     try {
+        /* The dense tokens' items first: they start while selection runs. */
+        for (int64_t j = 0; j < n_jobs; j++)
+            p->attend_items.push_back(make_int4((int)j, 0, -1, 0));
         for (int64_t j = 0; j < n_jobs; j++) {
             job_info &jb = p->jobs[(size_t)j];
             jb.slot0 = (int32_t)slots;
@@ -1280,9 +1413,10 @@ extern "C" int mkv_cuda_packed_plan(const mkv_packed_cache *c, const mkv_packed_
             head_items[(size_t)j] = make_int2((int)slots, (int)count);
             slots += count;
             for (int s = 0; s < jb.seg_vis; s++) {
-                p->score_items.push_back(make_int2((int)j, s));
+                const int row = c->heads[(size_t)jb.head].first_seg + s;
+                p->score_items.push_back(make_int4((int)j, s, row, 0));
                 for (int part = 0; part < p->nparts; part++)
-                    p->attend_items.push_back(make_int4((int)j, s, part, 0));
+                    p->attend_items.push_back(make_int4((int)j, s, part, row));
             }
         }
     } catch (const std::bad_alloc &) {
@@ -1294,7 +1428,7 @@ extern "C" int mkv_cuda_packed_plan(const mkv_packed_cache *c, const mkv_packed_
     const size_t nj = (size_t)n_jobs;
     struct { mkv_device_buffer *b; size_t bytes; } allocs[] = {
         {&p->d_jobs, sizeof(job_info) * nj},
-        {&p->d_score_items, sizeof(int2) * (p->score_items.size() + 1)},
+        {&p->d_score_items, sizeof(int4) * (p->score_items.size() + 1)},
         {&p->d_attend_items, sizeof(int4) * (p->attend_items.size() + 1)},
         {&p->keys, sizeof(uint32_t) * nj * (size_t)p->kstride},
         {&p->wts, nj * (size_t)p->kstride},
@@ -1315,7 +1449,7 @@ extern "C" int mkv_cuda_packed_plan(const mkv_packed_cache *c, const mkv_packed_
     }
     MKV_CUDA_CHECK(cudaMemcpy(p->d_jobs.ptr, p->jobs.data(), sizeof(job_info) * nj, cudaMemcpyHostToDevice));
     if (!p->score_items.empty())
-        MKV_CUDA_CHECK(cudaMemcpy(p->d_score_items.ptr, p->score_items.data(), sizeof(int2) * p->score_items.size(),
+        MKV_CUDA_CHECK(cudaMemcpy(p->d_score_items.ptr, p->score_items.data(), sizeof(int4) * p->score_items.size(),
                                   cudaMemcpyHostToDevice));
     if (!p->attend_items.empty())
         MKV_CUDA_CHECK(cudaMemcpy(p->d_attend_items.ptr, p->attend_items.data(),
@@ -1343,13 +1477,13 @@ extern "C" int mkv_cuda_packed_select(const mkv_packed_plan *p, const float *q, 
     cudaStream_t st = (cudaStream_t)stream;
     const bool pdl = pdl_enabled();
     if (!p->score_items.empty()) {
+        const unsigned n_items = (unsigned)p->score_items.size();
         score_args a = {};
-        a.heads = c->d_heads.as<mkv_packed_head>();
         a.segs = c->d_segs.as<mkv_packed_seg>();
         a.blockkeys = c->blockkeys.as<uint16_t>();
         a.rotations = c->rotations.as<uint16_t>();
         a.jobs = p->d_jobs.as<job_info>();
-        a.items = p->d_score_items.as<int2>();
+        a.items = p->d_score_items.as<int4>();
         a.q = q;
         a.qt = p->qt.as<float>();
         a.keys = p->keys.as<uint32_t>();
@@ -1363,26 +1497,19 @@ extern "C" int mkv_cuda_packed_select(const mkv_packed_plan *p, const float *q, 
         a.agg_sum = p->pp.agg_sum != 0;
         a.qscale = p->qscale;
         /* The first kernel of a step waits for everything before it (the
-         * previous step still reads the keys it rewrites). */
-        MKV_CUDA_CHECK(launch(score_kernel_for(c->head_dim, p->score_kj), (unsigned)p->score_items.size(), THREADS, 0,
-                              st, false, a));
+         * previous step still reads the q~, keys and histograms this one
+         * rewrites). */
+        MKV_CUDA_CHECK(launch(score_kernel_for(c->head_dim, p->score_kj), n_items, THREADS,
+                              score_smem(c->head_dim, p->dkmax), st, false, a));
     }
     select_args s = {};
     s.jobs = p->d_jobs.as<job_info>();
-    s.heads = c->d_heads.as<mkv_packed_head>();
-    s.dense_k = c->dense_k.as<uint16_t>();
-    s.dense_v = c->dense_v.as<uint16_t>();
-    s.q = q;
-    s.part_o = p->sp.part_o.as<float>();
-    s.part_ml = p->sp.part_ml.as<float2>();
     s.keys = p->keys.as<uint32_t>();
     s.wts = p->wts.as<uint8_t>();
     s.hist = p->hist.as<uint32_t>();
     s.sel = p->sel.as<uint2>();
     s.kstride = p->kstride;
-    s.G = p->G;
-    s.qscale = p->qscale;
-    MKV_CUDA_CHECK(launch(select_kernel_for(c->head_dim), (unsigned)p->n_jobs, SEL_THREADS, 0, st,
+    MKV_CUDA_CHECK(launch(select_kernel, (unsigned)p->n_jobs, SEL_THREADS, 0, st,
                           pdl && !p->score_items.empty(), s));
     return MKV_OK;
 }
@@ -1402,6 +1529,10 @@ extern "C" int mkv_cuda_packed_attend(const mkv_packed_plan *p, const float *q, 
         attend_args a = {};
         a.heads = c->d_heads.as<mkv_packed_head>();
         a.segs = c->d_segs.as<mkv_packed_seg>();
+        a.dense_k = c->dense_k.as<uint16_t>();
+        a.dense_v = c->dense_v.as<uint16_t>();
+        a.q = q;
+        a.qscale = p->qscale;
         a.records = c->records.as<uint8_t>();
         a.rotations = c->rotations.as<uint16_t>();
         a.jobs = p->d_jobs.as<job_info>();
@@ -1419,7 +1550,7 @@ extern "C" int mkv_cuda_packed_attend(const mkv_packed_plan *p, const float *q, 
         a.nparts = p->nparts;
         a.stage_bytes = p->stage_bytes;
         MKV_CUDA_CHECK(launch(attend_kernel_for(c->head_dim, p->dkmax, p->dvmax), (unsigned)p->attend_items.size(),
-                              THREADS, attend_smem_for(p->dkmax, p->dvmax, p->stage_bytes), st, pdl_enabled(), a));
+                              THREADS, attend_smem_for(c->head_dim, p->dkmax, p->dvmax, p->stage_bytes), st, pdl_enabled(), a));
     }
     /* merge_kernel does not wait programmatically: launched plainly. */
     return launch_merge(&p->sp, p->pp.batch, p->pp.n_kv_heads, p->G, c->head_dim, out, st, err);

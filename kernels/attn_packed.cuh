@@ -2,21 +2,23 @@
  * share (C++; the C door is kernels/mkv_cuda.h).
  *
  * One decode step is four kernels on one stream:
- *   score_kernel   per (request x KV head = "job", visible segment): q~ =
- *                  q R_k once for the segment (kept for the attention),
- *                  block scores q~ . kbar on the tensor cores (the same
- *                  mma path as the attention scores), aggregated over the
- *                  group's heads, written as order-preserving 32-bit keys,
- *                  and a weighted histogram of their top 12 bits per job
- *                  (the first digit of the selection, fused into scoring);
- *   select_kernel  per job: the dense sink/recent tokens' partial (before
- *                  waiting for scoring), then the token budget's threshold:
- *                  the key K* and, among blocks scored exactly K*, the
- *                  last block id taken, found digit by digit (12 + 12 + 8
- *                  bits) from the fused histogram with early exit when a
- *                  whole bin is needed (the usual case after 24 bits), so
+ *   score_kernel   per (request x KV head = "job", visible segment): the
+ *                  segment's R_k staged in shared memory (cp.async) while
+ *                  the first block keys are in flight, q~ = q R_k (kept
+ *                  for the attention), block scores q~ . kbar on the tensor
+ *                  cores (the same mma path as the attention scores),
+ *                  aggregated over the group's heads, written as
+ *                  order-preserving 32-bit keys, and a weighted histogram
+ *                  of their top 12 bits per job (the first digit of the
+ *                  selection, fused into scoring);
+ *   select_kernel  per job: the token budget's threshold: the key K* and,
+ *                  among blocks scored exactly K*, the last block id taken,
+ *                  found digit by digit (12 + 12 + 8 bits) from the fused
+ *                  histogram with early exit when a whole bin is needed, so
  *                  the block list is never sorted or compacted globally;
- *   attend_kernel  per (job, segment, part): the segment's blocks with
+ *   attend_kernel  first one item per job for its dense sink/recent tokens
+ *                  (they need q only, so they run while selection does),
+ *                  then per (job, segment, part): the segment's blocks with
  *                  key > K* (or = K* and id <= cut) compacted in shared
  *                  memory, their records streamed into shared memory with
  *                  cp.async three tiles ahead per warp, expanded into the

@@ -283,10 +283,11 @@ typedef struct {
 int mkv_cuda_packed_plan(const mkv_packed_cache *c, const mkv_packed_params *pp, const int32_t *heads,
                          const int64_t *pos, mkv_packed_plan **out, mkv_error *err);
 void mkv_cuda_packed_plan_free(mkv_packed_plan *p);
-/* Scoring and selection (and the dense tokens' partial): the first half
- * of a step, alone for timing the scoring stage. */
+/* Rotation of q, scoring and selection: the first half of a step, alone
+ * for timing the scoring stage. */
 int mkv_cuda_packed_select(const mkv_packed_plan *p, const float *q, void *stream, mkv_error *err);
-/* Attention over the last selection, and the merge into out. */
+/* Attention over the dense tokens and the last selection, and the merge
+ * into out. */
 int mkv_cuda_packed_attend(const mkv_packed_plan *p, const float *q, float *out, void *stream, mkv_error *err);
 /* Both: one decode step. */
 int mkv_cuda_packed_run(const mkv_packed_plan *p, const float *q, float *out, void *stream, mkv_error *err);

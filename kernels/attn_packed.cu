@@ -605,14 +605,18 @@ __device__ void rotate_back(const float (*o)[DVMAX], const uint16_t *R, int dv, 
 #pragma unroll
                 for (int u = 0; u < 4; u++) {
                     const uint32_t ww[4] = {row[u].x, row[u].y, row[u].z, row[u].w};
+                    float r[8];
 #pragma unroll
-                    for (int e = 0; e < 8; e++) {
-                        const float r = h2f((uint16_t)(ww[e / 2] >> (16 * (e & 1))));
+                    for (int e = 0; e < 8; e++)
+                        r[e] = h2f((uint16_t)(ww[e / 2] >> (16 * (e & 1))));
 #pragma unroll
-                        for (int g = 0; g < NG; g++)
-                            if (g < G)
-                                acc[g] += o[g][8 * (c0 + u) + e] * r;
-                    }
+                    for (int g = 0; g < NG; g++)
+                        if (g < G) {   /* o's 8 channels in two 16-byte loads (the same for every thread) */
+                            const float4 lo = *reinterpret_cast<const float4 *>(&o[g][8 * (c0 + u)]);
+                            const float4 hi = *reinterpret_cast<const float4 *>(&o[g][8 * (c0 + u) + 4]);
+                            acc[g] += lo.x * r[0] + lo.y * r[1] + lo.z * r[2] + lo.w * r[3] + hi.x * r[4]
+                                + hi.y * r[5] + hi.z * r[6] + hi.w * r[7];
+                        }
                 }
             }
         } else {
@@ -769,6 +773,8 @@ __global__ void __launch_bounds__(THREADS, (DKMAX + DVMAX <= 128 ? 4 : 2)) atten
     const uint32_t *keys = a.keys + (size_t)job * a.kstride + sg.first_block;
     const int TB = TILE / B;                 /* blocks per 16-token tile */
     const int rec = sg.rec_bytes, tile_bytes = TB * rec;
+    const int n16 = rec >> 4;                       /* 16-byte pieces per record (rec >= 64) */
+    const unsigned n16_inv = 0xffffffffu / (unsigned)n16 + 1u;   /* ceil(2^32 / n16) */
     /* This lane's vector in the chunk metadata: tensor (K, V), token. */
     const int m_tensor = lane >> 4, m_tok = lane & 15;
     const int m_words = m_tensor ? sg.dv / 32 : (sg.dpk + 31) / 32, m_r = m_tensor ? sg.rv : sg.rk;
@@ -838,16 +844,18 @@ __global__ void __launch_bounds__(THREADS, (DKMAX + DVMAX <= 128 ? 4 : 2)) atten
 
         const int n_tiles = (n_list + TB - 1) / TB;
         const int n_mine = first_t < n_tiles ? (n_tiles - first_t + stride_t - 1) / stride_t : 0;
+        /* Tile k's records as one run of 16-byte pieces over the warp:
+         * piece i is piece i % n16 of the tile's block i / n16 (a multiply
+         * by the reciprocal: exact for i < 2^16, n16 <= 4096). */
         auto issue = [&](int k) {
             if (k < n_mine) {
                 const int li0 = (first_t + k * stride_t) * TB;
+                const int total = (n_list - li0 < TB ? n_list - li0 : TB) * n16;
                 uint8_t *dst = stage0 + (k % STAGES) * tile_bytes;
-                for (int s = 0; s < TB; s++)
-                    if (li0 + s < n_list) {
-                        const uint8_t *src = src_seg + (int64_t)sm_list[li0 + s] * rec;
-                        for (int ofs = 16 * lane; ofs < rec; ofs += 16 * 32)
-                            cp_async16(dst + s * rec + ofs, src + ofs);
-                    }
+                for (int i = lane; i < total; i += 32) {
+                    const int s = (int)__umulhi((unsigned)i, n16_inv), piece = i - s * n16;
+                    cp_async16(dst + 16 * i, src_seg + (int64_t)sm_list[li0 + s] * rec + 16 * piece);
+                }
             }
             cp_async_commit();
         };

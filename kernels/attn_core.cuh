@@ -57,7 +57,7 @@ constexpr int MAX_G = 8;           /* query heads per KV head (A rows 0..7) */
  * split_kernel): 2 (q in registers) timed faster than 3 (q in shared
  * memory) on every shape of docs/BENCHMARKS.md run 1, by 1-13%. */
 constexpr int ATTN_MINB = 2;
-constexpr int MERGE_THREADS = 512;   /* merge_kernel: a multiple of 128 */
+constexpr int MERGE_THREADS = 256;   /* merge_kernel: 32 channels x 8 slot lanes */
 
 /* ------------------------------------------------------------ small pieces */
 
@@ -523,22 +523,24 @@ __global__ void __launch_bounds__(THREADS, MINB) split_kernel(const split_args a
 /* out[b][hq] = sum of the partials of (b, hq / G), normalised; zeros when
  * the request has no token.  One block of D threads per (request, query
  * head). */
+/* One block per (request, query head, 32-channel slice): its MERGE_THREADS
+ * threads are 32 channels x P slot lanes.  A (request, head) may have
+ * hundreds of partials; one thread walking them in turn would wait on a
+ * load per partial, P lanes with unrolled loads keep many in flight. */
 template <int D>
 __global__ void __launch_bounds__(MERGE_THREADS) merge_kernel(const int2 *head_items, const float *part_o,
                                                               const float2 *part_ml, float *out, int n_kv, int G)
 {
-    /* P slot lanes per channel: a (request, head) may have hundreds of
-     * partials, and one thread walking them in turn waits on one load per
-     * partial; P threads with their loads unrolled keep many in flight. */
-    constexpr int P = MERGE_THREADS / D, NW = MERGE_THREADS / 32;
+    constexpr int CW = 32, P = MERGE_THREADS / CW, NW = MERGE_THREADS / 32, CS = D / CW;
     __shared__ float sm_red[NW];
-    __shared__ float sm_acc[P][D];
+    __shared__ float sm_acc[P][CW];
     __shared__ float sm_l[P];
     const int hq_all = n_kv * G;
-    const int b = blockIdx.x / hq_all, hq = blockIdx.x % hq_all;
+    const int bh = blockIdx.x / CS, cs = blockIdx.x % CS;
+    const int b = bh / hq_all, hq = bh % hq_all;
     const int h = hq / G, g = hq % G;
     const int2 r = head_items[(size_t)b * n_kv + h];
-    const int tid = threadIdx.x, ch = tid % D, p = tid / D;
+    const int tid = threadIdx.x, lane = tid % CW, p = tid / CW, ch = cs * CW + lane;
     float mx = -INFINITY;
 #pragma unroll 4
     for (int i = tid; i < r.y; i += MERGE_THREADS)
@@ -564,17 +566,17 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_kernel(const int2 *head_i
             acc += part_o[slot * D + ch] * f;
         }
     }
-    sm_acc[p][ch] = acc;
-    if (ch == 0)
+    sm_acc[p][lane] = acc;
+    if (lane == 0)
         sm_l[p] = l;
     __syncthreads();
     if (p == 0) {
 #pragma unroll
         for (int q = 1; q < P; q++) {
-            acc += sm_acc[q][ch];
+            acc += sm_acc[q][lane];
             l += sm_l[q];
         }
-        out[(size_t)blockIdx.x * D + ch] = l > 0.f ? acc / l : 0.f;
+        out[(size_t)bh * D + ch] = l > 0.f ? acc / l : 0.f;
     }
 }
 

@@ -110,7 +110,7 @@ int build_split_plan(split_plan *sp, const int64_t *tiles, const int64_t *length
 int launch_merge(const split_plan *sp, int batch, int n_kv, int G, int D, float *out, cudaStream_t st,
                  mkv_error *err)
 {
-    const unsigned blocks = (unsigned)(batch * n_kv * G);
+    const unsigned blocks = (unsigned)(batch * n_kv * G * (D / 32));   /* 32-channel slices */
     if (D == 64)
         merge_kernel<64><<<blocks, MERGE_THREADS, 0, st>>>(sp->head_items.as<int2>(), sp->part_o.as<float>(),
                                                  sp->part_ml.as<float2>(), out, n_kv, G);

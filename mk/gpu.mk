@@ -11,7 +11,7 @@ if HAVE_CHECK
 # and not run by make check.
 check_PROGRAMS += tests/check_gpu_attn tests/bench_attention
 TESTS += tests/check_gpu_attn
-tests_check_gpu_attn_SOURCES = tests/check_gpu_attn.c
+tests_check_gpu_attn_SOURCES = tests/check_gpu_attn.c tests/gpu_testutil.h
 tests_check_gpu_attn_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
 tests_check_gpu_attn_LDADD = $(CHECK_LDADD)
 tests_bench_attention_SOURCES = tests/bench_attention.c

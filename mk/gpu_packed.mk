@@ -16,7 +16,7 @@ EXTRA_DIST += tests/gpu_attend_cli.sh
 if HAVE_CHECK
 check_PROGRAMS += tests/check_gpu_packed
 TESTS += tests/check_gpu_packed
-tests_check_gpu_packed_SOURCES = tests/check_gpu_packed.c
+tests_check_gpu_packed_SOURCES = tests/check_gpu_packed.c tests/gpu_testutil.h
 tests_check_gpu_packed_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
 tests_check_gpu_packed_LDADD = $(CHECK_LDADD)
 endif

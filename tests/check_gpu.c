@@ -19,6 +19,7 @@
 #include "half.h"
 #include "mkv.h"
 #include "mkv_cuda.h"
+#include "gpu_testutil.h"
 
 #define MAX_GPUS 64
 /* Larger than one pass of the conversion (64M elements) and not a multiple
@@ -474,51 +475,7 @@ static int check_clean_failure(mkv_status want)
     return 0;
 }
 
-/* The reason to skip, or NULL when a usable GPU is there.  Conversions run
- * on the current device, GPU 0 unless CUDA_VISIBLE_DEVICES says otherwise.
- * Exits 1 when the entry points misbehave without a GPU. */
-static const char *skip_reason(char *buf, size_t len)
-{
-    static mkv_gpu_info info[MAX_GPUS];
-    mkv_error err = {0};
-    int count = -1;
-    if (mkv_cuda_devices(info, MAX_GPUS, &count, &err) != MKV_OK) {
-        fprintf(stderr, "check_gpu: FAIL: device query: %s\n", err.msg);
-        exit(1);
-    }
-    if (!mkv_cuda_built()) {
-        if (count != 0 || strcmp(mkv_cuda_build_info(), "no CUDA") != 0
-            || check_clean_failure(MKV_EUNSUP) != 0) {
-            fprintf(stderr, "check_gpu: FAIL: the no-CUDA entry points misbehave\n");
-            exit(1);
-        }
-        return "built without CUDA";
-    }
-    if (count == 0) {
-        if (check_clean_failure(MKV_EGPU) != 0)
-            exit(1);
-        return "no GPU (the CUDA runtime sees none)";
-    }
-    if (!info[0].usable) {
-        snprintf(buf, len, "GPU 0 '%s' (compute capability %d.%d) is not a target of this build (%s)",
-                 info[0].name, info[0].cc_major, info[0].cc_minor, mkv_cuda_build_info());
-        return buf;
-    }
-    return NULL;
-}
-
 int main(void)
 {
-    char buf[512];
-    const char *why = skip_reason(buf, sizeof buf);
-    if (why != NULL) {
-        printf("check_gpu: SKIP: %s\n", why);
-        return 77;
-    }
-    SRunner *sr = srunner_create(gpu_suite());
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? 0 : 1;
+    return gpu_test_main("check_gpu", gpu_suite, check_clean_failure);
 }

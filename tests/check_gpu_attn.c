@@ -37,6 +37,7 @@
 #include "half.h"
 #include "mkv.h"
 #include "mkv_cuda.h"
+#include "gpu_testutil.h"
 #include "rng.h"
 
 #define TOL 1e-3
@@ -714,33 +715,6 @@ static int check_clean_failure(mkv_status want)
     return 0;
 }
 
-static const char *skip_reason(char *buf, size_t len)
-{
-    mkv_gpu_info info[1];
-    mkv_error err = {0};
-    int count = -1;
-    if (mkv_cuda_devices(info, 1, &count, &err) != MKV_OK) {
-        fprintf(stderr, "check_gpu_attn: FAIL: device query: %s\n", err.msg);
-        exit(1);
-    }
-    if (!mkv_cuda_built()) {
-        if (check_clean_failure(MKV_EUNSUP) != 0)
-            exit(1);
-        return "built without CUDA";
-    }
-    if (count == 0) {
-        if (check_clean_failure(MKV_EGPU) != 0)
-            exit(1);
-        return "no GPU (the CUDA runtime sees none)";
-    }
-    if (!info[0].usable) {
-        snprintf(buf, len, "GPU 0 '%s' (compute capability %d.%d) is not a target of this build (%s)", info[0].name,
-                 info[0].cc_major, info[0].cc_minor, mkv_cuda_build_info());
-        return buf;
-    }
-    return NULL;
-}
-
 int main(void)
 {
     const char *env = getenv("MKV_TEST_SEED");
@@ -749,16 +723,5 @@ int main(void)
     fflush(stdout);
     mkv_rng_seed(&rng, seed);
     quick = getenv("MKV_TEST_QUICK") != NULL && atoi(getenv("MKV_TEST_QUICK")) > 0;
-    char buf[512];
-    const char *why = skip_reason(buf, sizeof buf);
-    if (why != NULL) {
-        printf("check_gpu_attn: SKIP: %s\n", why);
-        return 77;
-    }
-    SRunner *sr = srunner_create(attn_suite());
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? 0 : 1;
+    return gpu_test_main("check_gpu_attn", attn_suite, check_clean_failure);
 }

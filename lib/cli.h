@@ -64,6 +64,23 @@ void mkv_describe_bad_option(int opt, char **argv, const char *shortopts, char *
 
 /* Print "PROG: message" + newline to stderr (for usage errors: exit 2). */
 void mkv_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The misuse() and bad_option() of a tool with one command line: a usage
+ * error with the --help hint, exit 2; an option getopt_long rejected, in
+ * the user's own spelling.  Expands to two static functions, so that the
+ * exit stays in the tool. */
+#define MKV_TOOL_MISUSE(shortopts)                                             \
+    static void misuse(const char *what)                                       \
+    {                                                                          \
+        mkv_usage_error("%s; try '%s --help'", what, mkv_progname());          \
+        exit(2);                                                               \
+    }                                                                          \
+    static void bad_option(int opt, char **argv)                               \
+    {                                                                          \
+        char what[300];                                                        \
+        mkv_describe_bad_option(opt, argv, shortopts, what, sizeof what);      \
+        misuse(what);                                                          \
+    }
+
 /* Print "PROG: <err->msg>" to stderr. */
 void mkv_report(const mkv_error *err);
 

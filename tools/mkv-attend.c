@@ -128,19 +128,7 @@ static void usage(FILE *fp, int status)
     exit(status);
 }
 
-static void misuse(const char *what)
-{
-    mkv_usage_error("%s; try '%s --help'", what, mkv_progname());
-    exit(2);
-}
-
-/* A rejected option is a usage error, in the user's own spelling. */
-static void bad_option(int opt, char **argv)
-{
-    char what[300];
-    mkv_describe_bad_option(opt, argv, SHORTOPTS, what, sizeof what);
-    misuse(what);
-}
+MKV_TOOL_MISUSE(SHORTOPTS)
 
 typedef struct {
     const char *compressed;

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "heap.h"
 #include "bpe_gpt2.h"
 #include "bpe_gpt2_tables.h"
 
@@ -479,43 +480,7 @@ static int pair_before(const pair *a, const pair *b)
     return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
 }
 
-typedef struct {
-    pair *items;
-    size_t n;
-} heap;
-
-static void heap_push(heap *h, pair p)
-{
-    size_t i = h->n++;
-    while (i > 0) {
-        size_t parent = (i - 1) / 2;
-        if (!pair_before(&p, &h->items[parent]))
-            break;
-        h->items[i] = h->items[parent];
-        i = parent;
-    }
-    h->items[i] = p;
-}
-
-static pair heap_pop(heap *h)
-{
-    pair top = h->items[0], last = h->items[--h->n];
-    size_t i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= h->n)
-            break;
-        if (c + 1 < h->n && pair_before(&h->items[c + 1], &h->items[c]))
-            c++;
-        if (!pair_before(&h->items[c], &last))
-            break;
-        h->items[i] = h->items[c];
-        i = c;
-    }
-    if (h->n > 0)
-        h->items[i] = last;
-    return top;
-}
+MKV_HEAP_DEFINE(heap, pair, pair_before)
 
 typedef struct {
     const mkv_tokenizer *t;

@@ -2,7 +2,7 @@
 lib_libmosaickv_a_SOURCES += \
 	lib/blas.h \
 	lib/model.h lib/model.c lib/llama2c.c \
-	lib/tokenizer.h lib/tokenizer.c \
+	lib/tokenizer.h lib/tokenizer.c lib/heap.h \
 	lib/forward.h lib/forward.c \
 	lib/sampler.h lib/sampler.c
 

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "heap.h"
 #include "tokenizer.h"
 
 #define MAX_VOCAB (1 << 24)
@@ -332,48 +333,12 @@ typedef struct {
     int32_t id;
 } bpe_pair;
 
-typedef struct {
-    bpe_pair *items;
-    size_t n;
-} bpe_heap;
-
 static int pair_before(const bpe_pair *a, const bpe_pair *b)
 {
     return a->score > b->score || (a->score == b->score && a->left < b->left);
 }
 
-static void heap_push(bpe_heap *h, bpe_pair p)
-{
-    size_t i = h->n++;
-    while (i > 0) {
-        size_t parent = (i - 1) / 2;
-        if (!pair_before(&p, &h->items[parent]))
-            break;
-        h->items[i] = h->items[parent];
-        i = parent;
-    }
-    h->items[i] = p;
-}
-
-static bpe_pair heap_pop(bpe_heap *h)
-{
-    bpe_pair top = h->items[0], last = h->items[--h->n];
-    size_t i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= h->n)
-            break;
-        if (c + 1 < h->n && pair_before(&h->items[c + 1], &h->items[c]))
-            c++;
-        if (!pair_before(&h->items[c], &last))
-            break;
-        h->items[i] = h->items[c];
-        i = c;
-    }
-    if (h->n > 0)
-        h->items[i] = last;
-    return top;
-}
+MKV_HEAP_DEFINE(bpe_heap, bpe_pair, pair_before)
 
 typedef struct {
     uint32_t start, len;
@@ -401,7 +366,7 @@ static void consider_pair(bpe_state *s, int32_t left)
     if (id < 0)
         return;
     bpe_pair p = {s->t->tokens[id].score, left, right, len, id};
-    heap_push(&s->heap, p);
+    bpe_heap_push(&s->heap, p);
 }
 
 /* The input with a dummy prefix and spaces spelled as the vocabulary
@@ -492,7 +457,7 @@ static int scored_bpe_encode(const mkv_tokenizer *t, const char *text, size_t le
     for (int32_t i = 0; i + 1 < count; i++)
         consider_pair(&st, i);
     while (st.heap.n > 0) {
-        bpe_pair p = heap_pop(&st.heap);
+        bpe_pair p = bpe_heap_pop(&st.heap);
         bpe_symbol *l = &st.sym[p.left], *r = &st.sym[p.right];
         if (l->len == 0 || l->next != p.right || l->len + r->len != p.len)
             continue; /* a neighbour merged since this pair was pushed */

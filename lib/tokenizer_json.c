@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "heap.h"
 #include "bpe_gpt2.h"
 #include "json.h"
 #include "tokenizer_json.h"
@@ -77,40 +78,7 @@ static int cand_before(const merge_cand *a, const merge_cand *b)
     return a->rank < b->rank || (a->rank == b->rank && a->pos < b->pos);
 }
 
-typedef struct {
-    merge_cand *items;
-    size_t n;
-} cand_heap;
-
-static void cand_push(cand_heap *h, merge_cand c)
-{
-    size_t i = h->n++;
-    while (i > 0 && cand_before(&c, &h->items[(i - 1) / 2])) {
-        h->items[i] = h->items[(i - 1) / 2];
-        i = (i - 1) / 2;
-    }
-    h->items[i] = c;
-}
-
-static merge_cand cand_pop(cand_heap *h)
-{
-    merge_cand top = h->items[0], last = h->items[--h->n];
-    size_t i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= h->n)
-            break;
-        if (c + 1 < h->n && cand_before(&h->items[c + 1], &h->items[c]))
-            c++;
-        if (!cand_before(&h->items[c], &last))
-            break;
-        h->items[i] = h->items[c];
-        i = c;
-    }
-    if (h->n > 0)
-        h->items[i] = last;
-    return top;
-}
+MKV_HEAP_DEFINE(cand_heap, merge_cand, cand_before)
 
 typedef struct {
     int32_t id, prev, next; /* next = -1 at the end; id = -1 once merged away */
@@ -122,7 +90,7 @@ static void push_pair(const spm_impl *im, cand_heap *h, const spm_symbol *sym, i
         return;
     const merge_slot *m = find_merge(im, sym[left].id, sym[sym[left].next].id);
     if (m)
-        cand_push(h, (merge_cand){m->rank, left, m->id});
+        cand_heap_push(h, (merge_cand){m->rank, left, m->id});
 }
 
 /* Encode one word (no further splitting) s[0..n). */
@@ -161,7 +129,7 @@ static int spm_encode_word(const mkv_tokenizer *t, const char *s, size_t n, spm_
     for (int32_t i = 0; i + 1 < count; i++)
         push_pair(im, heap, sym, i);
     while (heap->n > 0) {
-        merge_cand c = cand_pop(heap);
+        merge_cand c = cand_heap_pop(heap);
         spm_symbol *l = &sym[c.pos];
         /* Stale when the left symbol was merged away or its pair changed. */
         if (l->id < 0 || l->next < 0)

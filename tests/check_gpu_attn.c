@@ -717,11 +717,8 @@ static int check_clean_failure(mkv_status want)
 
 int main(void)
 {
-    const char *env = getenv("MKV_TEST_SEED");
-    seed = env && *env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
-    printf("check_gpu_attn: seed %" PRIu64 " (MKV_TEST_SEED=%" PRIu64 " repeats this run)\n", seed, seed);
-    fflush(stdout);
+    seed = gpu_test_seed("check_gpu_attn");
     mkv_rng_seed(&rng, seed);
-    quick = getenv("MKV_TEST_QUICK") != NULL && atoi(getenv("MKV_TEST_QUICK")) > 0;
+    quick = gpu_test_quick();
     return gpu_test_main("check_gpu_attn", attn_suite, check_clean_failure);
 }

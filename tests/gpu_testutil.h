@@ -5,9 +5,13 @@
 #define MKV_GPU_TESTUTIL_H
 
 #include <check.h>
+#include <inttypes.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "mkv.h"
 #include "mkv_cuda.h"
@@ -47,6 +51,24 @@ static inline const char *gpu_test_skip_reason(const char *prog, gpu_test_failur
         return buf;
     }
     return NULL;
+}
+
+/* The run's seed: MKV_TEST_SEED when set (to repeat a run), else a fresh
+ * one; printed first so that a failure can be repeated. */
+static inline uint64_t gpu_test_seed(const char *prog)
+{
+    const char *env = getenv("MKV_TEST_SEED");
+    const uint64_t seed = env && *env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+    printf("%s: seed %" PRIu64 " (MKV_TEST_SEED=%" PRIu64 " repeats this run)\n", prog, seed, seed);
+    fflush(stdout);
+    return seed;
+}
+
+/* MKV_TEST_QUICK=1: the long cases left out (for compute-sanitizer). */
+static inline int gpu_test_quick(void)
+{
+    const char *env = getenv("MKV_TEST_QUICK");
+    return env != NULL && atoi(env) > 0;
 }
 
 /* A GPU test program's main: skip (77) with the reason on stdout, or run

@@ -34,6 +34,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "analysis.h"
 #include "cdump.h"
 #include "cli.h"
 #include "gpu_packed.h"
@@ -447,22 +448,6 @@ static void close_inputs(session *s)
 
 /* ------------------------------------------------------------ attention */
 
-/* Read all heads of /layers/NN/<kind> and refuse NaN/Inf the way
- * mkv-analyze does: "'kv.h5': /layers/00/k: NaN at [head,position,channel]". */
-static int read_finite(mkv_dump *d, int layer, char kind, int heads, int64_t len, int dim, float *out, mkv_error *err)
-{
-    int rc = mkv_dump_read(d, layer, kind, 0, heads, 0, len, out, err);
-    if (rc)
-        return rc;
-    int64_t bad = mkv_find_nonfinite(out, (size_t)heads * (size_t)len * (size_t)dim);
-    if (bad < 0)
-        return MKV_OK;
-    float v = out[bad];
-    return mkv_fail(err, MKV_EFORMAT, "'%s': /layers/%02d/%c: %s at [%" PRId64 ",%" PRId64 ",%" PRId64 "]",
-                    mkv_dump_path(d), layer, kind, isnan(v) ? "NaN" : v > 0 ? "Inf" : "-Inf",
-                    bad / (len * dim), bad / dim % len, bad % dim);
-}
-
 typedef struct {
     double rel_l2, recall;
     int64_t tokens;
@@ -701,9 +686,12 @@ static int attend_all(const session *s, int threads, row *rows, mkv_error *err)
         b.n_layers = m->n_layers - l0 < per_batch ? m->n_layers - l0 : per_batch;
         /* all raw reading happens here, never while workers read the compressed dump */
         for (int i = 0; i < b.n_layers && !rc; i++)
-            if ((rc = read_finite(s->raw, l0 + i, 'k', m->n_kv_heads, m->n_tokens, m->head_dim, b.k + i * kv_layer, err)) ||
-                (rc = read_finite(s->raw, l0 + i, 'v', m->n_kv_heads, m->n_tokens, m->head_dim, b.v + i * kv_layer, err)) ||
-                (rc = read_finite(s->raw, l0 + i, 'q', m->n_heads, m->n_queries, m->head_dim, b.q + i * q_layer, err)))
+            if ((rc = mkv_dump_read_finite(s->raw, l0 + i, 'k', 0, m->n_kv_heads, 0, m->n_tokens,
+                                           b.k + i * kv_layer, err)) ||
+                (rc = mkv_dump_read_finite(s->raw, l0 + i, 'v', 0, m->n_kv_heads, 0, m->n_tokens,
+                                           b.v + i * kv_layer, err)) ||
+                (rc = mkv_dump_read_finite(s->raw, l0 + i, 'q', 0, m->n_heads, 0, m->n_queries,
+                                           b.q + i * q_layer, err)))
                 break;
         if (!rc)
             rc = run_batch(&b, threads, err);

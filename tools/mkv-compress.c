@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "analysis.h"
 #include "cdump.h"
 #include "cli.h"
 #include "dump.h"
@@ -264,22 +265,6 @@ static void parse_args(int argc, char **argv, compress_args *a)
 
 /* ------------------------------------------------------------ compression */
 
-/* Read all heads of /layers/NN/<kind> and refuse NaN/Inf the way
- * mkv-analyze does: "'kv.h5': /layers/00/k: NaN at [head,position,channel]". */
-static int read_finite(mkv_dump *d, int layer, char kind, int heads, int64_t len, int dim, float *out, mkv_error *err)
-{
-    int rc = mkv_dump_read(d, layer, kind, 0, heads, 0, len, out, err);
-    if (rc)
-        return rc;
-    int64_t bad = mkv_find_nonfinite(out, (size_t)heads * (size_t)len * (size_t)dim);
-    if (bad < 0)
-        return MKV_OK;
-    float v = out[bad];
-    return mkv_fail(err, MKV_EFORMAT, "'%s': /layers/%02d/%c: %s at [%" PRId64 ",%" PRId64 ",%" PRId64 "]",
-                    mkv_dump_path(d), layer, kind, isnan(v) ? "NaN" : v > 0 ? "Inf" : "-Inf",
-                    bad / (len * dim), bad / dim % len, bad % dim);
-}
-
 /* One layer: the raw arrays of every head and what the workers share. */
 typedef struct {
     const compress_args *a;
@@ -432,9 +417,9 @@ static int compress(const compress_args *a, uint64_t *logical, uint64_t *physica
     for (int l = 0; l < m->n_layers && !rc; l++) {
         j.layer = l;
         /* all HDF5 reading happens here, never while workers write */
-        if ((rc = read_finite(d, l, 'k', m->n_kv_heads, m->n_tokens, m->head_dim, j.k, err)) ||
-            (rc = read_finite(d, l, 'v', m->n_kv_heads, m->n_tokens, m->head_dim, j.v, err)) ||
-            (rc = read_finite(d, l, 'q', m->n_heads, m->n_queries, m->head_dim, j.q, err)))
+        if ((rc = mkv_dump_read_finite(d, l, 'k', 0, m->n_kv_heads, 0, m->n_tokens, j.k, err)) ||
+            (rc = mkv_dump_read_finite(d, l, 'v', 0, m->n_kv_heads, 0, m->n_tokens, j.v, err)) ||
+            (rc = mkv_dump_read_finite(d, l, 'q', 0, m->n_heads, 0, m->n_queries, j.q, err)))
             break;
         rc = run_layer(&j, threads, err);
         mkv_progress_update(&progress, l + 1);

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fileio.h"
 #include "half.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -15,8 +16,6 @@
 #endif
 
 #define CONVERT_CHUNK 4096
-#define PREAD_EOF (-1)
-
 struct mkv_npy {
     char *path;
     int fd;
@@ -30,25 +29,6 @@ static const struct {
 } known_descr[] = {
     {"<f2", 2, 1}, {"<f4", 4, 1}, {"<f8", 8, 1}, {"<i4", 4, 0}, {"<i8", 8, 0},
 };
-
-/* Read exactly n bytes at off; 0, an errno value, or PREAD_EOF. */
-static int pread_full(int fd, void *buf, size_t n, uint64_t off)
-{
-    char *p = buf;
-    while (n > 0) {
-        ssize_t r = pread(fd, p, n, (off_t)off);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0)
-            return errno;
-        if (r == 0)
-            return PREAD_EOF;
-        p += r;
-        n -= (size_t)r;
-        off += (uint64_t)r;
-    }
-    return 0;
-}
 
 /* ---------------------------------------------------------------- header dict */
 
@@ -275,7 +255,7 @@ int mkv_npy_open(const char *path, mkv_npy **out, mkv_error *err)
     }
     uint64_t size = (uint64_t)st.st_size;
     unsigned char pre[12];
-    if (size < 10 || (e = pread_full(f->fd, pre, size < 12 ? 10 : 12, 0)) != 0 ||
+    if (size < 10 || (e = mkv_pread_full(f->fd, pre, size < 12 ? 10 : 12, 0)) != 0 ||
         memcmp(pre, "\x93NUMPY", 6) != 0) {
         rc = mkv_fail(err, MKV_EFORMAT, "'%s': not a .npy file (bad magic)", path);
         goto done;
@@ -313,8 +293,8 @@ int mkv_npy_open(const char *path, mkv_npy **out, mkv_error *err)
         rc = mkv_fail(err, MKV_ENOMEM, "out of memory opening '%s'", path);
         goto done;
     }
-    if ((e = pread_full(f->fd, header, hlen, hstart)) != 0) {
-        rc = e == PREAD_EOF ? mkv_fail(err, MKV_EIO, "cannot read '%s': file shrank", path)
+    if ((e = mkv_pread_full(f->fd, header, hlen, hstart)) != 0) {
+        rc = e == MKV_PREAD_EOF ? mkv_fail(err, MKV_EIO, "cannot read '%s': file shrank", path)
                             : mkv_fail_errno(err, MKV_EIO, e, "cannot read '%s'", path);
         goto done;
     }
@@ -376,9 +356,9 @@ int mkv_npy_read_f32(mkv_npy *f, uint64_t first, size_t count, float *out, mkv_e
         size_t n = count - done < CONVERT_CHUNK ? count - done : CONVERT_CHUNK;
         /* float32 goes straight into the caller's buffer */
         void *dst = strcmp(info->descr, "<f4") == 0 ? (void *)(out + done) : (void *)&buf;
-        int e = pread_full(f->fd, dst, n * info->elem_size,
+        int e = mkv_pread_full(f->fd, dst, n * info->elem_size,
                            info->data_offset + (first + done) * info->elem_size);
-        if (e == PREAD_EOF)
+        if (e == MKV_PREAD_EOF)
             return mkv_fail(err, MKV_EIO, "cannot read '%s': file truncated", f->path);
         if (e)
             return mkv_fail_errno(err, MKV_EIO, e, "cannot read '%s'", f->path);

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fileio.h"
 #include "half.h"
 
 /* Tensor data are little-endian and copied into host integers and floats
@@ -62,28 +63,6 @@ static int parse_dtype(const char *s, mkv_st_dtype *t)
             return 0;
         }
     return -1;
-}
-
-#define PREAD_EOF (-1)
-
-/* Read exactly n bytes at off; 0, an errno value, or PREAD_EOF when the
- * file ends first. */
-static int pread_full(int fd, void *buf, size_t n, uint64_t off)
-{
-    char *p = buf;
-    while (n > 0) {
-        ssize_t r = pread(fd, p, n, (off_t)off);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0)
-            return errno;
-        if (r == 0)
-            return PREAD_EOF;
-        p += r;
-        n -= (size_t)r;
-        off += (uint64_t)r;
-    }
-    return 0;
 }
 
 void mkv_st_close(mkv_st_file *f)
@@ -290,9 +269,9 @@ int mkv_st_open(const char *path, mkv_st_file **out, mkv_error *err)
         goto done;
     }
     unsigned char lenbuf[8];
-    int e = pread_full(f->fd, lenbuf, 8, 0);
+    int e = mkv_pread_full(f->fd, lenbuf, 8, 0);
     if (e) {
-        rc = e == PREAD_EOF ? mkv_fail(err, MKV_EIO, "cannot read '%s': file shrank", path)
+        rc = e == MKV_PREAD_EOF ? mkv_fail(err, MKV_EIO, "cannot read '%s': file shrank", path)
                             : mkv_fail_errno(err, MKV_EIO, e, "cannot read '%s'", path);
         goto done;
     }
@@ -319,8 +298,8 @@ int mkv_st_open(const char *path, mkv_st_file **out, mkv_error *err)
                       (unsigned long long)hlen);
         goto done;
     }
-    if ((e = pread_full(f->fd, header, hlen, 8)) != 0) {
-        rc = e == PREAD_EOF ? mkv_fail(err, MKV_EIO, "cannot read '%s': file shrank", path)
+    if ((e = mkv_pread_full(f->fd, header, hlen, 8)) != 0) {
+        rc = e == MKV_PREAD_EOF ? mkv_fail(err, MKV_EIO, "cannot read '%s': file shrank", path)
                             : mkv_fail_errno(err, MKV_EIO, e, "cannot read '%s'", path);
         goto done;
     }
@@ -381,8 +360,8 @@ static int read_bytes(mkv_st_file *f, const mkv_st_tensor *t, uint64_t first, si
                       mkv_error *err)
 {
     size_t esize = mkv_st_dtype_size(t->dtype);
-    int e = pread_full(f->fd, out, count * esize, t->offset + first * esize);
-    if (e == PREAD_EOF)
+    int e = mkv_pread_full(f->fd, out, count * esize, t->offset + first * esize);
+    if (e == MKV_PREAD_EOF)
         return mkv_fail(err, MKV_EIO, "cannot read tensor '%s' from '%s': file truncated", t->name, f->path);
     if (e)
         return mkv_fail_errno(err, MKV_EIO, e, "cannot read tensor '%s' from '%s'", t->name, f->path);

@@ -1375,18 +1375,24 @@ void mkv_mosaic_method_free(void *state)
     mkv_free(s);
 }
 
-static int mosaic_compress(const mkv_params *p, const mkv_head_kv *in, mkv_cdump_writer *w,
-                           mkv_error *err)
+int mkv_mosaic_compress_store(const mkv_mosaic_config *c, const mkv_head_kv *in, mkv_cdump_writer *w,
+                              mkv_error *err)
 {
-    mkv_mosaic_config c;
-    config_from(p, in->d, &c);
     mkv_mosaic_head h;
-    int rc = mkv_mosaic_compress(&c, in, &h, err);
+    int rc = mkv_mosaic_compress(c, in, &h, err);
     if (rc != MKV_OK)
         return rc;
     rc = mkv_mosaic_store(&h, w, in->layer, in->head, err);
     mkv_mosaic_head_free(&h);
     return rc;
+}
+
+static int mosaic_compress(const mkv_params *p, const mkv_head_kv *in, mkv_cdump_writer *w,
+                           mkv_error *err)
+{
+    mkv_mosaic_config c;
+    config_from(p, in->d, &c);
+    return mkv_mosaic_compress_store(&c, in, w, err);
 }
 
 const mkv_method mkv_method_mosaic = {

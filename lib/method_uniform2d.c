@@ -37,13 +37,7 @@ static int uniform2d_compress(const mkv_params *p, const mkv_head_kv *in, mkv_cd
     c.r = mkv_mosaic_kept(mkv_params_double(p, "keep"), in->d);
     c.g = 1;
     c.pervector = 0;
-    mkv_mosaic_head h;
-    int rc = mkv_mosaic_compress(&c, in, &h, err);
-    if (rc != MKV_OK)
-        return rc;
-    rc = mkv_mosaic_store(&h, w, in->layer, in->head, err);
-    mkv_mosaic_head_free(&h);
-    return rc;
+    return mkv_mosaic_compress_store(&c, in, w, err);
 }
 
 const mkv_method mkv_method_uniform2d = {

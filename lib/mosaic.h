@@ -286,6 +286,10 @@ int mkv_mosaic_compress(const mkv_mosaic_config *c, const mkv_head_kv *in, mkv_m
 /* Arrays of a head in a compressed dump (names in lib/method_mosaic.c). */
 int mkv_mosaic_store(const mkv_mosaic_head *h, mkv_cdump_writer *w, int layer, int head,
                      mkv_error *err);
+/* Compress one head (mkv_mosaic_compress) and store it: a method's
+ * compress step. */
+int mkv_mosaic_compress_store(const mkv_mosaic_config *c, const mkv_head_kv *in, mkv_cdump_writer *w,
+                              mkv_error *err);
 int mkv_mosaic_load(mkv_cdump *c, int layer, int head, int block, int64_t sink, int64_t recent,
                     mkv_mosaic_head *h, mkv_error *err);
 /* Selection rule 2-3 of lib/method_mosaic.c for the G queries q [G][d] at

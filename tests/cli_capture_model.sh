@@ -484,6 +484,9 @@ want = {"model": "shape:smollm2-135m", "weights": "random", "source": "capture",
 for k, v in want.items():
     if a.get(k) != v:
         fail("%s = %r, expected %r" % (k, a.get(k), v))
+if a.get("rope") != "dim=64 layout=half" or "rope_freq_factors" in a:
+    fail("smollm2-135m RoPE attributes: rope=%r, rope_freq_factors %s" % (a.get("rope"),
+         "present" if "rope_freq_factors" in a else "absent"))
 t = s1["tokens"][:]
 if len(t) != 66 or t.min() < 0 or t.max() >= 49152:
     fail("tokens: %d ids in [%d, %d]" % (len(t), t.min(), t.max()))
@@ -548,6 +551,13 @@ wavelen = 2 * np.pi / inv
 smooth = (8192 / wavelen - 1.0) / (4.0 - 1.0)
 scaled = np.where(wavelen < 8192 / 4, inv,
                   np.where(wavelen > 8192 / 1, inv / 8, (1 - smooth) * inv / 8 + smooth * inv))
+# the dump says how to redo that rotation: pair layout and, per pair, the
+# divisor of its frequency
+if c.get("rope") != "dim=128 layout=half":
+    fail("llama3.1-8b: rope = %r" % c.get("rope"))
+factors = np.array([float(x) for x in c.get("rope_freq_factors", "").split(",") if x])
+if factors.shape != (64,) or not np.allclose(factors, inv / scaled, rtol=1e-6, atol=0):
+    fail("llama3.1-8b: rope_freq_factors %r are not Hugging Face's llama3 divisors" % c.get("rope_freq_factors"))
 pos = np.arange(16, dtype=np.float64)
 for kind, p in (("k", pos), ("q", pos[12:])):
     x_pre = l8pre["layers/00/" + kind][:].astype(np.float64)

@@ -1138,10 +1138,28 @@ static int write_capture_attrs(const capture_args *a, const model_run *r, int n_
                      a->top_p, a->syn.seed, r->bos, r->chat_family ? r->chat_family : "none");
     if (a->mode == MODE_SHAPE && n > 0 && (size_t)n < sizeof params)
         snprintf(params + n, sizeof params - (size_t)n, " vocab=%d", r->model->cfg.vocab_size);
+    /* What it takes to rotate pre-RoPE keys like the model (rope_theta is
+     * in the core attributes): the rotated channels, their pairing and any
+     * per-pair frequency divisors (Llama 3.1's "llama3" scaling). */
+    const mkv_model_config *cfg = &r->model->cfg;
+    char rope[64];
+    snprintf(rope, sizeof rope, "dim=%d layout=%s", cfg->rope_dim,
+             cfg->rope_layout == MKV_ROPE_HALF ? "half" : "interleaved");
     int rc;
     if ((rc = mkv_dump_set_attr(r->writer, "layer_index", layers, err)) ||
-        (rc = mkv_dump_set_attr(r->writer, "capture_params", params, err)))
+        (rc = mkv_dump_set_attr(r->writer, "capture_params", params, err)) ||
+        (rc = mkv_dump_set_attr(r->writer, "rope", rope, err)))
         return rc;
+    if (cfg->has_rope_freq_factors) {
+        char factors[MKV_ROPE_MAX_PAIRS * 18];
+        size_t fat = 0;
+        factors[0] = '\0';
+        for (int j = 0; j < cfg->rope_dim / 2 && fat < sizeof factors; j++)
+            fat += (size_t)snprintf(factors + fat, sizeof factors - fat, "%s%.9g", j ? "," : "",
+                                    (double)cfg->rope_freq_factors[j]);
+        if ((rc = mkv_dump_set_attr(r->writer, "rope_freq_factors", factors, err)))
+            return rc;
+    }
     if (a->mode == MODE_SHAPE && (rc = mkv_dump_set_attr(r->writer, "weights", "random", err)))
         return rc;
     return MKV_OK;

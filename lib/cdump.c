@@ -830,28 +830,16 @@ static int read_meta(mkv_cdump *c, mkv_error *err)
     if (v != MKV_CDUMP_VERSION)
         return mkv_fail(err, MKV_EFORMAT, "'%s': unsupported mkv_version %" PRId64 " (this build reads version %d)",
                         c->path, v, MKV_CDUMP_VERSION);
-    struct { const char *name; int *dst; } ints[] = {
-        {"n_layers", &m->n_layers}, {"n_heads", &m->n_heads},
-        {"n_kv_heads", &m->n_kv_heads}, {"head_dim", &m->head_dim},
-    };
-    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
-        if (mkv_h5_attr_get_int(f, ints[i].name, &v, err))
-            return mkv_error_prefix(err, "'%s'", c->path);
-        if (v < -1000000 || v > 1000000)
-            return mkv_fail(err, MKV_EFORMAT, "'%s': %s=%" PRId64 " is out of range", c->path, ints[i].name, v);
-        *ints[i].dst = (int)v;
-    }
+    int rc = mkv_dump_read_model_attrs(f, c->path, m, err);
+    if (rc != MKV_OK)
+        return rc;
     int64_t logical, physical;
     if (mkv_h5_attr_get_int(f, "n_tokens", &m->n_tokens, err) ||
         mkv_h5_attr_get_int(f, "logical_bytes", &logical, err) ||
         mkv_h5_attr_get_int(f, "physical_bytes", &physical, err) ||
-        mkv_h5_attr_get_double(f, "rope_theta", &m->rope_theta, err) ||
         mkv_h5_attr_get_str(f, "method", cm->method, sizeof cm->method, err) ||
         mkv_h5_attr_get_str(f, "params", cm->params, sizeof cm->params, err) ||
-        mkv_h5_attr_get_str(f, "model", m->model, sizeof m->model, err) ||
-        mkv_h5_attr_get_str(f, "k_rope", m->k_rope, sizeof m->k_rope, err) ||
-        mkv_h5_attr_get_str(f, "source", cm->source, sizeof cm->source, err) ||
-        mkv_h5_attr_get_str(f, "created_by", m->created_by, sizeof m->created_by, err))
+        mkv_h5_attr_get_str(f, "source", cm->source, sizeof cm->source, err))
         return mkv_error_prefix(err, "'%s'", c->path);
     if (logical < 0 || physical < 0)
         return mkv_fail(err, MKV_EFORMAT, "'%s': negative byte counts", c->path);

@@ -244,11 +244,22 @@ int mkv_dump_read_meta(hid_t fid, const char *path, mkv_dump_meta *m, mkv_error 
     if (v != MKV_DUMP_VERSION)
         return mkv_fail(err, MKV_EFORMAT, "'%s': unsupported mkv_version %" PRId64 " (this build reads version %d)",
                         path, v, MKV_DUMP_VERSION);
+    int rc = mkv_dump_read_model_attrs(fid, path, m, err);
+    if (rc != MKV_OK)
+        return rc;
+    if (mkv_h5_attr_get_str(fid, "source", m->source, sizeof m->source, err))
+        return mkv_error_prefix(err, "'%s'", path);
+    return MKV_OK;
+}
+
+int mkv_dump_read_model_attrs(hid_t fid, const char *path, mkv_dump_meta *m, mkv_error *err)
+{
     struct { const char *name; int *dst; } ints[] = {
         {"n_layers", &m->n_layers}, {"n_heads", &m->n_heads},
         {"n_kv_heads", &m->n_kv_heads}, {"head_dim", &m->head_dim},
     };
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        int64_t v;
         if (mkv_h5_attr_get_int(fid, ints[i].name, &v, err))
             return mkv_error_prefix(err, "'%s'", path);
         if (v < -1000000 || v > 1000000)
@@ -258,7 +269,6 @@ int mkv_dump_read_meta(hid_t fid, const char *path, mkv_dump_meta *m, mkv_error 
     if (mkv_h5_attr_get_double(fid, "rope_theta", &m->rope_theta, err) ||
         mkv_h5_attr_get_str(fid, "model", m->model, sizeof m->model, err) ||
         mkv_h5_attr_get_str(fid, "k_rope", m->k_rope, sizeof m->k_rope, err) ||
-        mkv_h5_attr_get_str(fid, "source", m->source, sizeof m->source, err) ||
         mkv_h5_attr_get_str(fid, "created_by", m->created_by, sizeof m->created_by, err))
         return mkv_error_prefix(err, "'%s'", path);
     return MKV_OK;

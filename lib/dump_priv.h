@@ -24,6 +24,10 @@ int mkv_dump_dset_dims(hid_t dset, hsize_t dims[3]);
 /* Read and check mkv_format, mkv_version and the shape attributes of an
  * open file into m (n_tokens/n_queries are left 0). */
 int mkv_dump_read_meta(hid_t fid, const char *path, mkv_dump_meta *m, mkv_error *err);
+/* The model attributes raw and compressed dumps share: n_layers, n_heads,
+ * n_kv_heads, head_dim (range-checked), rope_theta, model, k_rope and
+ * created_by; errors name the file as path. */
+int mkv_dump_read_model_attrs(hid_t fid, const char *path, mkv_dump_meta *m, mkv_error *err);
 
 /* HDF5 type for IEEE binary16 (caller closes). */
 hid_t mkv_h5_f16_type(void);

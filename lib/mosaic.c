@@ -300,6 +300,14 @@ static const double r_fractions[N_R_FRACTIONS] = {1.0 / 32, 2.0 / 32,  3.0 / 32,
                                                   20.0 / 32, 24.0 / 32, 28.0 / 32, 1.0};
 static const double dprime_fractions[N_DPRIME_FRACTIONS] = {0.25, 0.5, 0.75, 1.0};
 
+static int group_index(int g)
+{
+    int gi = 0;
+    while (gi < N_GROUP_SIZES - 1 && group_sizes[gi] != g)
+        gi++;
+    return gi;
+}
+
 /* One segment seen in one space (rotated by R, or raw): its vectors, the
  * observation queries in that space and, per group size, the ranking of
  * every vector's groups, which every candidate of the space shares (a
@@ -311,7 +319,9 @@ typedef struct {
     double *xt;                       /* [n][d] */
     double etotal;                    /* sum of xt^2 */
     double *qt;                       /* [nq][d] observation queries, NULL without */
-    uint16_t *rank[N_GROUP_SIZES];    /* [n][d/g] group indices, best first; on first need */
+    int rank_d;                       /* channels the rankings cover: the widest d' of the candidates */
+    uint16_t *rank[N_GROUP_SIZES];    /* [n][rank_ng] group indices, best first; on first need */
+    int rank_ng[N_GROUP_SIZES];       /* groups ranked: those of the first rank_d channels */
     /* with observation queries: */
     double *x16;                      /* [n][d] xt rounded to fp16, as stored */
     int64_t nu;                       /* distinct tokens the queries attend */
@@ -391,12 +401,18 @@ static int seg_space_init(seg_space *v, const float *X, int64_t n, int d, const 
     return MKV_OK;
 }
 
-/* The group ranking of group size g (index gi), computed once. */
+/* The group ranking of group size g (index gi), computed once.  Only the
+ * groups within the first rank_d channels are ranked: a candidate keeps
+ * none beyond its d', and the ranking of a subset is the subset of the
+ * ranking (one strict order), so every candidate sees the same kept set. */
 static const uint16_t *space_rank(seg_space *v, int gi, mkv_error *err)
 {
     if (v->rank[gi])
         return v->rank[gi];
-    int g = group_sizes[gi], ng = v->d / g;
+    int g = group_sizes[gi], ng = (v->rank_d + g - 1) / g;
+    if (ng > v->d / g)
+        ng = v->d / g;
+    v->rank_ng[gi] = ng;
     uint16_t *rank = mkv_alloc((size_t)v->n * (size_t)ng, sizeof *rank, "group rankings", err);
     if (!rank)
         return NULL;
@@ -420,7 +436,7 @@ static int kept_positions(const seg_space *v, const uint16_t *rank, const mkv_mo
             pos[c] = c;
         return s->r;
     }
-    int g = s->g, ng = v->d / g, lim = s->dprime / g, k = s->r / g, n = 0;
+    int g = s->g, ng = v->rank_ng[group_index(g)], lim = s->dprime / g, k = s->r / g, n = 0;
     const uint16_t *rk = rank + t * ng;
     for (int j = 0; j < ng && n < k * g; j++)
         if (rk[j] < lim)
@@ -508,14 +524,6 @@ static double output_loss(seg_space *v, const uint16_t *rank, const mkv_mosaic_s
     return total / (double)obs->nq;
 }
 
-static int group_index(int g)
-{
-    int gi = 0;
-    while (gi < N_GROUP_SIZES - 1 && group_sizes[gi] != g)
-        gi++;
-    return gi;
-}
-
 /* Bytes and energy loss of c in space v. */
 static int price_and_energy(seg_space *v, mkv_mosaic_candidate *c, int block, mkv_error *err)
 {
@@ -559,13 +567,17 @@ static int evaluate_list(const mkv_mosaic_search_opts *o, const float *X, const 
                          int *n, int prune, mkv_error *err)
 {
     seg_space sp[2];   /* raw, rotated */
-    int have[2] = {0, 0}, rc = MKV_OK;
+    int have[2] = {0, 0}, widest[2] = {0, 0}, rc = MKV_OK;
+    for (int i = 0; i < *n; i++)
+        if (c[i].s.dprime > widest[c[i].s.rotate])
+            widest[c[i].s.rotate] = c[i].s.dprime;
     for (int i = 0; i < *n && rc == MKV_OK; i++) {
         int rot = c[i].s.rotate;
         if (!have[rot]) {
             rc = seg_space_init(&sp[rot], X, c[i].s.len, o->d, rot ? R : NULL, o->obs, err);
             if (rc != MKV_OK)
                 break;
+            sp[rot].rank_d = widest[rot];
             have[rot] = 1;
         }
         rc = price_and_energy(&sp[rot], &c[i], o->block, err);

@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "analysis.h"
+#include "tasks.h"
 #include "cdump.h"
 #include "cli.h"
 #include "gpu_packed.h"
@@ -464,10 +465,7 @@ typedef struct {
     float *k, *v;               /* [n_layers][n_kv_heads][T][d] */
     float *q;                   /* [n_layers][n_heads][W][d] */
     row *rows;                  /* [W][L][n_heads] for the whole dump */
-    pthread_mutex_t mu;
-    int next_task, stop;
-    int *rc;                    /* [n_layers * n_kv_heads] */
-    mkv_error *errs;
+    pthread_mutex_t mu;         /* the progress count */
     mkv_progress *progress;
     int64_t *done;
 } batch;
@@ -605,52 +603,25 @@ static int attend_head(const batch *b, int slot, int h, mkv_error *err)
     return rc;
 }
 
-static void *worker(void *arg)
+/* Task t of mkv_run_tasks: (layer slot t / n_kv_heads, KV head t % n_kv_heads). */
+static int attend_task(void *ctx, int t, mkv_error *err)
 {
-    batch *b = arg;
-    int n_kv = b->s->m->n_kv_heads, n_tasks = b->n_layers * n_kv;
-    for (;;) {
-        pthread_mutex_lock(&b->mu);
-        int t = b->stop || b->next_task >= n_tasks ? -1 : b->next_task++;
-        pthread_mutex_unlock(&b->mu);
-        if (t < 0)
-            return NULL;
-        mkv_error_clear(&b->errs[t]);
-        b->rc[t] = attend_head(b, t / n_kv, t % n_kv, &b->errs[t]);
-        pthread_mutex_lock(&b->mu);
-        if (b->rc[t])
-            b->stop = 1;
-        mkv_progress_update(b->progress, ++*b->done);
-        pthread_mutex_unlock(&b->mu);
-    }
+    batch *b = ctx;
+    int n_kv = b->s->m->n_kv_heads;
+    int rc = attend_head(b, t / n_kv, t % n_kv, err);
+    pthread_mutex_lock(&b->mu);
+    mkv_progress_update(b->progress, ++*b->done);
+    pthread_mutex_unlock(&b->mu);
+    return rc;
 }
 
 static int run_batch(batch *b, int threads, mkv_error *err)
 {
-    int n_tasks = b->n_layers * b->s->m->n_kv_heads;
-    int workers = threads < n_tasks ? threads : n_tasks;
-    b->next_task = 0;
-    b->stop = 0;
-    for (int t = 0; t < n_tasks; t++)
-        b->rc[t] = MKV_OK;
-    pthread_t *tids = calloc((size_t)workers, sizeof *tids);
-    int started = 0;
-    if (tids)
-        for (; started < workers - 1; started++)
-            if (pthread_create(&tids[started], NULL, worker, b) != 0)
-                break;
-    worker(b);   /* the calling thread works too */
-    for (int i = 0; i < started; i++)
-        pthread_join(tids[i], NULL);
-    free(tids);
-    int n_kv = b->s->m->n_kv_heads;
-    for (int t = 0; t < n_tasks; t++)
-        if (b->rc[t]) {
-            *err = b->errs[t];
-            mkv_error_prefix(err, "layer %d head %d", b->first_layer + t / n_kv, t % n_kv);
-            return b->rc[t];
-        }
-    return MKV_OK;
+    int n_kv = b->s->m->n_kv_heads, t;
+    int rc = mkv_run_tasks(b->n_layers * n_kv, threads, attend_task, b, &t, err);
+    if (rc != MKV_OK && t >= 0)
+        mkv_error_prefix(err, "layer %d head %d", b->first_layer + t / n_kv, t % n_kv);
+    return rc;
 }
 
 /* Fill rows [W][L][n_heads] for the whole dump. */
@@ -674,10 +645,8 @@ static int attend_all(const session *s, int threads, row *rows, mkv_error *err)
     b.k = mkv_alloc(kv_n, sizeof(float), "keys", err);
     b.v = mkv_alloc(kv_n, sizeof(float), "values", err);
     b.q = mkv_alloc(q_n, sizeof(float), "queries", err);
-    b.rc = calloc((size_t)per_batch * (size_t)m->n_kv_heads, sizeof *b.rc);
-    b.errs = calloc((size_t)per_batch * (size_t)m->n_kv_heads, sizeof *b.errs);
     int rc = MKV_OK;
-    if (!b.k || !b.v || !b.q || !b.rc || !b.errs)
+    if (!b.k || !b.v || !b.q)
         rc = mkv_fail(err, MKV_ENOMEM, "out of memory for %d layers of '%s'", per_batch, mkv_dump_path(s->raw));
     pthread_mutex_init(&b.mu, NULL);
     mkv_progress_start(&progress, "attending", (int64_t)m->n_layers * m->n_kv_heads);
@@ -701,8 +670,6 @@ static int attend_all(const session *s, int threads, row *rows, mkv_error *err)
     mkv_free(b.k);
     mkv_free(b.v);
     mkv_free(b.q);
-    free(b.rc);
-    free(b.errs);
     return rc;
 }
 

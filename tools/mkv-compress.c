@@ -18,12 +18,12 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "analysis.h"
+#include "tasks.h"
 #include "cdump.h"
 #include "cli.h"
 #include "dump.h"
@@ -275,15 +275,12 @@ typedef struct {
     float *k, *v;          /* [n_kv_heads][T][d] */
     float *q;              /* [n_heads][W][d] */
     int threads_per_head;
-    pthread_mutex_t mu;
-    int next_head;         /* next KV head to take */
-    int stop;              /* a head failed: take no more */
-    int *rc;               /* [n_kv_heads] */
-    mkv_error *errs;       /* [n_kv_heads] */
 } layer_job;
 
-static void compress_head(layer_job *j, int h)
+/* Task h of mkv_run_tasks: KV head h of the layer. */
+static int compress_head(void *ctx, int h, mkv_error *err)
 {
+    const layer_job *j = ctx;
     const mkv_dump_meta *m = j->m;
     int G = m->n_heads / m->n_kv_heads;
     size_t kv_head = (size_t)m->n_tokens * (size_t)m->head_dim;
@@ -302,61 +299,26 @@ static void compress_head(layer_job *j, int h)
         .query_pos = j->query_pos,
         .threads = j->threads_per_head,
     };
-    mkv_error_clear(&j->errs[h]);
-    j->rc[h] = j->a->method->compress(&j->a->params, &in, j->w, &j->errs[h]);
-    if (j->rc[h] && !j->errs[h].msg[0])
-        mkv_fail(&j->errs[h], j->rc[h], "method '%s' failed without a message", j->a->method->name);
-}
-
-static void *worker(void *arg)
-{
-    layer_job *j = arg;
-    for (;;) {
-        pthread_mutex_lock(&j->mu);
-        int h = j->stop ? -1 : j->next_head < j->m->n_kv_heads ? j->next_head++ : -1;
-        pthread_mutex_unlock(&j->mu);
-        if (h < 0)
-            return NULL;
-        compress_head(j, h);
-        if (j->rc[h]) {
-            pthread_mutex_lock(&j->mu);
-            j->stop = 1;
-            pthread_mutex_unlock(&j->mu);
-        }
-    }
+    int rc = j->a->method->compress(&j->a->params, &in, j->w, err);
+    if (rc && !err->msg[0])
+        mkv_fail(err, rc, "method '%s' failed without a message", j->a->method->name);
+    return rc;
 }
 
 /* Compress every KV head of one layer with up to `threads` workers. The
  * first failing head (lowest index) gives the error. */
 static int run_layer(layer_job *j, int threads, mkv_error *err)
 {
-    int n = j->m->n_kv_heads;
-    int workers = threads < n ? threads : n;
-    j->next_head = 0;
-    j->stop = 0;
-    for (int h = 0; h < n; h++)
-        j->rc[h] = MKV_OK;
-    pthread_t *tids = calloc((size_t)workers, sizeof *tids);
-    int started = 0;
-    if (tids)
-        for (; started < workers - 1; started++)
-            if (pthread_create(&tids[started], NULL, worker, j) != 0)
-                break;
-    worker(j);   /* the calling thread works too */
-    for (int i = 0; i < started; i++)
-        pthread_join(tids[i], NULL);
-    free(tids);
-    for (int h = 0; h < n; h++)
-        if (j->rc[h]) {
-            /* name the head unless the message (from lib/cdump.c) does */
-            char tag[64];
-            snprintf(tag, sizeof tag, "layer %d head %d:", j->layer, h);
-            *err = j->errs[h];
-            if (strncmp(err->msg, tag, strlen(tag)) != 0)
-                mkv_error_prefix(err, "layer %d head %d", j->layer, h);
-            return j->rc[h];
-        }
-    return MKV_OK;
+    int h;
+    int rc = mkv_run_tasks(j->m->n_kv_heads, threads, compress_head, j, &h, err);
+    if (rc != MKV_OK && h >= 0) {
+        /* name the head unless the message (from lib/cdump.c) does */
+        char tag[64];
+        snprintf(tag, sizeof tag, "layer %d head %d:", j->layer, h);
+        if (strncmp(err->msg, tag, strlen(tag)) != 0)
+            mkv_error_prefix(err, "layer %d head %d", j->layer, h);
+    }
+    return rc;
 }
 
 static int compress(const compress_args *a, uint64_t *logical, uint64_t *physical, mkv_error *err)
@@ -369,7 +331,6 @@ static int compress(const compress_args *a, uint64_t *logical, uint64_t *physica
     mkv_cdump_writer *w = NULL;
     layer_job j = {.a = a, .m = m};
     int32_t *query_pos = NULL;
-    pthread_mutex_init(&j.mu, NULL);
 
     if ((rc = a->method->check(&a->params, m, err))) {
         mkv_error_prefix(err, "method '%s'", a->method->name);
@@ -385,9 +346,7 @@ static int compress(const compress_args *a, uint64_t *logical, uint64_t *physica
     j.k = mkv_alloc(kv_n, sizeof(float), "keys of a layer", err);
     j.v = mkv_alloc(kv_n, sizeof(float), "values of a layer", err);
     j.q = mkv_alloc(q_n ? q_n : 1, sizeof(float), "queries of a layer", err);
-    j.rc = calloc((size_t)m->n_kv_heads, sizeof *j.rc);
-    j.errs = calloc((size_t)m->n_kv_heads, sizeof *j.errs);
-    if (!query_pos || !j.k || !j.v || !j.q || !j.rc || !j.errs) {
+    if (!query_pos || !j.k || !j.v || !j.q) {
         rc = mkv_fail(err, MKV_ENOMEM, "out of memory for one layer of '%s'", mkv_dump_path(d));
         goto done;
     }
@@ -435,12 +394,9 @@ static int compress(const compress_args *a, uint64_t *logical, uint64_t *physica
 done:
     if (w)
         mkv_cdump_abort(w);
-    pthread_mutex_destroy(&j.mu);
     mkv_free(j.k);
     mkv_free(j.v);
     mkv_free(j.q);
-    free(j.rc);
-    free(j.errs);
     free(query_pos);
     mkv_dump_close(d);
     return rc;

@@ -427,16 +427,15 @@ static const uint16_t *space_rank(seg_space *v, int gi, mkv_error *err)
 }
 
 /* Kept channels of token t under s (mkv_mosaic_select's choice, in
- * ranking order). */
-static int kept_positions(const seg_space *v, const uint16_t *rank, const mkv_mosaic_strategy *s, int64_t t,
-                          int *pos)
+ * ranking order), from a space_rank table of ng groups per token. */
+static int kept_positions(const uint16_t *rank, int ng, const mkv_mosaic_strategy *s, int64_t t, int *pos)
 {
     if (mkv_mosaic_bitmap_bytes(s) == 0) {
         for (int c = 0; c < s->r; c++)
             pos[c] = c;
         return s->r;
     }
-    int g = s->g, ng = v->rank_ng[group_index(g)], lim = s->dprime / g, k = s->r / g, n = 0;
+    int g = s->g, lim = s->dprime / g, k = s->r / g, n = 0;
     const uint16_t *rk = rank + t * ng;
     for (int j = 0; j < ng && n < k * g; j++)
         if (rk[j] < lim)
@@ -452,8 +451,9 @@ static double output_loss(seg_space *v, const uint16_t *rank, const mkv_mosaic_s
 {
     int d = v->d, r = s->r;
     double total = 0, acc[MKV_MOSAIC_MAX_D], b[MKV_MOSAIC_MAX_D];
+    const int ng = v->rank_ng[group_index(s->g)];
     for (int64_t u = 0; u < v->nu; u++)
-        kept_positions(v, rank, s, v->utok[u], v->pcache + u * r);
+        kept_positions(rank, ng, s, v->utok[u], v->pcache + u * r);
     for (int64_t j = 0; j < obs->nq; j++) {
         const double *qt = v->qt + j * d, *ex = obs->exact + j * d;
         int64_t p0 = obs->first[j], p1 = obs->first[j + 1];
@@ -534,9 +534,10 @@ static int price_and_energy(seg_space *v, mkv_mosaic_candidate *c, int block, mk
     mkv_mosaic_strategy_bytes(&c->s, v->d, block, &b);
     c->bytes = b.total;
     int pos[MKV_MOSAIC_MAX_D];
+    const int ng = v->rank_ng[group_index(c->s.g)];
     double kept = 0;
     for (int64_t t = 0; t < v->n; t++) {
-        int np = kept_positions(v, rank, &c->s, t, pos);
+        int np = kept_positions(rank, ng, &c->s, t, pos);
         const double *x = v->xt + t * v->d;
         for (int i = 0; i < np; i++)
             kept += x[pos[i]] * x[pos[i]];

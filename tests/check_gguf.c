@@ -795,12 +795,6 @@ END_TEST
 
 /* ------------------------------------------------------------ llama models */
 
-static void fill(float *p, size_t n, uint64_t *seed, double center, double spread)
-{
-    for (size_t i = 0; i < n; i++)
-        p[i] = (float)(center + spread * (2.0 * test_uniform(seed) - 1.0));
-}
-
 /* Small model: head_dim 16 with dim 64 and 4 heads, GQA 2, untied, rows a
  * multiple of 32 so that matrices can be written quantized. */
 static mkv_model *tiny_model(int with_bias, int tied)
@@ -825,7 +819,7 @@ static mkv_model *tiny_model(int with_bias, int tied)
     mkv_error err;
     ck_assert_msg(mkv_model_create(&c, &m, &err) == MKV_OK, "%s", err.msg);
     uint64_t seed = 42;
-    fill(m->storage, m->storage_floats, &seed, 0.0, 0.5);
+    test_fill(m->storage, m->storage_floats, &seed, 0.0, 0.5);
     return m;
 }
 

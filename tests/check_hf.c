@@ -1104,12 +1104,6 @@ END_TEST
 
 /* ------------------------------------------------------------ Qwen2 vs model_ref.py */
 
-static void fill(float *p, size_t n, uint64_t *seed, double center, double spread)
-{
-    for (size_t i = 0; i < n; i++)
-        p[i] = (float)(center + spread * (2.0 * test_uniform(seed) - 1.0));
-}
-
 static void qwen2_config(mkv_model_config *c)
 {
     mkv_model_config_defaults(c);
@@ -1139,27 +1133,27 @@ static mkv_model *random_model(const mkv_model_config *c, uint64_t seed)
     ck_assert_msg(mkv_model_create(c, &m, &err) == MKV_OK, "%s", err.msg);
     size_t dim = (size_t)c->dim, hid = (size_t)c->hidden_dim;
     size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
-    fill(m->tok_embedding, (size_t)c->vocab_size * dim, &seed, 0.0, 1.0);
+    test_fill(m->tok_embedding, (size_t)c->vocab_size * dim, &seed, 0.0, 1.0);
     for (int l = 0; l < c->n_layers; l++) {
         mkv_layer_weights *w = &m->layers[l];
-        fill(w->rms_att, dim, &seed, 1.0, 0.2);
-        fill(w->rms_ffn, dim, &seed, 1.0, 0.2);
-        fill(w->wq, qd * dim, &seed, 0.0, 0.3);
-        fill(w->wk, kvd * dim, &seed, 0.0, 0.3);
-        fill(w->wv, kvd * dim, &seed, 0.0, 0.3);
-        fill(w->wo, dim * qd, &seed, 0.0, 0.3);
-        fill(w->w1, hid * dim, &seed, 0.0, 0.3);
-        fill(w->w2, dim * hid, &seed, 0.0, 0.3);
-        fill(w->w3, hid * dim, &seed, 0.0, 0.3);
+        test_fill(w->rms_att, dim, &seed, 1.0, 0.2);
+        test_fill(w->rms_ffn, dim, &seed, 1.0, 0.2);
+        test_fill(w->wq, qd * dim, &seed, 0.0, 0.3);
+        test_fill(w->wk, kvd * dim, &seed, 0.0, 0.3);
+        test_fill(w->wv, kvd * dim, &seed, 0.0, 0.3);
+        test_fill(w->wo, dim * qd, &seed, 0.0, 0.3);
+        test_fill(w->w1, hid * dim, &seed, 0.0, 0.3);
+        test_fill(w->w2, dim * hid, &seed, 0.0, 0.3);
+        test_fill(w->w3, hid * dim, &seed, 0.0, 0.3);
         if (c->has_qkv_bias) {
-            fill(w->bq, qd, &seed, 0.0, 0.5);
-            fill(w->bk, kvd, &seed, 0.0, 0.5);
-            fill(w->bv, kvd, &seed, 0.0, 0.5);
+            test_fill(w->bq, qd, &seed, 0.0, 0.5);
+            test_fill(w->bk, kvd, &seed, 0.0, 0.5);
+            test_fill(w->bv, kvd, &seed, 0.0, 0.5);
         }
     }
-    fill(m->rms_final, dim, &seed, 1.0, 0.2);
+    test_fill(m->rms_final, dim, &seed, 1.0, 0.2);
     if (!c->tied_classifier)
-        fill(m->classifier, (size_t)c->vocab_size * dim, &seed, 0.0, 0.5);
+        test_fill(m->classifier, (size_t)c->vocab_size * dim, &seed, 0.0, 0.5);
     return m;
 }
 

@@ -78,12 +78,6 @@ static unsigned char *read_bytes(const char *path, size_t *n)
 
 /* ------------------------------------------------------------ synthetic models */
 
-static void fill(float *p, size_t n, uint64_t *seed, double center, double spread)
-{
-    for (size_t i = 0; i < n; i++)
-        p[i] = (float)(center + spread * (2.0 * test_uniform(seed) - 1.0));
-}
-
 /* Small model with GQA group 3 and an untied classifier; llama2.c format
  * can hold it (head_dim = dim / n_heads). */
 static void synthetic_config(mkv_model_config *c)
@@ -119,25 +113,25 @@ static mkv_model *random_model(const mkv_model_config *c, uint64_t seed)
     mkv_error err;
     ck_assert_msg(mkv_model_create(c, &m, &err) == MKV_OK, "%s", err.msg);
     size_t embed = (size_t)c->vocab_size * c->dim;
-    fill(m->tok_embedding, embed, &seed, 0.0, 1.0);
+    test_fill(m->tok_embedding, embed, &seed, 0.0, 1.0);
     for (int l = 0; l < c->n_layers; l++) {
         float *p[9];
         size_t s[9];
         layer_tensors(c, &m->layers[l], p, s);
         for (int t = 0; t < 9; t++) {
             int is_norm = t == 0 || t == 5;
-            fill(p[t], s[t], &seed, is_norm ? 1.0 : 0.0, is_norm ? 0.2 : 0.3);
+            test_fill(p[t], s[t], &seed, is_norm ? 1.0 : 0.0, is_norm ? 0.2 : 0.3);
         }
         if (c->has_qkv_bias) {
             size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
-            fill(m->layers[l].bq, qd, &seed, 0.0, 0.5);
-            fill(m->layers[l].bk, kvd, &seed, 0.0, 0.5);
-            fill(m->layers[l].bv, kvd, &seed, 0.0, 0.5);
+            test_fill(m->layers[l].bq, qd, &seed, 0.0, 0.5);
+            test_fill(m->layers[l].bk, kvd, &seed, 0.0, 0.5);
+            test_fill(m->layers[l].bv, kvd, &seed, 0.0, 0.5);
         }
     }
-    fill(m->rms_final, (size_t)c->dim, &seed, 1.0, 0.2);
+    test_fill(m->rms_final, (size_t)c->dim, &seed, 1.0, 0.2);
     if (!c->tied_classifier)
-        fill(m->classifier, embed, &seed, 0.0, 0.5);
+        test_fill(m->classifier, embed, &seed, 0.0, 0.5);
     return m;
 }
 

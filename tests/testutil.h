@@ -44,6 +44,13 @@ static inline uint64_t test_rand64(uint64_t *s)
 
 static inline double test_uniform(uint64_t *s) { return (test_rand64(s) >> 11) * 0x1.0p-53; }
 
+/* n floats uniform in [center - spread, center + spread). */
+static inline void test_fill(float *p, size_t n, uint64_t *seed, double center, double spread)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = (float)(center + spread * (2.0 * test_uniform(seed) - 1.0));
+}
+
 /* Number of entries in a directory (".", ".." excluded); -1 on error. */
 static inline int test_count_entries(const char *dir)
 {

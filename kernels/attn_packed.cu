@@ -36,6 +36,13 @@ __device__ __forceinline__ void cp_async16(void *smem, const void *gmem)
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
 }
+/* The same with the source cut to src_bytes (0 or 16): the rest is zeros. */
+__device__ __forceinline__ void cp_async16_zfill(void *smem, const void *gmem, int src_bytes)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes)
+                 : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
@@ -92,7 +99,8 @@ __device__ __forceinline__ uint4 expand8(const uint16_t *vals, int base, uint32_
         if (m8 & (1u << e))
             h[e] = *v++;
     }
-    return make_uint4(h[0] | h[1] << 16, h[2] | h[3] << 16, h[4] | h[5] << 16, h[6] | h[7] << 16);
+    return make_uint4(__byte_perm(h[0], h[1], 0x5410), __byte_perm(h[2], h[3], 0x5410),
+                      __byte_perm(h[4], h[5], 0x5410), __byte_perm(h[6], h[7], 0x5410));
 }
 
 /* A query reaches the tensor cores as fp16 hi + lo parts (attn_core.cuh).
@@ -130,23 +138,29 @@ struct score_args {
     float qscale;
 };
 
-/* Dynamic shared memory of score_kernel: R_k [D][dk] fp16 and the row
- * splits' partial sums of q R_k [THREADS / (dk / 2)][MAX_G][dk] floats
- * while q~ is computed, then the histogram. */
-inline size_t score_smem(int D, int dkmax)
-{
-    const size_t rot = (size_t)D * dkmax * 2 + sizeof(float) * 2 * THREADS * MAX_G;
-    const size_t hist = sizeof(uint32_t) * HIST_BINS;
-    return rot > hist ? rot : hist;
-}
+/* Block-key stages of score_kernel in flight per warp, 16 rows of 64 KJ
+ * bytes each: few, so that six blocks fit on an SM with the usual rows of
+ * 64 channels (the latency to hide is the kernel's prologue, not the
+ * stream). */
+__host__ __device__ constexpr int score_stages(int kj) { return kj <= 4 ? 2 : 1; }
 
-/* q~ = q R_k into sm_qt [MAX_G][D] (zeros past dk) from R_k staged in
- * sm_r.  Thread (split, pair) sums rows [split * rows, (split + 1) * rows)
- * of columns 2 pair and 2 pair + 1 for every head (one R load feeds G FMAs
- * per column); the splits are then added in order, so the result does not
- * depend on scheduling.  Ends with a barrier. */
+/* Dynamic shared memory of score_kernel: the histogram, then the warps'
+ * block-key stages. */
+constexpr int SCORE_STAGE_OFF = sizeof(uint32_t) * HIST_BINS;
+inline size_t score_smem(int kj) { return SCORE_STAGE_OFF + (size_t)WARPS * score_stages(kj) * TILE * 64 * kj; }
+
+/* Dynamic shared memory of qrot_kernel: the row splits' partial sums of
+ * q R_k, [THREADS / (dk / 2)][MAX_G][dk] floats. */
+inline size_t qrot_smem() { return sizeof(float) * 2 * THREADS * MAX_G; }
+
+/* q~ = q R_k into sm_qt [MAX_G][D] (zeros past dk), R_k [D][dk] fp16 read
+ * from global memory.  Thread (split, pair) sums rows [split * rows,
+ * (split + 1) * rows) of columns 2 pair and 2 pair + 1 for every head (one
+ * R load feeds G FMAs per column; a warp reads whole rows); the splits
+ * are then added in order, so the result does not depend on scheduling.
+ * Ends with a barrier. */
 template <int D, int NG>
-__device__ void rotate_query(const float (*sm_q)[D], const uint16_t *sm_r, float *sm_part, int dk, int G,
+__device__ void rotate_query(const float (*sm_q)[D], const uint16_t *R, float *sm_part, int dk, int G,
                              float (*sm_qt)[D])
 {
     const int tid = threadIdx.x;
@@ -154,11 +168,12 @@ __device__ void rotate_query(const float (*sm_q)[D], const uint16_t *sm_r, float
     const int pair = tid % npair, split = tid / npair;
     const int j_end = split < nsplit ? (split + 1) * rows : 0;   /* dk = 96 leaves threads idle */
     float acc[NG][2] = {};
+#pragma unroll 4
     for (int j0 = split * rows; j0 < j_end; j0 += 4) {
         uint32_t r2[4];
 #pragma unroll
         for (int u = 0; u < 4; u++)
-            r2[u] = *reinterpret_cast<const uint32_t *>(sm_r + (size_t)(j0 + u) * dk + 2 * pair);
+            r2[u] = __ldg(reinterpret_cast<const unsigned int *>(R + (size_t)(j0 + u) * dk + 2 * pair));
         float r[4][2];
 #pragma unroll
         for (int u = 0; u < 4; u++) {
@@ -195,17 +210,47 @@ __device__ void rotate_query(const float (*sm_q)[D], const uint16_t *sm_r, float
 
 /* rotate_query with the head loop unrolled as far as G needs. */
 template <int D>
-__device__ void rotate_query_g(const float (*sm_q)[D], const uint16_t *sm_r, float *sm_part, int dk, int G,
+__device__ void rotate_query_g(const float (*sm_q)[D], const uint16_t *R, float *sm_part, int dk, int G,
                                float (*sm_qt)[D])
 {
     if (G <= 1)
-        rotate_query<D, 1>(sm_q, sm_r, sm_part, dk, G, sm_qt);
+        rotate_query<D, 1>(sm_q, R, sm_part, dk, G, sm_qt);
     else if (G <= 2)
-        rotate_query<D, 2>(sm_q, sm_r, sm_part, dk, G, sm_qt);
+        rotate_query<D, 2>(sm_q, R, sm_part, dk, G, sm_qt);
     else if (G <= 4)
-        rotate_query<D, 4>(sm_q, sm_r, sm_part, dk, G, sm_qt);
+        rotate_query<D, 4>(sm_q, R, sm_part, dk, G, sm_qt);
     else
-        rotate_query<D, MAX_G>(sm_q, sm_r, sm_part, dk, G, sm_qt);
+        rotate_query<D, MAX_G>(sm_q, R, sm_part, dk, G, sm_qt);
+}
+
+/* q~ = q R_k (scaled) of one (job, segment) item into a.qt, for the
+ * scoring and the attention.  The scoring grid may launch at once: it
+ * stages block keys until q~ is complete. */
+template <int D>
+__global__ void __launch_bounds__(THREADS) qrot_kernel(const score_args a)
+{
+    __shared__ __align__(16) float sm_q[MAX_G][D];
+    __shared__ __align__(16) float sm_qt[MAX_G][D];
+    extern __shared__ __align__(16) uint8_t dyn[];   /* rotate_query's partial sums */
+    pdl_trigger();
+    const int tid = threadIdx.x;
+    const int4 it = a.items[blockIdx.x];
+    const mkv_packed_seg sg = a.segs[it.z];
+    const int G = a.G;
+    const float *qj = a.q + (size_t)it.x * G * D;
+    for (int i = tid; i < G * D; i += THREADS)
+        sm_q[i / D][i % D] = qj[i] * a.qscale;
+    __syncthreads();
+    if (sg.rk_off >= 0) {
+        rotate_query_g<D>(sm_q, a.rotations + sg.rk_off, reinterpret_cast<float *>(dyn), sg.dk, G, sm_qt);
+    } else {
+        for (int i = tid; i < G * D; i += THREADS)
+            sm_qt[i / D][i % D] = sm_q[i / D][i % D];
+        __syncthreads();
+    }
+    float *qt = a.qt + ((size_t)it.x * a.seg_max + it.y) * G * a.qt_width;
+    for (int i = tid; i < G * a.qt_width; i += THREADS)
+        qt[i] = i % a.qt_width < D ? sm_qt[i / a.qt_width][i % a.qt_width] : 0.f;
 }
 
 /* KJ: 32-channel steps of the block-key rows (their width / 32, rounded up). */
@@ -213,81 +258,67 @@ template <int D, int KJ>
 __global__ void __launch_bounds__(THREADS) score_kernel(const score_args a)
 {
     constexpr int W = 32 * KJ;        /* block-key row channels at most */
-    __shared__ __align__(16) float sm_q[MAX_G][D];
-    __shared__ __align__(16) float sm_qt[MAX_G][D];
+    constexpr int NST = score_stages(KJ);
+    constexpr int ROW = 64 * KJ;      /* bytes of a staged block-key row */
+    constexpr int CHR = 4 * KJ;       /* its 16-byte chunks */
     __shared__ float sm_qb[MAX_G][W];
     __shared__ float sm_wmax[WARPS];
     extern __shared__ __align__(16) uint8_t dyn[];
-    uint32_t *sm_hist = reinterpret_cast<uint32_t *>(dyn);   /* after q~: R_k and the sums are dead */
+    uint32_t *sm_hist = reinterpret_cast<uint32_t *>(dyn);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int n = lane >> 2, c = lane & 3;
     const int4 it = a.items[blockIdx.x];
     const job_info jb = a.jobs[it.x];
     const mkv_packed_seg sg = a.segs[it.z];
-    const int G = a.G, B = a.block, dk = sg.dk;
-    const bool rot = sg.rk_off >= 0;
-
-    /* Start the segment's R_k and this warp's first block keys on their
-     * way before anything waits: neither depends on q. */
-    if (rot) {
-        const uint16_t *R = a.rotations + sg.rk_off;
-        for (int i = tid; i < D * dk / 8; i += THREADS)
-            cp_async16(reinterpret_cast<uint16_t *>(dyn) + 8 * i, R + 8 * i);
-        cp_async_commit();
-    }
+    const int G = a.G, B = a.block;
     const int nbv = (int)visible_blocks(sg, B, jb.pos);
     /* tokens of the segment at positions <= pos (blocks past it are not visible) */
     const int vis_tokens = (int)(jb.pos + 1 - sg.start < sg.len ? jb.pos + 1 - sg.start : sg.len);
     const uint16_t *BK = a.blockkeys + sg.bk_off;
     const int bkw = sg.bk_width, nch = bkw / 8;
-    auto load = [&](int t0, uint4 kr[2][KJ]) {
-        const int ra = t0 + half_a_token(n), rb = t0 + half_b_token(n);
-#pragma unroll
-        for (int j = 0; j < KJ; j++) {
-            const int ch = 4 * j + c;
-            kr[0][j] = make_uint4(0, 0, 0, 0);
-            kr[1][j] = make_uint4(0, 0, 0, 0);
-            if (ra < nbv && ch < nch)
-                kr[0][j] = ld_stream(BK + (size_t)ra * bkw + 8 * ch);
-            if (rb < nbv && ch < nch)
-                kr[1][j] = ld_stream(BK + (size_t)rb * bkw + 8 * ch);
-        }
-    };
-    uint4 kr[2][KJ], kn[2][KJ];
-    int t0 = warp * TILE;
-    if (!sg.always && t0 < nbv)
-        load(t0, kr);
 
-    const float *qj = a.q + (size_t)it.x * G * D;
-    for (int i = tid; i < G * D; i += THREADS)
-        sm_q[i / D][i % D] = qj[i] * a.qscale;
-    cp_async_wait<0>();
-    __syncthreads();
-    if (rot) {
-        rotate_query_g<D>(sm_q, reinterpret_cast<const uint16_t *>(dyn),
-                        reinterpret_cast<float *>(dyn + (size_t)D * dk * 2), dk, G, sm_qt);
-    } else {
-        for (int i = tid; i < G * D; i += THREADS)
-            sm_qt[i / D][i % D] = sm_q[i / D][i % D];
-        __syncthreads();
-    }
-    /* q~ for the attention */
-    float *qt = a.qt + ((size_t)it.x * a.seg_max + it.y) * G * a.qt_width;
-    for (int i = tid; i < G * a.qt_width; i += THREADS)
-        qt[i] = i % a.qt_width < D ? sm_qt[i / a.qt_width][i % a.qt_width] : 0.f;
+    /* Warp w scores blocks [16 (w + WARPS k), +16) at its step k.  Their
+     * rows are staged in shared memory by cp.async, NST steps ahead, the
+     * first NST issued before q~ is waited for.  Rows past the visible
+     * blocks and chunks past the row width are zero-filled.  Chunk ch of
+     * row r sits at ch ^ 4 (r & 1) when rows span a multiple of 128 bytes:
+     * the fragment reads (rows r, r + 1, four chunks each per quarter
+     * warp) then hit distinct banks. */
+    const int n_steps = sg.always || nbv <= warp * TILE ? 0 : (nbv - warp * TILE + WARPS * TILE - 1) / (WARPS * TILE);
+    uint8_t *stage0 = dyn + SCORE_STAGE_OFF + (size_t)warp * NST * TILE * ROW;
+    auto swz = [](int r) { return (KJ % 2 == 0) ? 4 * (r & 1) : 0; };
+    auto issue = [&](int k) {
+        if (k < n_steps) {
+            const int t0 = (warp + WARPS * k) * TILE;
+            uint8_t *dst = stage0 + (size_t)(k % NST) * TILE * ROW;
+#pragma unroll
+            for (int i = lane; i < TILE * CHR; i += 32) {
+                const int r = i / CHR, ch = i % CHR;
+                const bool ok = t0 + r < nbv && ch < nch;
+                cp_async16_zfill(dst + r * ROW + 16 * (ch ^ swz(r)), ok ? BK + (size_t)(t0 + r) * bkw + 8 * ch : BK,
+                                 ok ? 16 : 0);
+            }
+        }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int k = 0; k < NST; k++)
+        issue(k);
+    for (int i = tid; i < HIST_BINS; i += THREADS)
+        sm_hist[i] = 0;
+    pdl_wait();   /* q~ complete; the previous step is complete through it */
 
     uint32_t *keys = a.keys + (size_t)it.x * a.kstride + sg.first_block;
     uint8_t *wts = a.wts + (size_t)it.x * a.kstride + sg.first_block;
-    if (sg.always) {   /* attended whole: not a candidate */
+    if (sg.always) {   /* attended whole: not a candidate (nothing was staged) */
         for (int i = tid; i < nbv; i += THREADS) {
             keys[i] = 0;
             wts[i] = 0;
         }
         return;
     }
-    for (int i = tid; i < HIST_BINS; i += THREADS)
-        sm_hist[i] = 0;
+    const float *qt = a.qt + ((size_t)it.x * a.seg_max + it.y) * G * a.qt_width;
     /* The block-score query: [min(q~, 0) | max(q~, 0) over the bounded
      * channels | q~ over the others], matching the row layout. */
     const int kb = sg.kbound, kw = sg.kdim + sg.kbound;
@@ -296,11 +327,11 @@ __global__ void __launch_bounds__(THREADS) score_kernel(const score_args a)
         const int g = i / W, c = i % W;
         float v = 0.f;
         if (c < kb)
-            v = fminf(sm_qt[g][c], 0.f);
+            v = fminf(qt[g * a.qt_width + c], 0.f);
         else if (c < 2 * kb)
-            v = fmaxf(sm_qt[g][c - kb], 0.f);
+            v = fmaxf(qt[g * a.qt_width + c - kb], 0.f);
         else if (c < kw)
-            v = sm_qt[g][c - kb];
+            v = qt[g * a.qt_width + c - kb];
         sm_qb[g][c] = v;
         qbmax = fmaxf(qbmax, fabsf(v));
     }
@@ -323,12 +354,21 @@ __global__ void __launch_bounds__(THREADS) score_kernel(const score_args a)
         q_fragments<false>(v, qr.f[j]);
     }
 
-    /* One warp scores 16 blocks per step like 16 tokens of attention, the
-     * next step's block keys loaded before this step's products. */
-    for (; t0 < nbv; t0 += WARPS * TILE) {
-        const int t1 = t0 + WARPS * TILE;
-        if (t1 < nbv)
-            load(t1, kn);
+    /* One warp scores 16 blocks per step like 16 tokens of attention. */
+    const int ra = half_a_token(n), rb = half_b_token(n);
+    for (int k = 0; k < n_steps; k++) {
+        cp_async_wait<NST - 1>();
+        __syncwarp();
+        const uint8_t *buf = stage0 + (size_t)(k % NST) * TILE * ROW;
+        uint4 kr[2][KJ];
+#pragma unroll
+        for (int j = 0; j < KJ; j++) {
+            kr[0][j] = *reinterpret_cast<const uint4 *>(buf + ra * ROW + 16 * ((4 * j + c) ^ swz(ra)));
+            kr[1][j] = *reinterpret_cast<const uint4 *>(buf + rb * ROW + 16 * ((4 * j + c) ^ swz(rb)));
+        }
+        __syncwarp();   /* read before the slot is refilled */
+        issue(k + NST);
+        const int t0 = (warp + WARPS * k) * TILE;
         float s[4];
         tile_scores<KJ, false>(qr, kr, s);
 #pragma unroll
@@ -358,12 +398,8 @@ __global__ void __launch_bounds__(THREADS) score_kernel(const score_args a)
             wts[blk] = (uint8_t)w;
             atomicAdd(&sm_hist[key >> 20], (uint32_t)w);
         }
-#pragma unroll
-        for (int j = 0; j < KJ; j++) {
-            kr[0][j] = kn[0][j];
-            kr[1][j] = kn[1][j];
-        }
     }
+    cp_async_wait<0>();
     __syncthreads();
     uint32_t *gh = a.hist + (size_t)it.x * HIST_BINS;
     for (int i = tid; i < HIST_BINS; i += THREADS)
@@ -386,6 +422,7 @@ struct select_shared {
     uint32_t hist[HIST_BINS];
     int scan[32];
     int found_digit, found_above, found_bin, found_cut;
+    int cut_lo, cut_hi, cut_before;   /* eq_cut: the range where the cut falls */
 };
 
 /* The bin where the weight counted from the top bin down reaches `need`
@@ -461,14 +498,19 @@ __device__ void key_hist(select_shared &sh, const uint32_t *keys, const uint8_t 
 }
 
 /* Among the blocks keyed exactly kstar, in id order, the id of the one at
- * which their running weight reaches rest. */
+ * which their running weight reaches rest.  Each thread counts a
+ * contiguous range; warp 0 then walks the one range where the weight is
+ * reached, 32 keys per step, so the walk is a few wide loads rather than
+ * one thread's chain of dependent loads. */
 __device__ int eq_cut(select_shared &sh, const uint32_t *keys, const uint8_t *wts, int nb, uint32_t kstar, int rest)
 {
-    const int tid = threadIdx.x;
+    const int tid = threadIdx.x, lane = tid & 31;
     const int per = ((nb + SEL_THREADS - 1) / SEL_THREADS + 3) / 4 * 4;
     const int lo = tid * per, hi = lo + per < nb ? lo + per : nb;
-    if (tid == 0)
-        sh.found_cut = -1;   /* ordered before the reads by the scan's barriers */
+    if (tid == 0) {   /* ordered before the writes below by the scan's barriers */
+        sh.found_cut = -1;
+        sh.cut_lo = sh.cut_hi = sh.cut_before = 0;
+    }
     int local = 0;
 #pragma unroll 4
     for (int i = lo; i < hi; i += 4) {
@@ -482,16 +524,32 @@ __device__ int eq_cut(select_shared &sh, const uint32_t *keys, const uint8_t *wt
     }
     int total;
     const int before = block_scan<SEL_THREADS>(local, &total, sh.scan);
-    if (before < rest && rest <= before + local) {
-        int run = before;
-        for (int i = lo; i < hi; i++)
-            if (keys[i] == kstar) {
-                run += wts[i];
-                if (run >= rest) {
-                    sh.found_cut = i;
-                    break;
-                }
+    if (before < rest && rest <= before + local) {   /* one thread at most */
+        sh.cut_lo = lo;
+        sh.cut_hi = hi;
+        sh.cut_before = before;
+    }
+    __syncthreads();
+    if (tid < 32) {
+        int run = sh.cut_before;
+        for (int i0 = sh.cut_lo; i0 < sh.cut_hi; i0 += 32) {
+            const int i = i0 + lane;
+            const bool eq = i < sh.cut_hi && keys[i] == kstar;
+            int x = eq ? (int)wts[i] : 0;   /* inclusive scan of the tied weights */
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int y = __shfl_up_sync(FULL, x, o);
+                if (lane >= o)
+                    x += y;
             }
+            const unsigned hit = __ballot_sync(FULL, eq && run + x >= rest);
+            if (hit) {
+                if (lane == 0)
+                    sh.found_cut = i0 + __ffs(hit) - 1;
+                break;
+            }
+            run += __shfl_sync(FULL, x, 31);
+        }
     }
     __syncthreads();
     return sh.found_cut;
@@ -582,53 +640,74 @@ struct attend_args {
     float qscale;
 };
 
-/* out[g][j] = sum over c < dv of o[g][c] R_v[j][c] (o already in the
- * original space when R is NULL), for the G <= NG heads.  Thread j reads
- * row j of R_v (prefetched to L2 when the kernel started), four 16-byte
- * loads in flight at a time. */
-template <int D, int DVMAX, int NG>
-__device__ void rotate_back(const float (*o)[DVMAX], const uint16_t *R, int dv, int G, float *out)
+/* The rotation back, out[g][j] = sum over c < dv of o[g][c] R_v[j][c], on
+ * the tensor cores: the scores of o (split into fp16 hi + lo like a
+ * query) against the rows of R_v (exact in fp16) as if they were keys.
+ * Warp w makes channels [16 (RS w + s), +16) for s < RS; rot_frags holds
+ * this lane's B fragments of them (its "tokens" are rows of R_v), loaded
+ * by rot_frags_load before the warps' states are folded. */
+template <int D, int DVMAX>
+struct rot_frags {
+    static constexpr int RS = D / (WARPS * TILE);
+    uint4 r[RS][2][DVMAX / 32];
+};
+
+template <int D, int DVMAX>
+__device__ __forceinline__ void rot_frags_load(const uint16_t *R, int dv, rot_frags<D, DVMAX> &f)
 {
-    for (int j = threadIdx.x; j < D; j += THREADS) {
-        float acc[NG];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n = lane >> 2, c = lane & 3;
 #pragma unroll
-        for (int g = 0; g < NG; g++)
-            acc[g] = 0.f;
-        if (R != nullptr) {
-            const uint16_t *Rj = R + (size_t)j * dv;
-            for (int c0 = 0; c0 < dv / 8; c0 += 4) {
-                uint4 row[4];
+    for (int s = 0; s < f.RS; s++)
 #pragma unroll
-                for (int u = 0; u < 4; u++)
-                    row[u] = c0 + u < dv / 8 ? *reinterpret_cast<const uint4 *>(Rj + 8 * (c0 + u))
-                                             : make_uint4(0, 0, 0, 0);
+        for (int h = 0; h < 2; h++) {
+            const int j = TILE * (f.RS * warp + s) + (h ? half_b_token(n) : half_a_token(n));
 #pragma unroll
-                for (int u = 0; u < 4; u++) {
-                    const uint32_t ww[4] = {row[u].x, row[u].y, row[u].z, row[u].w};
-                    float r[8];
-#pragma unroll
-                    for (int e = 0; e < 8; e++)
-                        r[e] = h2f((uint16_t)(ww[e / 2] >> (16 * (e & 1))));
-#pragma unroll
-                    for (int g = 0; g < NG; g++)
-                        if (g < G) {   /* o's 8 channels in two 16-byte loads (the same for every thread) */
-                            const float4 lo = *reinterpret_cast<const float4 *>(&o[g][8 * (c0 + u)]);
-                            const float4 hi = *reinterpret_cast<const float4 *>(&o[g][8 * (c0 + u) + 4]);
-                            acc[g] += lo.x * r[0] + lo.y * r[1] + lo.z * r[2] + lo.w * r[3] + hi.x * r[4]
-                                + hi.y * r[5] + hi.z * r[6] + hi.w * r[7];
-                        }
-                }
+            for (int jj = 0; jj < DVMAX / 32; jj++) {
+                const int ch = 4 * jj + c;
+                f.r[s][h][jj] = R != nullptr && 8 * ch < dv ? __ldg(reinterpret_cast<const uint4 *>(R + (size_t)j * dv) + ch)
+                                                            : make_uint4(0, 0, 0, 0);
             }
-        } else {
-#pragma unroll
-            for (int g = 0; g < NG; g++)
-                if (g < G)
-                    acc[g] = j < DVMAX ? o[g][j] : 0.f;
         }
+}
+
+template <int D, int DVMAX>
+__device__ void rotate_back(const float (*o)[DVMAX], const rot_frags<D, DVMAX> &f, bool rotated, int G, float *out)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n = lane >> 2, c = lane & 3;
+    if (!rotated) {   /* o is in the original space already */
+        for (int i = threadIdx.x; i < G * D; i += THREADS)
+            out[i] = i % D < DVMAX ? o[i / D][i % D] : 0.f;
+        return;
+    }
+    constexpr int KJ = DVMAX / 32;
+    float v[KJ][8];
+    float amax = 0.f;
 #pragma unroll
-        for (int g = 0; g < NG; g++)
-            if (g < G)
-                out[(size_t)g * D + j] = acc[g];
+    for (int jj = 0; jj < KJ; jj++) {
+        const float4 x = n < G ? *reinterpret_cast<const float4 *>(&o[n][8 * (4 * jj + c)]) : make_float4(0, 0, 0, 0);
+        const float4 y = n < G ? *reinterpret_cast<const float4 *>(&o[n][8 * (4 * jj + c) + 4]) : make_float4(0, 0, 0, 0);
+        v[jj][0] = x.x; v[jj][1] = x.y; v[jj][2] = x.z; v[jj][3] = x.w;
+        v[jj][4] = y.x; v[jj][5] = y.y; v[jj][6] = y.z; v[jj][7] = y.w;
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            amax = fmaxf(amax, fabsf(v[jj][e]));
+    }
+    const float2 sc = q_split_scale(warp_max_abs(amax));
+    q_regs<KJ> orr;
+#pragma unroll
+    for (int jj = 0; jj < KJ; jj++) {
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            v[jj][e] *= sc.x;
+        q_fragments<false>(v[jj], orr.f[jj]);
+    }
+#pragma unroll
+    for (int s = 0; s < f.RS; s++) {
+        float r[4];
+        tile_scores<KJ, false>(orr, f.r[s], r);
+        if (n < G)
+            *reinterpret_cast<float4 *>(out + (size_t)n * D + TILE * (f.RS * warp + s) + 4 * c) =
+                make_float4(r[0] * sc.y, r[1] * sc.y, r[2] * sc.y, r[3] * sc.y);
     }
 }
 
@@ -740,7 +819,7 @@ struct attend_smem {
 };
 
 template <int D, int DKMAX, int DVMAX>
-__global__ void __launch_bounds__(THREADS, (DKMAX + DVMAX <= 128 ? 4 : 2)) attend_kernel(const attend_args a)
+__global__ void __launch_bounds__(THREADS, (DKMAX + DVMAX <= 128 ? 4 : 2)) attend_kernel(const __grid_constant__ attend_args a)
 {
     constexpr int KJ = DKMAX / 32, VH = DVMAX / 64, NT = DVMAX / 8;
     constexpr int NW = (DKMAX > DVMAX ? DKMAX : DVMAX) / 32;   /* bitmap words per vector at most */
@@ -761,20 +840,25 @@ __global__ void __launch_bounds__(THREADS, (DKMAX + DVMAX <= 128 ? 4 : 2)) atten
         dense_partial<D>(a, it.x, dyn);
         return;
     }
-    pdl_wait();   /* selection complete (and through it, scoring) */
-
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int n = lane >> 2, c = lane & 3;
     const int job = it.x, G = a.G, B = a.block, bs = a.bshift;
-    const job_info jb = a.jobs[job];
+    const job_info jb = a.jobs[job];      /* the plan's tables: no wait */
     const mkv_packed_seg sg = a.segs[it.w];
     const int nbv = (int)visible_blocks(sg, B, jb.pos);
+    if (sg.rv_off >= 0)   /* R_v is read once, at the end: start fetching it now */
+        for (int ofs = 128 * tid; ofs < D * sg.dv * 2; ofs += 128 * THREADS)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const uint8_t *>(a.rotations + sg.rv_off) + ofs));
+    pdl_wait();   /* selection complete (and through it, scoring and q~) */
     const uint2 sl = a.sel[job];
     const uint32_t *keys = a.keys + (size_t)job * a.kstride + sg.first_block;
+    uint32_t key0[4];   /* the first window's keys, on their way while q~ is read */
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+        key0[q] = 4 * tid + q < nbv ? keys[4 * tid + q] : 0u;
     const int TB = TILE / B;                 /* blocks per 16-token tile */
     const int rec = sg.rec_bytes, tile_bytes = TB * rec;
     const int n16 = rec >> 4;                       /* 16-byte pieces per record (rec >= 64) */
-    const unsigned n16_inv = 0xffffffffu / (unsigned)n16 + 1u;   /* ceil(2^32 / n16) */
     /* This lane's vector in the chunk metadata: tensor (K, V), token. */
     const int m_tensor = lane >> 4, m_tok = lane & 15;
     const int m_words = m_tensor ? sg.dv / 32 : (sg.dpk + 31) / 32, m_r = m_tensor ? sg.rv : sg.rk;
@@ -817,10 +901,6 @@ __global__ void __launch_bounds__(THREADS, (DKMAX + DVMAX <= 128 ? 4 : 2)) atten
     for (int i = 0; i < NT; i++)
         o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
 
-    if (sg.rv_off >= 0)   /* R_v is read once, at the end: start fetching it now */
-        for (int ofs = 128 * tid; ofs < D * sg.dv * 2; ofs += 128 * THREADS)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const uint8_t *>(a.rotations + sg.rv_off) + ofs));
-
     uint8_t *stage0 = stages + (size_t)warp * STAGES * a.stage_bytes;
     const uint8_t *src_seg = a.records + sg.rec_off;
     const int first_t = it.z * WARPS + warp, stride_t = a.nparts * WARPS;
@@ -831,7 +911,8 @@ __global__ void __launch_bounds__(THREADS, (DKMAX + DVMAX <= 128 ? 4 : 2)) atten
 #pragma unroll
         for (int q = 0; q < 4; q++) {
             const int b = w0 + 4 * tid + q;
-            flag[q] = b < nbv && (sg.always || selected(keys[b], sg.first_block + b, sl.x, (int32_t)sl.y));
+            flag[q] = b < nbv && (sg.always || selected(w0 == 0 ? key0[q] : keys[b], sg.first_block + b, sl.x,
+                                                        (int32_t)sl.y));
             cnt += flag[q];
         }
         int n_list;
@@ -844,17 +925,18 @@ __global__ void __launch_bounds__(THREADS, (DKMAX + DVMAX <= 128 ? 4 : 2)) atten
 
         const int n_tiles = (n_list + TB - 1) / TB;
         const int n_mine = first_t < n_tiles ? (n_tiles - first_t + stride_t - 1) / stride_t : 0;
-        /* Tile k's records as one run of 16-byte pieces over the warp:
-         * piece i is piece i % n16 of the tile's block i / n16 (a multiply
-         * by the reciprocal: exact for i < 2^16, n16 <= 4096). */
+        /* Tile k's records, block by block, the warp's lanes over each
+         * record's 16-byte pieces. */
         auto issue = [&](int k) {
             if (k < n_mine) {
                 const int li0 = (first_t + k * stride_t) * TB;
-                const int total = (n_list - li0 < TB ? n_list - li0 : TB) * n16;
+                const int nblk = n_list - li0 < TB ? n_list - li0 : TB;
                 uint8_t *dst = stage0 + (k % STAGES) * tile_bytes;
-                for (int i = lane; i < total; i += 32) {
-                    const int s = (int)__umulhi((unsigned)i, n16_inv), piece = i - s * n16;
-                    cp_async16(dst + 16 * i, src_seg + (int64_t)sm_list[li0 + s] * rec + 16 * piece);
+                for (int s = 0; s < nblk; s++) {
+                    const uint8_t *src = src_seg + (int64_t)sm_list[li0 + s] * rec;
+#pragma unroll 3
+                    for (int i = lane; i < n16; i += 32)
+                        cp_async16(dst + s * rec + 16 * i, src + 16 * i);
                 }
             }
             cp_async_commit();
@@ -928,10 +1010,11 @@ __global__ void __launch_bounds__(THREADS, (DKMAX + DVMAX <= 128 ? 4 : 2)) atten
                 p[u] = fast_exp2(s[u] - m_use);
             l_run = l_run * alpha + ((p[0] + p[1]) + (p[2] + p[3]));
             m_run = m_new;
+            if (__any_sync(FULL, alpha != 1.f))   /* the running max moved: rescale */
 #pragma unroll
-            for (int t = 0; t < NT; t++) {
-                o[t][0] *= alpha; o[t][1] *= alpha; o[t][2] *= alpha; o[t][3] *= alpha;
-            }
+                for (int t = 0; t < NT; t++) {
+                    o[t][0] *= alpha; o[t][1] *= alpha; o[t][2] *= alpha; o[t][3] *= alpha;
+                }
             uint32_t pa[4];
             split2<false>(p[0], p[1], pa[0], pa[1]);
             split2<false>(p[2], p[3], pa[2], pa[3]);
@@ -949,7 +1032,11 @@ __global__ void __launch_bounds__(THREADS, (DKMAX + DVMAX <= 128 ? 4 : 2)) atten
         __syncthreads();   /* the list is rebuilt for the next window */
     }
 
-    /* Fold the warps' states (rotated space), then rotate back once. */
+    /* Fold the warps' states (rotated space), then rotate back once: this
+     * thread's row of R_v is loaded first, its latency behind the fold. */
+    const uint16_t *R = sg.rv_off >= 0 ? a.rotations + sg.rv_off : nullptr;
+    rot_frags<D, DVMAX> rf;
+    rot_frags_load<D, DVMAX>(R, sg.dv, rf);
     l_run += __shfl_xor_sync(FULL, l_run, 1);
     l_run += __shfl_xor_sync(FULL, l_run, 2);
 #pragma unroll
@@ -988,15 +1075,7 @@ __global__ void __launch_bounds__(THREADS, (DKMAX + DVMAX <= 128 ? 4 : 2)) atten
     __syncthreads();
     const size_t slot = (size_t)jb.slot0 + 1 + (size_t)it.y * a.nparts + it.z;
     float *out = a.part_o + slot * G * D;
-    const uint16_t *R = sg.rv_off >= 0 ? a.rotations + sg.rv_off : nullptr;
-    if (G <= 1)
-        rotate_back<D, DVMAX, 1>(sm_o[0], R, sg.dv, G, out);
-    else if (G <= 2)
-        rotate_back<D, DVMAX, 2>(sm_o[0], R, sg.dv, G, out);
-    else if (G <= 4)
-        rotate_back<D, DVMAX, 4>(sm_o[0], R, sg.dv, G, out);
-    else
-        rotate_back<D, DVMAX, MAX_G>(sm_o[0], R, sg.dv, G, out);
+    rotate_back<D, DVMAX>(sm_o[0], rf, R != nullptr, G, out);
     if (tid < G)
         a.part_ml[slot * G + tid] = make_float2(sm_m[WARPS][tid], sm_l[WARPS][tid]);
 }
@@ -1394,9 +1473,12 @@ extern "C" int mkv_cuda_packed_plan(const mkv_packed_cache *c, const mkv_packed_
                         what, rec_most, smem, smem_max);
     MKV_CUDA_CHECK(cudaFuncSetAttribute(ak, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     MKV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ak, THREADS, smem));
-    /* score_kernel: R_k of up to 128 x 128 fp16 plus its sums pass the 48 KB default */
+    /* qrot_kernel: R_k of up to 128 x 128 fp16 plus its sums; score_kernel:
+     * the histogram and the block-key stages.  Both pass the 48 KB default. */
+    MKV_CUDA_CHECK(cudaFuncSetAttribute(D == 64 ? qrot_kernel<64> : qrot_kernel<128>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)qrot_smem()));
     MKV_CUDA_CHECK(cudaFuncSetAttribute(score_kernel_for(D, p->score_kj), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)score_smem(D, p->dkmax)));
+                                        (int)score_smem(p->score_kj)));
     /* Parts per segment: enough items for two waves of the attention
      * kernel, as long as each part keeps a few tiles per warp. */
     {
@@ -1505,10 +1587,12 @@ extern "C" int mkv_cuda_packed_select(const mkv_packed_plan *p, const float *q, 
         a.agg_sum = p->pp.agg_sum != 0;
         a.qscale = p->qscale;
         /* The first kernel of a step waits for everything before it (the
-         * previous step still reads the q~, keys and histograms this one
-         * rewrites). */
-        MKV_CUDA_CHECK(launch(score_kernel_for(c->head_dim, p->score_kj), n_items, THREADS,
-                              score_smem(c->head_dim, p->dkmax), st, false, a));
+         * previous step still reads the q~, keys and histograms this step
+         * rewrites); scoring waits for it programmatically. */
+        MKV_CUDA_CHECK(launch(c->head_dim == 64 ? qrot_kernel<64> : qrot_kernel<128>, n_items, THREADS,
+                              qrot_smem(), st, false, a));
+        MKV_CUDA_CHECK(launch(score_kernel_for(c->head_dim, p->score_kj), n_items, THREADS, score_smem(p->score_kj),
+                              st, pdl, a));
     }
     select_args s = {};
     s.jobs = p->d_jobs.as<job_info>();

@@ -1,16 +1,16 @@
 /* Packed MosaicKV attention: what attn_packed.cu, encode.cu and bench.cu
  * share (C++; the C door is kernels/mkv_cuda.h).
  *
- * One decode step is four kernels on one stream:
- *   score_kernel   per (request x KV head = "job", visible segment): the
- *                  segment's R_k staged in shared memory (cp.async) while
- *                  the first block keys are in flight, q~ = q R_k (kept
- *                  for the attention), block scores q~ . kbar on the tensor
- *                  cores (the same mma path as the attention scores),
- *                  aggregated over the group's heads, written as
- *                  order-preserving 32-bit keys, and a weighted histogram
- *                  of their top 12 bits per job (the first digit of the
- *                  selection, fused into scoring);
+ * One decode step is five kernels on one stream:
+ *   qrot_kernel    per (request x KV head = "job", visible segment):
+ *                  q~ = q R_k, kept for the scoring and the attention;
+ *   score_kernel   per (job, segment): the block keys staged in shared
+ *                  memory by cp.async (issued before q~ is waited for),
+ *                  block scores q~ . kbar on the tensor cores (the same
+ *                  mma path as the attention scores), aggregated over the
+ *                  group's heads, written as order-preserving 32-bit keys,
+ *                  and a weighted histogram of their top 12 bits per job
+ *                  (the first digit of the selection, fused into scoring);
  *   select_kernel  per job: the token budget's threshold: the key K* and,
  *                  among blocks scored exactly K*, the last block id taken,
  *                  found digit by digit (12 + 12 + 8 bits) from the fused
@@ -26,7 +26,9 @@
  *                  (positions by popcount, zeros elsewhere), scores and
  *                  P V on the tensor cores (attn_core.cuh), online softmax
  *                  in the segment's rotated V space, then one rotation
- *                  back per segment and part: a partial (m, l, acc);
+ *                  back per segment and part, also on the tensor cores
+ *                  (o against the rows of R_v, like scores): a partial
+ *                  (m, l, acc);
  *   merge_kernel   (attn_core.cuh) over each job's partials.
  * The layout and semantics are in mkv_cuda.h. */
 #ifndef MKV_ATTN_PACKED_CUH

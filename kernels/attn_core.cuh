@@ -251,6 +251,38 @@ __device__ __forceinline__ void tile_pv(const uint32_t pa[4], const uint4 vr[4][
     }
 }
 
+/* The online-softmax step of one tile: s[u] (token 4c + u of head row n,
+ * -inf where not attended) against the running max m_run and sum l_run
+ * (a tile with no valid token must not make exp2(-inf - -inf)); o is
+ * rescaled, with LAZY only when some row's max moved (a vote and a branch
+ * per tile: worth it where tiles cost many instructions, a register
+ * spill in the dense kernel's 3-block build); pa gets P's A fragments for
+ * tile_pv. */
+template <int NT, bool BF16, bool LAZY>
+__device__ __forceinline__ void softmax_step(const float s[4], float &m_run, float &l_run, float o[NT][4],
+                                             uint32_t pa[4])
+{
+    float mt = fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3]));
+    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
+    const float m_new = fmaxf(m_run, mt);
+    const float m_use = m_new == -INFINITY ? 0.f : m_new;
+    const float alpha = fast_exp2(m_run - m_use);
+    float p[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+        p[u] = fast_exp2(s[u] - m_use);
+    l_run = l_run * alpha + ((p[0] + p[1]) + (p[2] + p[3]));
+    m_run = m_new;
+    if (!LAZY || __any_sync(0xffffffffu, alpha != 1.f))
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            o[t][0] *= alpha; o[t][1] *= alpha; o[t][2] *= alpha; o[t][3] *= alpha;
+        }
+    split2<BF16>(p[0], p[1], pa[0], pa[1]);
+    split2<BF16>(p[2], p[3], pa[2], pa[3]);
+}
+
 /* Channel of column `col` (0..7) of output n-tile i. */
 __host__ __device__ __forceinline__ int out_channel(int i, int col)
 {
@@ -452,28 +484,10 @@ __global__ void __launch_bounds__(THREADS, MINB) split_kernel(const split_args a
             if (!ok)
                 s[u] = -INFINITY;
         }
-        float mt = fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3]));
-        mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
-        mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
-        const float m_new = fmaxf(m_run, mt);
-        /* A tile with no valid token (a page attended only for a few sink
-         * or recent tokens may leave a whole tile out) must not make
-         * exp2(-inf - -inf). */
-        const float m_use = m_new == -INFINITY ? 0.f : m_new;
-        const float alpha = fast_exp2(m_run - m_use);
-        float p[4];
-#pragma unroll
-        for (int u = 0; u < 4; u++)
-            p[u] = fast_exp2(s[u] - m_use);
-        l_run = l_run * alpha + ((p[0] + p[1]) + (p[2] + p[3]));
-        m_run = m_new;
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            o[t][0] *= alpha; o[t][1] *= alpha; o[t][2] *= alpha; o[t][3] *= alpha;
-        }
+        /* (a page attended only for a few sink or recent tokens may leave
+         * a whole tile out) */
         uint32_t pa[4];
-        split2<BF16>(p[0], p[1], pa[0], pa[1]);
-        split2<BF16>(p[2], p[3], pa[2], pa[3]);
+        softmax_step<NT, BF16, false>(s, m_run, l_run, o, pa);
         tile_pv<D, BF16>(pa, vr, o);
         if (more) {
             if (PAGED)
@@ -618,6 +632,57 @@ inline float qscale_of(const mkv_attn_shape *s)
 {
     const double scale = s->scale > 0 ? s->scale : 1.0 / sqrt((double)s->head_dim);
     return (float)(scale * 1.4426950408889634);
+}
+
+/* ------------------------------------------------ selection pieces (Quest, packed) */
+
+/* Order-preserving key of a score: larger score, larger key; never 0
+ * (0 marks blocks that are not candidates); NaN ranks lowest. */
+__device__ __forceinline__ uint32_t order_key(float s)
+{
+    if (s != s)
+        return 1u;
+    if (s == 0.f)
+        s = 0.f;   /* -0 ties with +0 */
+    uint32_t u = __float_as_uint(s);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return u < 1u ? 1u : u;
+}
+
+/* Exclusive prefix sum over a block of NT threads (a multiple of 32, at
+ * most 1024); *total gets the sum.  All threads must call it; sh holds
+ * NT / 32 ints. */
+template <int NT>
+__device__ int block_scan(int v, int *total, int *sh)
+{
+    constexpr int NW = NT / 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o)
+            x += y;
+    }
+    if (lane == 31)
+        sh[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        int w = lane < NW ? sh[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, w, o);
+            if (lane >= o)
+                w += y;
+        }
+        if (lane < NW)
+            sh[lane] = w;
+    }
+    __syncthreads();
+    const int before = warp > 0 ? sh[warp - 1] : 0;
+    *total = sh[NW - 1];
+    __syncthreads();   /* sh is reused by the next call */
+    return before + x - v;
 }
 
 }  // namespace mkv_attn

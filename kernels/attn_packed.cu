@@ -49,42 +49,6 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 
 __device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 
-/* Exclusive prefix sum over a block of NT threads (a multiple of 32, at
- * most 1024); *total gets the sum.  All threads must call it; sh holds
- * NT / 32 ints. */
-template <int NT>
-__device__ int block_scan(int v, int *total, int *sh)
-{
-    constexpr int NW = NT / 32;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int x = v;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const int y = __shfl_up_sync(FULL, x, o);
-        if (lane >= o)
-            x += y;
-    }
-    if (lane == 31)
-        sh[warp] = x;
-    __syncthreads();
-    if (warp == 0) {
-        int w = lane < NW ? sh[lane] : 0;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const int y = __shfl_up_sync(FULL, w, o);
-            if (lane >= o)
-                w += y;
-        }
-        if (lane < NW)
-            sh[lane] = w;
-    }
-    __syncthreads();
-    const int before = warp > 0 ? sh[warp - 1] : 0;
-    *total = sh[NW - 1];
-    __syncthreads();   /* sh is reused by the next call */
-    return before + x - v;
-}
-
 /* The 8 channels of chunk byte m8 of one packed vector as the 16 bytes a
  * dense row would hold there: kept channel e (bit e of m8) takes the next
  * value of vals from index base on, the others are zero.  Each kept bit
@@ -998,26 +962,8 @@ __global__ void __launch_bounds__(THREADS, (DKMAX + DVMAX <= 128 ? 4 : 2)) atten
 #pragma unroll
             for (int u = 0; u < 4; u++)
                 s[u] = valid(4 * c + u) ? s[u] * qsc.y : -INFINITY;
-            float mt = fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3]));
-            mt = fmaxf(mt, __shfl_xor_sync(FULL, mt, 1));
-            mt = fmaxf(mt, __shfl_xor_sync(FULL, mt, 2));
-            const float m_new = fmaxf(m_run, mt);
-            const float m_use = m_new == -INFINITY ? 0.f : m_new;
-            const float alpha = fast_exp2(m_run - m_use);
-            float p[4];
-#pragma unroll
-            for (int u = 0; u < 4; u++)
-                p[u] = fast_exp2(s[u] - m_use);
-            l_run = l_run * alpha + ((p[0] + p[1]) + (p[2] + p[3]));
-            m_run = m_new;
-            if (__any_sync(FULL, alpha != 1.f))   /* the running max moved: rescale */
-#pragma unroll
-                for (int t = 0; t < NT; t++) {
-                    o[t][0] *= alpha; o[t][1] *= alpha; o[t][2] *= alpha; o[t][3] *= alpha;
-                }
             uint32_t pa[4];
-            split2<false>(p[0], p[1], pa[0], pa[1]);
-            split2<false>(p[2], p[3], pa[2], pa[3]);
+            softmax_step<NT, false, true>(s, m_run, l_run, o, pa);
 
             uint4 vr[4][VH];
 #pragma unroll

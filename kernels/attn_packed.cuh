@@ -98,19 +98,6 @@ __host__ __device__ inline int64_t visible_blocks(const mkv_packed_seg &s, int B
     return v < nb ? v : nb;
 }
 
-/* Order-preserving key of a score: larger score, larger key; never 0
- * (0 marks blocks that are not candidates); NaN ranks lowest. */
-__device__ __forceinline__ uint32_t order_key(float s)
-{
-    if (s != s)
-        return 1u;
-    if (s == 0.f)
-        s = 0.f;   /* -0 ties with +0 */
-    uint32_t u = __float_as_uint(s);
-    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-    return u < 1u ? 1u : u;
-}
-
 /* Whether block `id` (head-wide) with key k is selected by (K*, cut). */
 __host__ __device__ inline bool selected(uint32_t k, int32_t id, uint32_t kstar, int32_t cut)
 {

@@ -28,7 +28,7 @@ using namespace mkv_attn;
 
 namespace {
 
-constexpr int SEL_THREADS = 1024;   /* select_kernel's block_scan needs exactly 32 warps */
+constexpr int SEL_THREADS = 1024;   /* select_kernel: one block per request and head */
 constexpr unsigned FULL = 0xffffffffu;
 
 /* Per request: n tokens attended (a query at n - 1) of a cache of T; the
@@ -85,19 +85,6 @@ __global__ void meta_kernel(const uint16_t *k, uint16_t *meta, const req_info *i
 }
 
 /* ----------------------------------------------------------------- scoring */
-
-/* Order-preserving key of a score: larger score, larger key, never 0;
- * NaN ranks lowest. */
-__device__ __forceinline__ uint32_t order_key(float s)
-{
-    if (s != s)
-        return 1u;
-    if (s == 0.f)
-        s = 0.f;   /* -0 ties with +0, as in the CPU's comparison */
-    uint32_t u = __float_as_uint(s);
-    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-    return u < 1u ? 1u : u;
-}
 
 struct score_args {
     const uint16_t *meta;       /* [batch][n_kv][pages_max][2D] */
@@ -174,39 +161,6 @@ __global__ void __launch_bounds__(THREADS) score_kernel(const score_args a)
 }
 
 /* --------------------------------------------------------------- selection */
-
-/* Exclusive prefix sum over the block (SEL_THREADS threads); *total gets
- * the sum.  All threads must call it. */
-__device__ int block_scan(int v, int *total, int *sh)
-{
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int x = v;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const int y = __shfl_up_sync(FULL, x, o);
-        if (lane >= o)
-            x += y;
-    }
-    if (lane == 31)
-        sh[warp] = x;
-    __syncthreads();
-    if (warp == 0) {
-        int w = sh[lane];
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const int y = __shfl_up_sync(FULL, w, o);
-            if (lane >= o)
-                w += y;
-        }
-        __syncwarp();
-        sh[lane] = w;
-    }
-    __syncthreads();
-    const int before = warp > 0 ? sh[warp - 1] : 0;
-    *total = sh[31];
-    __syncthreads();   /* sh is reused by the next call */
-    return before + x - v;
-}
 
 /* Tokens page pg adds to the sink and recent ones, and whether it holds
  * any of those. */
@@ -291,7 +245,7 @@ __global__ void __launch_bounds__(SEL_THREADS, 1) select_kernel(const select_arg
                 local += cnt[qq];
             }
             int total;
-            int before = block_scan(local, &total, sh);
+            int before = block_scan<SEL_THREADS>(local, &total, sh);
 #pragma unroll
             for (int qq = 0; qq < 4; qq++) {
                 const int rk = 4 * tid + qq;
@@ -336,7 +290,7 @@ __global__ void __launch_bounds__(SEL_THREADS, 1) select_kernel(const select_arg
             eq_w += eq[qq] ? w[qq] : 0;
         }
         int tot_eq;
-        int eq_before = run_eq + block_scan(eq_w, &tot_eq, sh);
+        int eq_before = run_eq + block_scan<SEL_THREADS>(eq_w, &tot_eq, sh);
         bool sel[4], incl[4];
         int n_in = 0, tok = 0;
 #pragma unroll
@@ -348,13 +302,13 @@ __global__ void __launch_bounds__(SEL_THREADS, 1) select_kernel(const select_arg
             tok += sel[qq] ? w[qq] : 0;
         }
         int tot_in;
-        int pos = run_out + block_scan(n_in, &tot_in, sh);
+        int pos = run_out + block_scan<SEL_THREADS>(n_in, &tot_in, sh);
 #pragma unroll
         for (int qq = 0; qq < 4; qq++)
             if (incl[qq])
                 list[pos++] = sel[qq] ? p0 + qq : -1 - (p0 + qq);
         int tot_tok;
-        (void)block_scan(tok, &tot_tok, sh);
+        (void)block_scan<SEL_THREADS>(tok, &tot_tok, sh);
         run_eq += tot_eq;
         run_out += tot_in;
         run_tok += tot_tok;

@@ -385,21 +385,43 @@ static int load_kv16(mkv_cdump *c, int layer, int head, int64_t T, int d, uint16
     return rc;
 }
 
+/* The dense methods' device buffers: the head's K and V in fp16 (uploaded)
+ * and room for one query window's q and out, in ds. */
+typedef struct {
+    uint16_t *k, *v;
+    float *q, *out;
+} dense_bufs;
+
+static int dense_setup(mkv_cdump *c, int layer, int head, const mkv_gpu_queries *q, dev_set *ds, dense_bufs *b,
+                       mkv_error *err)
+{
+    const size_t gd = (size_t)q->G * (size_t)q->d;
+    uint16_t *k16, *v16;
+    int rc = load_kv16(c, layer, head, q->T, q->d, &k16, &v16, err);
+    if (rc != MKV_OK)
+        return rc;
+    const size_t kv = (size_t)q->T * (size_t)q->d * 2;
+    b->k = dev_alloc(ds, kv, err);
+    b->v = b->k ? dev_alloc(ds, kv, err) : NULL;
+    b->q = b->v ? dev_alloc(ds, gd * 4, err) : NULL;
+    b->out = b->q ? dev_alloc(ds, gd * 4, err) : NULL;
+    rc = b->out ? MKV_OK : (err ? err->code : MKV_ENOMEM);
+    if (rc == MKV_OK && (rc = mkv_cuda_upload(b->k, k16, kv, err)) == MKV_OK)
+        rc = mkv_cuda_upload(b->v, v16, kv, err);
+    mkv_free(k16);
+    mkv_free(v16);
+    return rc;
+}
+
 static int attend_full(mkv_cdump *c, int layer, int head, const mkv_gpu_queries *q, mkv_gpu_answers *a, mkv_error *err)
 {
     const int d = q->d, G = q->G;
     const size_t gd = (size_t)G * (size_t)d;
-    uint16_t *k16, *v16;
-    int rc = load_kv16(c, layer, head, q->T, d, &k16, &v16, err);
-    if (rc != MKV_OK)
-        return rc;
     dev_set ds = {0};
-    const size_t kv = (size_t)q->T * (size_t)d * 2;
-    uint16_t *dk = dev_alloc(&ds, kv, err), *dv = dk ? dev_alloc(&ds, kv, err) : NULL;
-    float *dq = dv ? dev_alloc(&ds, gd * 4, err) : NULL, *dout = dq ? dev_alloc(&ds, gd * 4, err) : NULL;
-    rc = dout ? MKV_OK : (err ? err->code : MKV_ENOMEM);
-    if (rc == MKV_OK && (rc = mkv_cuda_upload(dk, k16, kv, err)) == MKV_OK)
-        rc = mkv_cuda_upload(dv, v16, kv, err);
+    dense_bufs b = {0};
+    int rc = dense_setup(c, layer, head, q, &ds, &b, err);
+    uint16_t *dk = b.k, *dv = b.v;
+    float *dq = b.q, *dout = b.out;
     mkv_attn_shape s = {1, G, 1, d, q->T, 0, 0};
     for (int64_t w = 0; w < q->W && rc == MKV_OK; w++) {
         int64_t len = q->pos[w] + 1;
@@ -415,8 +437,6 @@ static int attend_full(mkv_cdump *c, int layer, int head, const mkv_gpu_queries 
         a->bytes_read[w] = (uint64_t)len * (uint64_t)d * 2 * 2;
     }
     dev_free(&ds);
-    mkv_free(k16);
-    mkv_free(v16);
     return rc;
 }
 
@@ -428,17 +448,11 @@ static int attend_quest(const mkv_params *pr, mkv_cdump *c, int layer, int head,
     mkv_quest_params qp = {(int)mkv_params_int(pr, "page"), (int)mkv_params_int(pr, "sink"),
                            (int)mkv_params_int(pr, "recent"), mkv_params_double(pr, "budget"),
                            strcmp(mkv_params_str(pr, "agg"), "sum") == 0};
-    uint16_t *k16, *v16;
-    int rc = load_kv16(c, layer, head, q->T, d, &k16, &v16, err);
-    if (rc != MKV_OK)
-        return rc;
     dev_set ds = {0};
-    const size_t kv = (size_t)q->T * (size_t)d * 2;
-    uint16_t *dk = dev_alloc(&ds, kv, err), *dv = dk ? dev_alloc(&ds, kv, err) : NULL;
-    float *dq = dv ? dev_alloc(&ds, gd * 4, err) : NULL, *dout = dq ? dev_alloc(&ds, gd * 4, err) : NULL;
-    rc = dout ? MKV_OK : (err ? err->code : MKV_ENOMEM);
-    if (rc == MKV_OK && (rc = mkv_cuda_upload(dk, k16, kv, err)) == MKV_OK)
-        rc = mkv_cuda_upload(dv, v16, kv, err);
+    dense_bufs b = {0};
+    int rc = dense_setup(c, layer, head, q, &ds, &b, err);
+    uint16_t *dk = b.k, *dv = b.v;
+    float *dq = b.q, *dout = b.out;
     mkv_attn_shape s = {1, G, 1, d, q->T, 0, 0};
     uint16_t *meta = NULL;
     int32_t *pages = NULL;
@@ -482,8 +496,6 @@ static int attend_quest(const mkv_params *pr, mkv_cdump *c, int layer, int head,
     }
     mkv_free(pages);
     dev_free(&ds);
-    mkv_free(k16);
-    mkv_free(v16);
     return rc;
 }
 

@@ -29,7 +29,7 @@ static void usage(FILE *fp, int status)
             "  --runs N          timed steps per measurement (default 30)\n"
             "  --warmup N        untimed steps first (default 5)\n"
             "  --variant         also time the other build of the dense kernel\n"
-            "  --no-quest        dense only\n"
+            "  --no-quest        no Quest-style kernel (dense and packed only)\n"
             "  --mem-fraction F  share of free device memory to use (default 0.9)\n"
             "  -q                no progress lines on stderr\n"
             "  -h, --help        this help\n");

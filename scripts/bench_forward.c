@@ -33,6 +33,7 @@
 #include "blas.h"
 #include "forward.h"
 #include "model_load.h"
+#include "sampler.h"
 #include "tokenizer.h"
 
 /* Output rows of a weight matrix per BLAS call in lib/forward.c (TILE_ROWS). */
@@ -584,15 +585,6 @@ static int mode_prefill(const char *path, const options *o)
     return 0;
 }
 
-static int argmax(const float *x, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
-}
-
 static int mode_decode(const char *path, const options *o)
 {
     model_setup ms = {0};
@@ -608,7 +600,7 @@ static int mode_decode(const char *path, const options *o)
     if (mkv_forward_run(f, ms.prompt, (size_t)o->tokens, logits, MKV_LOGITS_LAST, &err))
         die("%s", err.msg);
     double prefill_s = now() - t0, cpu = 0.0;
-    int first = argmax(logits, c->vocab_size);
+    int first = mkv_argmax(logits, c->vocab_size);
     /* Each repetition rewinds to the end of the prompt and regenerates the
      * same greedy continuation, every step computing all the logits. */
     for (int r = 0; r < o->reps; r++) {
@@ -619,7 +611,7 @@ static int mode_decode(const char *path, const options *o)
         for (int i = 0; i < o->generate; i++) {
             if (mkv_forward_run(f, &next, 1, logits, MKV_LOGITS_LAST, &err))
                 die("%s", err.msg);
-            next = argmax(logits, c->vocab_size);
+            next = mkv_argmax(logits, c->vocab_size);
         }
         wall[r] = now() - t1;
         cpu += cpu_seconds() - c0;

@@ -4,8 +4,6 @@
 #endif
 
 #include <math.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +12,7 @@
 
 #include "rng.h"
 #include "shapes.h"
+#include "tasks.h"
 
 /* Shapes from the models' published config.json files. */
 static const mkv_shape SHAPES[] = {
@@ -107,11 +106,14 @@ typedef struct {
     int n_tensors;
     size_t *first_block;  /* [n_tensors + 1]: block index where each tensor starts */
     uint64_t seed;
-    atomic_size_t next;
 } fill_job;
 
-static void fill_block(const fill_job *job, size_t block)
+/* One block of BLOCK_FLOATS floats (a task of mkv_run_tasks). */
+static int fill_block(void *ctx, int task, mkv_error *err)
 {
+    (void)err;
+    const fill_job *job = ctx;
+    const size_t block = (size_t)task;
     int t = 0;
     while (job->first_block[t + 1] <= block)
         t++;
@@ -123,7 +125,7 @@ static void fill_block(const fill_job *job, size_t block)
     if (ft->std == 0.0) {
         for (size_t i = 0; i < n; i++)
             dst[i] = 1.0f;
-        return;
+        return MKV_OK;
     }
     uint64_t keys[3] = {ft->layer, ft->tensor, (uint64_t)b};
     mkv_rng r;
@@ -137,15 +139,7 @@ static void fill_block(const fill_job *job, size_t block)
         if (i + 1 < n)
             dst[i + 1] = (float)((2.0 * (double)((x >> 8) & 0xFFFFFF) * scale - 1.0) * a);
     }
-}
-
-static void *fill_worker(void *arg)
-{
-    fill_job *job = arg;
-    size_t total = job->first_block[job->n_tensors];
-    for (size_t b; (b = atomic_fetch_add(&job->next, 1)) < total;)
-        fill_block(job, b);
-    return NULL;
+    return MKV_OK;
 }
 
 static void add(fill_tensor *list, int *n, float *dst, size_t count, double std, uint64_t layer,
@@ -207,24 +201,16 @@ int mkv_shape_build(const mkv_model_config *cfg, const int *layer_index, uint64_
     for (int i = 0; i < n; i++)
         first[i + 1] = first[i] + (list[i].n + BLOCK_FLOATS - 1) / BLOCK_FLOATS;
 
-    fill_job job = {list, n, first, seed, 0};
-    atomic_init(&job.next, 0);
-    if (threads < 1)
-        threads = 1;
-    if ((size_t)threads > first[n])
-        threads = first[n] > 0 ? (int)first[n] : 1;
-    pthread_t *tids = threads > 1 ? malloc((size_t)(threads - 1) * sizeof *tids) : NULL;
-    int started = 0;
-    if (tids)
-        for (; started < threads - 1; started++)
-            if (pthread_create(&tids[started], NULL, fill_worker, &job) != 0)
-                break;  /* fewer threads: the caller does the rest */
-    fill_worker(&job);
-    for (int i = 0; i < started; i++)
-        pthread_join(tids[i], NULL);
-    free(tids);
+    fill_job job = {list, n, first, seed};
+    int failed;
+    rc = first[n] > INT32_MAX ? mkv_fail(err, MKV_EUNSUP, "'%s': too many weights to fill", c->name)
+                              : mkv_run_tasks((int)first[n], threads < 1 ? 1 : threads, fill_block, &job, &failed, err);
     free(list);
     free(first);
+    if (rc != MKV_OK) {
+        mkv_model_free(m);
+        return rc;
+    }
     *out = m;
     return MKV_OK;
 }

@@ -85,6 +85,39 @@ __device__ __forceinline__ float warp_max_abs(float x)
     return __uint_as_float(__reduce_max_sync(FULL, __float_as_uint(fabsf(x))));
 }
 
+/* The A fragments (fp16 hi + lo, attn_core.cuh) of this lane's head row:
+ * channels 8 (4 j + c) .. + 8 of row (NULL: a padding head, zeros),
+ * scaled by the power of two q_split_scale picks for the warp's largest
+ * magnitude.  Returns that {up, down}. */
+template <int KJ>
+__device__ __forceinline__ float2 row_fragments(const float *row, q_regs<KJ> &qr)
+{
+    const int c = threadIdx.x & 3;
+    float v[KJ][8] = {};
+    float amax = 0.f;
+#pragma unroll
+    for (int j = 0; j < KJ; j++) {
+        if (row != nullptr) {
+            const float4 x = *reinterpret_cast<const float4 *>(row + 8 * (4 * j + c));
+            const float4 y = *reinterpret_cast<const float4 *>(row + 8 * (4 * j + c) + 4);
+            v[j][0] = x.x; v[j][1] = x.y; v[j][2] = x.z; v[j][3] = x.w;
+            v[j][4] = y.x; v[j][5] = y.y; v[j][6] = y.z; v[j][7] = y.w;
+        }
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            amax = fmaxf(amax, fabsf(v[j][e]));
+    }
+    const float2 sc = q_split_scale(warp_max_abs(amax));
+#pragma unroll
+    for (int j = 0; j < KJ; j++) {
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            v[j][e] *= sc.x;
+        q_fragments<false>(v[j], qr.f[j]);
+    }
+    return sc;
+}
+
 /* ------------------------------------------------------------------ scoring */
 
 struct score_args {
@@ -644,27 +677,8 @@ __device__ void rotate_back(const float (*o)[DVMAX], const rot_frags<D, DVMAX> &
         return;
     }
     constexpr int KJ = DVMAX / 32;
-    float v[KJ][8];
-    float amax = 0.f;
-#pragma unroll
-    for (int jj = 0; jj < KJ; jj++) {
-        const float4 x = n < G ? *reinterpret_cast<const float4 *>(&o[n][8 * (4 * jj + c)]) : make_float4(0, 0, 0, 0);
-        const float4 y = n < G ? *reinterpret_cast<const float4 *>(&o[n][8 * (4 * jj + c) + 4]) : make_float4(0, 0, 0, 0);
-        v[jj][0] = x.x; v[jj][1] = x.y; v[jj][2] = x.z; v[jj][3] = x.w;
-        v[jj][4] = y.x; v[jj][5] = y.y; v[jj][6] = y.z; v[jj][7] = y.w;
-#pragma unroll
-        for (int e = 0; e < 8; e++)
-            amax = fmaxf(amax, fabsf(v[jj][e]));
-    }
-    const float2 sc = q_split_scale(warp_max_abs(amax));
     q_regs<KJ> orr;
-#pragma unroll
-    for (int jj = 0; jj < KJ; jj++) {
-#pragma unroll
-        for (int e = 0; e < 8; e++)
-            v[jj][e] *= sc.x;
-        q_fragments<false>(v[jj], orr.f[jj]);
-    }
+    const float2 sc = row_fragments<KJ>(n < G ? o[n] : nullptr, orr);
 #pragma unroll
     for (int s = 0; s < f.RS; s++) {
         float r[4];
@@ -832,32 +846,8 @@ __global__ void __launch_bounds__(THREADS, (DKMAX + DVMAX <= 128 ? 4 : 2)) atten
 
     /* The warp holds all of q~ (every head, every channel): the same scale in every warp. */
     q_regs<KJ> qr;
-    float2 qsc;
-    {
-        const float *qt = a.qt + ((size_t)job * a.seg_max + it.y) * G * DKMAX;
-        float v[KJ][8] = {};
-        float amax = 0.f;
-#pragma unroll
-        for (int j = 0; j < KJ; j++) {
-            if (n < G) {
-                const float4 x = *reinterpret_cast<const float4 *>(qt + (size_t)n * DKMAX + 8 * (4 * j + c));
-                const float4 y = *reinterpret_cast<const float4 *>(qt + (size_t)n * DKMAX + 8 * (4 * j + c) + 4);
-                v[j][0] = x.x; v[j][1] = x.y; v[j][2] = x.z; v[j][3] = x.w;
-                v[j][4] = y.x; v[j][5] = y.y; v[j][6] = y.z; v[j][7] = y.w;
-            }
-#pragma unroll
-            for (int e = 0; e < 8; e++)
-                amax = fmaxf(amax, fabsf(v[j][e]));
-        }
-        qsc = q_split_scale(warp_max_abs(amax));
-#pragma unroll
-        for (int j = 0; j < KJ; j++) {
-#pragma unroll
-            for (int e = 0; e < 8; e++)
-                v[j][e] *= qsc.x;
-            q_fragments<false>(v[j], qr.f[j]);
-        }
-    }
+    const float *qt = a.qt + ((size_t)job * a.seg_max + it.y) * G * DKMAX;
+    const float2 qsc = row_fragments<KJ>(n < G ? qt + (size_t)n * DKMAX : nullptr, qr);
 
     float m_run = -INFINITY, l_run = 0.f;
     float o[NT][4];

@@ -460,12 +460,16 @@ __device__ void find_top(select_shared &sh, int nbins, int need, int *digit, int
 }
 
 /* Weighted histogram of the keys of blocks [0, nb) whose key >> shift equals
- * prefix: bin (key >> bshift) & (nbins - 1). */
+ * prefix: bin (key >> bshift) & (nbins - 1).  With ids (nbins <= HIST_BINS
+ * / 3), hist[nbins + bin] also counts the bin's blocks and hist[2 nbins +
+ * bin] holds the highest of their ids: the id of the only one when the
+ * count is 1, the usual case for the last digit, which then needs no
+ * eq_cut. */
 __device__ void key_hist(select_shared &sh, const uint32_t *keys, const uint8_t *wts, int nb, int shift,
-                         uint32_t prefix, int bshift, int nbins)
+                         uint32_t prefix, int bshift, int nbins, bool ids)
 {
     constexpr int U = 4;   /* 4-key loads in flight per thread */
-    for (int i = threadIdx.x; i < nbins; i += SEL_THREADS)
+    for (int i = threadIdx.x; i < (ids ? 3 : 1) * nbins; i += SEL_THREADS)
         sh.hist[i] = 0;
     __syncthreads();
     for (int i0 = 4 * threadIdx.x; i0 < nb; i0 += 4 * SEL_THREADS * U) {
@@ -487,8 +491,14 @@ __device__ void key_hist(select_shared &sh, const uint32_t *keys, const uint8_t 
             const uint32_t kv[4] = {k4[u].x, k4[u].y, k4[u].z, k4[u].w};
 #pragma unroll
             for (int q = 0; q < 4; q++)
-                if (i + q < nb && kv[q] != 0u && (kv[q] >> shift) == prefix)
-                    atomicAdd(&sh.hist[(kv[q] >> bshift) & (uint32_t)(nbins - 1)], w4[u] >> (8 * q) & 0xffu);
+                if (i + q < nb && kv[q] != 0u && (kv[q] >> shift) == prefix) {
+                    const uint32_t bin = (kv[q] >> bshift) & (uint32_t)(nbins - 1);
+                    atomicAdd(&sh.hist[bin], w4[u] >> (8 * q) & 0xffu);
+                    if (ids) {
+                        atomicAdd(&sh.hist[nbins + bin], 1u);
+                        atomicMax(&sh.hist[2 * nbins + bin], (uint32_t)(i + q));
+                    }
+                }
         }
     }
     __syncthreads();
@@ -588,7 +598,7 @@ __global__ void __launch_bounds__(SEL_THREADS, 1) select_kernel(const select_arg
         if (binw == rest) {
             kstar = below((uint32_t)d1 << 20);
         } else {
-            key_hist(sh, keys, wts, nb, 20, (uint32_t)d1, 8, 4096);
+            key_hist(sh, keys, wts, nb, 20, (uint32_t)d1, 8, 4096, false);
             int d2;
             find_top(sh, 4096, rest, &d2, &above, &binw);
             rest -= above;
@@ -596,13 +606,15 @@ __global__ void __launch_bounds__(SEL_THREADS, 1) select_kernel(const select_arg
             if (binw == rest) {
                 kstar = below(prefix << 8);
             } else {
-                key_hist(sh, keys, wts, nb, 8, prefix, 0, 256);
+                key_hist(sh, keys, wts, nb, 8, prefix, 0, 256, true);
                 int d3;
                 find_top(sh, 256, rest, &d3, &above, &binw);
                 rest -= above;
                 kstar = prefix << 8 | (uint32_t)d3;
                 if (binw == rest)
                     kstar -= 1u;   /* all of them: key >= K* */
+                else if (sh.hist[256 + d3] == 1u)
+                    cut = (int)sh.hist[512 + d3];   /* one block keyed K*: the cut falls in it */
                 else
                     cut = eq_cut(sh, keys, wts, nb, kstar, rest);
             }

@@ -21,7 +21,7 @@ namespace {
 constexpr unsigned FULL = 0xffffffffu;
 constexpr int SEL_THREADS = 1024;   /* select_kernel: block_scan assumes 32 warps */
 constexpr int DENSE_CHUNK = 32;     /* dense rows staged at once by dense_partial */
-constexpr int STAGES = 3;           /* cp.async tiles in flight per warp, the one computed included */
+constexpr int STAGES = 3;           /* tiles copied in flight per warp, the one computed included */
 constexpr int WIN = 512;            /* blocks of a segment compacted at once (4 per thread) */
 
 /* ---------------------------------------------------------------- small pieces */
@@ -31,12 +31,7 @@ constexpr int WIN = 512;            /* blocks of a segment compacted at once (4 
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem)
-{
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-}
-/* The same with the source cut to src_bytes (0 or 16): the rest is zeros. */
+/* 16 bytes by cp.async, the source cut to src_bytes (0 or 16): the rest is zeros. */
 __device__ __forceinline__ void cp_async16_zfill(void *smem, const void *gmem, int src_bytes)
 {
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
@@ -46,6 +41,41 @@ __device__ __forceinline__ void cp_async16_zfill(void *smem, const void *gmem, i
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+/* Bulk copies (sm_90's copy engine): one thread moves a whole record, and
+ * an mbarrier counts its bytes in.  The barrier has one arrival a phase
+ * (the issuing thread's, announcing the bytes); its phases alternate in
+ * parity, which is how a waiter tells the fill it waits for. */
+__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mbar_init(uint64_t *bar)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");   /* visible to the copy engine */
+}
+__device__ __forceinline__ void mbar_expect_bytes(uint64_t *bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_copy(void *smem, const void *gmem, uint32_t bytes, uint64_t *bar)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_addr(smem)),
+                 "l"(gmem), "r"(bytes), "r"(smem_addr(bar))
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity)
+{
+    asm volatile("{\n\t.reg .pred done;\n"
+                 "MBAR_WAIT_%=:\n\t"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t"
+                 "@!done bra MBAR_WAIT_%=;\n}" ::"r"(smem_addr(bar)),
+                 "r"(parity)
+                 : "memory");
+}
+/* Orders this thread's earlier shared-memory reads (and those it has
+ * synchronised with) before the copy engine's next writes. */
+__device__ __forceinline__ void fence_to_bulk() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 __device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 
@@ -804,7 +834,8 @@ struct attend_smem {
     static constexpr size_t list_bytes = sizeof(int) * WIN;
     static constexpr size_t scan_bytes = sizeof(int) * 32;
     static constexpr size_t meta_bytes = (sizeof(uint32_t) * WARPS * 2 * TILE * CHS + 15) / 16 * 16;
-    static constexpr size_t fixed = o_bytes + ml_bytes + list_bytes + scan_bytes + meta_bytes;
+    static constexpr size_t bar_bytes = (sizeof(uint64_t) * WARPS * STAGES + 15) / 16 * 16;
+    static constexpr size_t fixed = o_bytes + ml_bytes + list_bytes + scan_bytes + meta_bytes + bar_bytes;
     static size_t total(int stage_bytes) { return fixed + (size_t)WARPS * STAGES * stage_bytes; }
 };
 
@@ -823,6 +854,7 @@ __global__ void __launch_bounds__(THREADS, (DKMAX + DVMAX <= 128 ? 4 : 2)) atten
     int *sm_scan = reinterpret_cast<int *>(dyn + smem::o_bytes + smem::ml_bytes + smem::list_bytes);
     uint32_t *sm_meta = reinterpret_cast<uint32_t *>(dyn + smem::o_bytes + smem::ml_bytes + smem::list_bytes +
                                                      smem::scan_bytes);
+    uint64_t *sm_bar = reinterpret_cast<uint64_t *>(dyn + smem::fixed - smem::bar_bytes);
     uint8_t *stages = dyn + smem::fixed;
 
     const int4 it = a.items[blockIdx.x];
@@ -848,7 +880,6 @@ __global__ void __launch_bounds__(THREADS, (DKMAX + DVMAX <= 128 ? 4 : 2)) atten
         key0[q] = 4 * tid + q < nbv ? keys[4 * tid + q] : 0u;
     const int TB = TILE / B;                 /* blocks per 16-token tile */
     const int rec = sg.rec_bytes, tile_bytes = TB * rec;
-    const int n16 = rec >> 4;                       /* 16-byte pieces per record (rec >= 64) */
     /* This lane's vector in the chunk metadata: tensor (K, V), token. */
     const int m_tensor = lane >> 4, m_tok = lane & 15;
     const int m_words = m_tensor ? sg.dv / 32 : (sg.dpk + 31) / 32, m_r = m_tensor ? sg.rv : sg.rk;
@@ -870,6 +901,15 @@ __global__ void __launch_bounds__(THREADS, (DKMAX + DVMAX <= 128 ? 4 : 2)) atten
     uint8_t *stage0 = stages + (size_t)warp * STAGES * a.stage_bytes;
     const uint8_t *src_seg = a.records + sg.rec_off;
     const int first_t = it.z * WARPS + warp, stride_t = a.nparts * WARPS;
+    /* The warp's stage buffers fill by bulk copies; fill g (counted over
+     * all windows) goes to buffer g % STAGES and completes phase g /
+     * STAGES of its barrier. */
+    uint64_t *bar = sm_bar + warp * STAGES;
+    if (lane == 0)
+        for (int i = 0; i < STAGES; i++)
+            mbar_init(&bar[i]);
+    __syncwarp();
+    int fills = 0;
 
     for (int w0 = 0; w0 < nbv; w0 += WIN) {
         /* The window's selected blocks, ascending, compacted. */
@@ -891,21 +931,19 @@ __global__ void __launch_bounds__(THREADS, (DKMAX + DVMAX <= 128 ? 4 : 2)) atten
 
         const int n_tiles = (n_list + TB - 1) / TB;
         const int n_mine = first_t < n_tiles ? (n_tiles - first_t + stride_t - 1) / stride_t : 0;
-        /* Tile k's records, block by block, the warp's lanes over each
-         * record's 16-byte pieces. */
+        /* Tile k's records, one bulk copy each, issued by lane 0 once the
+         * warp is done with the buffer's previous tile. */
         auto issue = [&](int k) {
-            if (k < n_mine) {
+            if (k < n_mine && lane == 0) {
+                const int slot = (fills + k) % STAGES;
                 const int li0 = (first_t + k * stride_t) * TB;
                 const int nblk = n_list - li0 < TB ? n_list - li0 : TB;
-                uint8_t *dst = stage0 + (k % STAGES) * tile_bytes;
-                for (int s = 0; s < nblk; s++) {
-                    const uint8_t *src = src_seg + (int64_t)sm_list[li0 + s] * rec;
-#pragma unroll 3
-                    for (int i = lane; i < n16; i += 32)
-                        cp_async16(dst + s * rec + 16 * i, src + 16 * i);
-                }
+                uint8_t *dst = stage0 + slot * tile_bytes;
+                fence_to_bulk();
+                mbar_expect_bytes(&bar[slot], (uint32_t)(nblk * rec));
+                for (int s = 0; s < nblk; s++)
+                    bulk_copy(dst + s * rec, src_seg + (int64_t)sm_list[li0 + s] * rec, (uint32_t)rec, &bar[slot]);
             }
-            cp_async_commit();
         };
 #pragma unroll
         for (int k = 0; k < STAGES - 1; k++)
@@ -913,9 +951,9 @@ __global__ void __launch_bounds__(THREADS, (DKMAX + DVMAX <= 128 ? 4 : 2)) atten
 
         for (int k = 0; k < n_mine; k++) {
             issue(k + STAGES - 1);
-            cp_async_wait<STAGES - 1>();
-            __syncwarp();
-            const uint8_t *buf = stage0 + (k % STAGES) * tile_bytes;
+            const int g = fills + k;
+            mbar_wait(&bar[g % STAGES], (uint32_t)(g / STAGES) & 1u);
+            const uint8_t *buf = stage0 + (g % STAGES) * tile_bytes;
             const int li0 = (first_t + k * stride_t) * TB;
             /* Token t of the tile: block slot t >> bs, row t & (B - 1); which
              * of the 16 count, found once per tile (lane t % 16 asks).  The
@@ -976,7 +1014,7 @@ __global__ void __launch_bounds__(THREADS, (DKMAX + DVMAX <= 128 ? 4 : 2)) atten
             tile_pv<DVMAX, false>(pa, vr, o);
             __syncwarp();   /* the buffer is refilled by the next issue */
         }
-        cp_async_wait<0>();
+        fills += n_mine;
         __syncthreads();   /* the list is rebuilt for the next window */
     }
 

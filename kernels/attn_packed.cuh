@@ -20,9 +20,11 @@
  *                  (they need q only, so they run while selection does),
  *                  then per (job, segment, part): the segment's blocks with
  *                  key > K* (or = K* and id <= cut) compacted in shared
- *                  memory, their records streamed into shared memory with
- *                  cp.async three tiles ahead per warp, expanded into the
- *                  register fragments a dense 16-token tile would have
+ *                  memory, their records streamed into shared memory by
+ *                  bulk copies (one per record, issued by one lane and
+ *                  counted in by an mbarrier) three tiles ahead per warp,
+ *                  expanded into the register fragments a dense 16-token
+ *                  tile would have
  *                  (positions by popcount, zeros elsewhere), scores and
  *                  P V on the tensor cores (attn_core.cuh), online softmax
  *                  in the segment's rotated V space, then one rotation

@@ -350,17 +350,23 @@ __global__ void __launch_bounds__(THREADS) score_kernel(const score_args a)
      * channels | q~ over the others], matching the row layout. */
     const int kb = sg.kbound, kw = sg.kdim + sg.kbound;
     float qbmax = 0.f;
-    for (int i = tid; i < G * W; i += THREADS) {
-        const int g = i / W, c = i % W;
-        float v = 0.f;
-        if (c < kb)
-            v = fminf(qt[g * a.qt_width + c], 0.f);
-        else if (c < 2 * kb)
-            v = fmaxf(qt[g * a.qt_width + c - kb], 0.f);
-        else if (c < kw)
-            v = qt[g * a.qt_width + c - kb];
-        sm_qb[g][c] = v;
-        qbmax = fmaxf(qbmax, fabsf(v));
+    /* All of this thread's reads of q~ first: one wait, not one per entry. */
+    constexpr int QB_PER = (MAX_G * W + THREADS - 1) / THREADS;
+    float qv[QB_PER];
+#pragma unroll
+    for (int r = 0; r < QB_PER; r++) {
+        const int i = tid + r * THREADS, g = i / W, c = i % W;
+        const int src = c < kb ? c : c - kb;   /* the channel entry c is made from */
+        qv[r] = i < G * W && c < kw ? qt[g * a.qt_width + src] : 0.f;
+    }
+#pragma unroll
+    for (int r = 0; r < QB_PER; r++) {
+        const int i = tid + r * THREADS, g = i / W, c = i % W;
+        if (i < G * W) {
+            const float v = c < kb ? fminf(qv[r], 0.f) : c < 2 * kb ? fmaxf(qv[r], 0.f) : qv[r];
+            sm_qb[g][c] = v;
+            qbmax = fmaxf(qbmax, fabsf(v));
+        }
     }
     qbmax = warp_max_abs(qbmax);
     if (lane == 0)

@@ -17,6 +17,9 @@
  *    the GPU's own selection (keys and values rebuilt from the stored
  *    arrays, one softmax over all attended tokens);
  *  - equal block scores: the lowest blocks are taken, exactly as the CPU;
+ *  - a segment of more blocks than the attention compacts at once (1024
+ *    blocks of 4 against a window of 512): the block list is rebuilt and
+ *    the copy pipeline continues across windows;
  *  - budget 1: every block, output equal to the CPU's;
  *  - the temporary region: tokens appended by the GPU encoder are always
  *    attended and count towards the budget (reference computed here from
@@ -735,6 +738,17 @@ START_TEST(test_ties)
 }
 END_TEST
 
+/* A segment of 1024 blocks: two compaction windows of the attention
+ * (WIN in kernels/attn_packed.cu), four blocks a tile. */
+START_TEST(test_long_segment)
+{
+    pstats st = {0};
+    pcase pc = {"fixed B=4 S=4096 (1024 blocks, two windows) d=64 G=4", 64, 4, 4, 1, 5000,
+                config(0, 4, 4096, 16, 1, 1), 0.1, 0, 0, 0};
+    run_case(&pc, &st);
+}
+END_TEST
+
 /* A temporary region of GPU-encoded tokens: always attended. */
 START_TEST(test_temporary_region)
 {
@@ -1020,6 +1034,7 @@ static Suite *packed_suite(void)
     tcase_add_test(tc, test_strategies);
     tcase_add_test(tc, test_full_budget);
     tcase_add_test(tc, test_ties);
+    tcase_add_test(tc, test_long_segment);
     tcase_add_test(tc, test_temporary_region);
     suite_add_tcase(s, tc);
     tc = tcase_create("encode");

@@ -24,13 +24,12 @@
  *                  bulk copies (one per record, issued by one lane and
  *                  counted in by an mbarrier) three tiles ahead per warp,
  *                  expanded into the register fragments a dense 16-token
- *                  tile would have
- *                  (positions by popcount, zeros elsewhere), scores and
- *                  P V on the tensor cores (attn_core.cuh), online softmax
- *                  in the segment's rotated V space, then one rotation
- *                  back per segment and part, also on the tensor cores
- *                  (o against the rows of R_v, like scores): a partial
- *                  (m, l, acc);
+ *                  tile would have (positions by popcount, zeros
+ *                  elsewhere), scores and P V on the tensor cores
+ *                  (attn_core.cuh), online softmax in the segment's
+ *                  rotated V space, then one rotation back per segment
+ *                  and part, also on the tensor cores (o against the rows
+ *                  of R_v, like scores): a partial (m, l, acc);
  *   merge_kernel   (attn_core.cuh) over each job's partials.
  * The layout and semantics are in mkv_cuda.h. */
 #ifndef MKV_ATTN_PACKED_CUH

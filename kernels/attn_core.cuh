@@ -535,12 +535,11 @@ __global__ void __launch_bounds__(THREADS, MINB) split_kernel(const split_args a
 }
 
 /* out[b][hq] = sum of the partials of (b, hq / G), normalised; zeros when
- * the request has no token.  One block of D threads per (request, query
- * head). */
-/* One block per (request, query head, 32-channel slice): its MERGE_THREADS
- * threads are 32 channels x P slot lanes.  A (request, head) may have
- * hundreds of partials; one thread walking them in turn would wait on a
- * load per partial, P lanes with unrolled loads keep many in flight. */
+ * the request has no token.  One block per (request, query head, 32-channel
+ * slice): its MERGE_THREADS threads are 32 channels x P slot lanes.  A
+ * (request, head) may have hundreds of partials; one thread walking them in
+ * turn would wait on a load per partial, P lanes with unrolled loads keep
+ * many in flight. */
 template <int D>
 __global__ void __launch_bounds__(MERGE_THREADS) merge_kernel(const int2 *head_items, const float *part_o,
                                                               const float2 *part_ml, float *out, int n_kv, int G)

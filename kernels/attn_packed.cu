@@ -288,8 +288,7 @@ __global__ void __launch_bounds__(THREADS) score_kernel(const score_args a)
     constexpr int NST = score_stages(KJ);
     constexpr int ROW = 64 * KJ;      /* bytes of a staged block-key row */
     constexpr int CHR = 4 * KJ;       /* its 16-byte chunks */
-    __shared__ float sm_qb[MAX_G][W];
-    __shared__ float sm_wmax[WARPS];
+    __shared__ __align__(16) float sm_qb[MAX_G][W];
     extern __shared__ __align__(16) uint8_t dyn[];
     uint32_t *sm_hist = reinterpret_cast<uint32_t *>(dyn);
 
@@ -349,7 +348,6 @@ __global__ void __launch_bounds__(THREADS) score_kernel(const score_args a)
     /* The block-score query: [min(q~, 0) | max(q~, 0) over the bounded
      * channels | q~ over the others], matching the row layout. */
     const int kb = sg.kbound, kw = sg.kdim + sg.kbound;
-    float qbmax = 0.f;
     /* All of this thread's reads of q~ first: one wait, not one per entry. */
     constexpr int QB_PER = (MAX_G * W + THREADS - 1) / THREADS;
     float qv[QB_PER];
@@ -362,30 +360,13 @@ __global__ void __launch_bounds__(THREADS) score_kernel(const score_args a)
 #pragma unroll
     for (int r = 0; r < QB_PER; r++) {
         const int i = tid + r * THREADS, g = i / W, c = i % W;
-        if (i < G * W) {
-            const float v = c < kb ? fminf(qv[r], 0.f) : c < 2 * kb ? fmaxf(qv[r], 0.f) : qv[r];
-            sm_qb[g][c] = v;
-            qbmax = fmaxf(qbmax, fabsf(v));
-        }
+        if (i < G * W)
+            sm_qb[g][c] = c < kb ? fminf(qv[r], 0.f) : c < 2 * kb ? fmaxf(qv[r], 0.f) : qv[r];
     }
-    qbmax = warp_max_abs(qbmax);
-    if (lane == 0)
-        sm_wmax[warp] = qbmax;
     __syncthreads();
-
-    float qbmax_all = 0.f;
-    for (int w = 0; w < WARPS; w++)
-        qbmax_all = fmaxf(qbmax_all, sm_wmax[w]);
-    const float2 qsc = q_split_scale(qbmax_all);
+    /* Every warp reads every head row whole: the same scale in each. */
     q_regs<KJ> qr;
-#pragma unroll
-    for (int j = 0; j < KJ; j++) {
-        float v[8];
-#pragma unroll
-        for (int e = 0; e < 8; e++)
-            v[e] = n < G ? sm_qb[n < G ? n : 0][8 * (4 * j + c) + e] * qsc.x : 0.f;
-        q_fragments<false>(v, qr.f[j]);
-    }
+    const float2 qsc = row_fragments<KJ>(n < G ? sm_qb[n] : nullptr, qr);
 
     /* One warp scores 16 blocks per step like 16 tokens of attention. */
     const int ra = half_a_token(n), rb = half_b_token(n);

@@ -420,19 +420,17 @@ static int attend_full(mkv_cdump *c, int layer, int head, const mkv_gpu_queries 
     dev_set ds = {0};
     dense_bufs b = {0};
     int rc = dense_setup(c, layer, head, q, &ds, &b, err);
-    uint16_t *dk = b.k, *dv = b.v;
-    float *dq = b.q, *dout = b.out;
     mkv_attn_shape s = {1, G, 1, d, q->T, 0, 0};
     for (int64_t w = 0; w < q->W && rc == MKV_OK; w++) {
         int64_t len = q->pos[w] + 1;
         mkv_dense_plan *p = NULL;
-        if ((rc = mkv_cuda_upload(dq, q->q + w * gd, gd * 4, err)) != MKV_OK ||
+        if ((rc = mkv_cuda_upload(b.q, q->q + w * gd, gd * 4, err)) != MKV_OK ||
             (rc = mkv_cuda_dense_plan(&s, &len, &p, err)) != MKV_OK)
             break;
-        rc = mkv_cuda_dense_run(p, dq, dk, dv, dout, NULL, err);
+        rc = mkv_cuda_dense_run(p, b.q, b.k, b.v, b.out, NULL, err);
         mkv_cuda_dense_plan_free(p);
         if (rc == MKV_OK && (rc = mkv_cuda_synchronize(err)) == MKV_OK)
-            rc = mkv_cuda_download(a->out + w * gd, dout, gd * 4, err);
+            rc = mkv_cuda_download(a->out + w * gd, b.out, gd * 4, err);
         memset(a->attended + w * q->T, 1, (size_t)len);
         a->bytes_read[w] = (uint64_t)len * (uint64_t)d * 2 * 2;
     }
@@ -451,21 +449,19 @@ static int attend_quest(const mkv_params *pr, mkv_cdump *c, int layer, int head,
     dev_set ds = {0};
     dense_bufs b = {0};
     int rc = dense_setup(c, layer, head, q, &ds, &b, err);
-    uint16_t *dk = b.k, *dv = b.v;
-    float *dq = b.q, *dout = b.out;
     mkv_attn_shape s = {1, G, 1, d, q->T, 0, 0};
     uint16_t *meta = NULL;
     int32_t *pages = NULL;
     for (int64_t w = 0; w < q->W && rc == MKV_OK; w++) {
         int64_t len = q->pos[w] + 1, T = q->T;
         mkv_quest_plan *p = NULL;
-        if ((rc = mkv_cuda_upload(dq, q->q + w * gd, gd * 4, err)) != MKV_OK ||
+        if ((rc = mkv_cuda_upload(b.q, q->q + w * gd, gd * 4, err)) != MKV_OK ||
             (rc = mkv_cuda_quest_plan(&s, &len, &T, &qp, &p, err)) != MKV_OK)
             break;
         if (!meta) {   /* page metadata depends on K and the page size only */
             meta = dev_alloc(&ds, mkv_cuda_quest_meta_elems(p) * 2, err);
             pages = meta ? mkv_alloc((size_t)mkv_cuda_quest_pages_max(p), sizeof *pages, "page list", err) : NULL;
-            if (!pages || (rc = mkv_cuda_quest_build_meta(p, dk, meta, NULL, err)) != MKV_OK) {
+            if (!pages || (rc = mkv_cuda_quest_build_meta(p, b.k, meta, NULL, err)) != MKV_OK) {
                 rc = rc != MKV_OK ? rc : (err ? (int)err->code : MKV_ENOMEM);
                 mkv_cuda_quest_plan_free(p);
                 break;
@@ -474,11 +470,11 @@ static int attend_quest(const mkv_params *pr, mkv_cdump *c, int layer, int head,
         int32_t count = 0;
         int64_t tokens = 0;
         mkv_quest_counts qc;
-        if ((rc = mkv_cuda_quest_select(p, dq, meta, NULL, err)) == MKV_OK &&
-            (rc = mkv_cuda_quest_attend(p, dq, dk, dv, dout, NULL, err)) == MKV_OK &&
+        if ((rc = mkv_cuda_quest_select(p, b.q, meta, NULL, err)) == MKV_OK &&
+            (rc = mkv_cuda_quest_attend(p, b.q, b.k, b.v, b.out, NULL, err)) == MKV_OK &&
             (rc = mkv_cuda_quest_selection(p, pages, &count, &tokens, err)) == MKV_OK &&
             (rc = mkv_cuda_quest_counts(p, 0, &qc, err)) == MKV_OK)
-            rc = mkv_cuda_download(a->out + w * gd, dout, gd * 4, err);
+            rc = mkv_cuda_download(a->out + w * gd, b.out, gd * 4, err);
         mkv_cuda_quest_plan_free(p);
         if (rc != MKV_OK)
             break;

@@ -171,116 +171,41 @@ struct score_args {
  * stream). */
 __host__ __device__ constexpr int score_stages(int kj) { return kj <= 4 ? 2 : 1; }
 
-/* Dynamic shared memory of score_kernel: the histogram, then the warps'
- * block-key stages. */
-constexpr int SCORE_STAGE_OFF = sizeof(uint32_t) * HIST_BINS;
-inline size_t score_smem(int kj) { return SCORE_STAGE_OFF + (size_t)WARPS * score_stages(kj) * TILE * 64 * kj; }
+/* Bytes of a row of R_k staged in shared memory: dk fp16 and 16 bytes of
+ * padding, so that the eight rows an ldmatrix reads start in different
+ * banks. */
+__host__ __device__ inline int rk_row_bytes(int dk) { return 2 * dk + 16; }
 
-/* Dynamic shared memory of qrot_kernel: the row splits' partial sums of
- * q R_k, [THREADS / (dk / 2)][MAX_G][dk] floats. */
-inline size_t qrot_smem() { return sizeof(float) * 2 * THREADS * MAX_G; }
-
-/* q~ = q R_k into sm_qt [MAX_G][D] (zeros past dk), R_k [D][dk] fp16 read
- * from global memory.  Thread (split, pair) sums rows [split * rows,
- * (split + 1) * rows) of columns 2 pair and 2 pair + 1 for every head (one
- * R load feeds G FMAs per column; a warp reads whole rows); the splits
- * are then added in order, so the result does not depend on scheduling.
- * Ends with a barrier. */
-template <int D, int NG>
-__device__ void rotate_query(const float (*sm_q)[D], const uint16_t *R, float *sm_part, int dk, int G,
-                             float (*sm_qt)[D])
+/* Dynamic shared memory of score_kernel: one region that holds R_k while
+ * q~ is made and the histogram afterwards, then the warps' block-key
+ * stages. */
+__host__ __device__ inline size_t score_region(int D, int dkmax)
 {
-    const int tid = threadIdx.x;
-    const int npair = dk / 2, nsplit = THREADS / npair, rows = D / nsplit;   /* dk in 32..D: rows % 4 == 0 */
-    const int pair = tid % npair, split = tid / npair;
-    const int j_end = split < nsplit ? (split + 1) * rows : 0;   /* dk = 96 leaves threads idle */
-    float acc[NG][2] = {};
-#pragma unroll 4
-    for (int j0 = split * rows; j0 < j_end; j0 += 4) {
-        uint32_t r2[4];
-#pragma unroll
-        for (int u = 0; u < 4; u++)
-            r2[u] = __ldg(reinterpret_cast<const unsigned int *>(R + (size_t)(j0 + u) * dk + 2 * pair));
-        float r[4][2];
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            r[u][0] = h2f((uint16_t)(r2[u] & 0xffffu));
-            r[u][1] = h2f((uint16_t)(r2[u] >> 16));
-        }
-#pragma unroll
-        for (int g = 0; g < NG; g++)
-            if (g < G) {
-                const float4 qv = *reinterpret_cast<const float4 *>(&sm_q[g][j0]);
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-                    acc[g][h] += qv.x * r[0][h] + qv.y * r[1][h] + qv.z * r[2][h] + qv.w * r[3][h];
-            }
-    }
-    if (split < nsplit)
-#pragma unroll
-        for (int g = 0; g < NG; g++)
-            if (g < G) {
-                sm_part[((size_t)split * MAX_G + g) * dk + 2 * pair] = acc[g][0];
-                sm_part[((size_t)split * MAX_G + g) * dk + 2 * pair + 1] = acc[g][1];
-            }
-    __syncthreads();
-    for (int i = tid; i < G * D; i += THREADS) {
-        const int g = i / D, c = i % D;
-        float v = 0.f;
-        if (c < dk)
-            for (int sp = 0; sp < nsplit; sp++)
-                v += sm_part[((size_t)sp * MAX_G + g) * dk + c];
-        sm_qt[g][c] = v;
-    }
-    __syncthreads();
+    const size_t r = (size_t)D * rk_row_bytes(dkmax), h = sizeof(uint32_t) * HIST_BINS;
+    return r > h ? r : h;
+}
+inline size_t score_smem(int D, int dkmax, int kj)
+{
+    return score_region(D, dkmax) + (size_t)WARPS * score_stages(kj) * TILE * 64 * kj;
 }
 
-/* rotate_query with the head loop unrolled as far as G needs. */
-template <int D>
-__device__ void rotate_query_g(const float (*sm_q)[D], const uint16_t *R, float *sm_part, int dk, int G,
-                               float (*sm_qt)[D])
+/* Four 8x8 fp16 matrices from shared memory, transposed: lanes 8 i .. 8 i + 7
+ * give the row addresses of matrix i; register i of lane (n, c) gets its
+ * elements (2 c, n) and (2 c + 1, n), the B fragment of a k8 half. */
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void *p)
 {
-    if (G <= 1)
-        rotate_query<D, 1>(sm_q, R, sm_part, dk, G, sm_qt);
-    else if (G <= 2)
-        rotate_query<D, 2>(sm_q, R, sm_part, dk, G, sm_qt);
-    else if (G <= 4)
-        rotate_query<D, 4>(sm_q, R, sm_part, dk, G, sm_qt);
-    else
-        rotate_query<D, MAX_G>(sm_q, R, sm_part, dk, G, sm_qt);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
 }
 
-/* q~ = q R_k (scaled) of one (job, segment) item into a.qt, for the
- * scoring and the attention.  The scoring grid may launch at once: it
- * stages block keys until q~ is complete. */
-template <int D>
-__global__ void __launch_bounds__(THREADS) qrot_kernel(const score_args a)
-{
-    __shared__ __align__(16) float sm_q[MAX_G][D];
-    __shared__ __align__(16) float sm_qt[MAX_G][D];
-    extern __shared__ __align__(16) uint8_t dyn[];   /* rotate_query's partial sums */
-    pdl_trigger();
-    const int tid = threadIdx.x;
-    const int4 it = a.items[blockIdx.x];
-    const mkv_packed_seg sg = a.segs[it.z];
-    const int G = a.G;
-    const float *qj = a.q + (size_t)it.x * G * D;
-    for (int i = tid; i < G * D; i += THREADS)
-        sm_q[i / D][i % D] = qj[i] * a.qscale;
-    __syncthreads();
-    if (sg.rk_off >= 0) {
-        rotate_query_g<D>(sm_q, a.rotations + sg.rk_off, reinterpret_cast<float *>(dyn), sg.dk, G, sm_qt);
-    } else {
-        for (int i = tid; i < G * D; i += THREADS)
-            sm_qt[i / D][i % D] = sm_q[i / D][i % D];
-        __syncthreads();
-    }
-    float *qt = a.qt + ((size_t)it.x * a.seg_max + it.y) * G * a.qt_width;
-    for (int i = tid; i < G * a.qt_width; i += THREADS)
-        qt[i] = i % a.qt_width < D ? sm_qt[i / a.qt_width][i % a.qt_width] : 0.f;
-}
-
-/* KJ: 32-channel steps of the block-key rows (their width / 32, rounded up). */
+/* KJ: 32-channel steps of the block-key rows (their width / 32, rounded up).
+ *
+ * One (job, segment) item: q~ = q R_k, written to a.qt for the attention,
+ * then the segment's block scores.  R_k and the first block-key stages are
+ * in flight together; q R_k runs on the tensor cores with q split into
+ * fp16 high and low parts (~22 significant bits, as for the scores), R_k
+ * as the B operand read from shared memory by ldmatrix. */
 template <int D, int KJ>
 __global__ void __launch_bounds__(THREADS) score_kernel(const score_args a)
 {
@@ -288,9 +213,11 @@ __global__ void __launch_bounds__(THREADS) score_kernel(const score_args a)
     constexpr int NST = score_stages(KJ);
     constexpr int ROW = 64 * KJ;      /* bytes of a staged block-key row */
     constexpr int CHR = 4 * KJ;       /* its 16-byte chunks */
+    constexpr int KS = D / 16;        /* k16 steps of q R_k */
     __shared__ __align__(16) float sm_qb[MAX_G][W];
     extern __shared__ __align__(16) uint8_t dyn[];
-    uint32_t *sm_hist = reinterpret_cast<uint32_t *>(dyn);
+    uint8_t *sm_rk = dyn;                                   /* R_k while q~ is made, */
+    uint32_t *sm_hist = reinterpret_cast<uint32_t *>(dyn);  /* then the histogram */
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int n = lane >> 2, c = lane & 3;
@@ -303,16 +230,30 @@ __global__ void __launch_bounds__(THREADS) score_kernel(const score_args a)
     const int vis_tokens = (int)(jb.pos + 1 - sg.start < sg.len ? jb.pos + 1 - sg.start : sg.len);
     const uint16_t *BK = a.blockkeys + sg.bk_off;
     const int bkw = sg.bk_width, nch = bkw / 8;
+    const bool rotated = sg.rk_off >= 0;
+    const int dk = sg.dk, rkb = rk_row_bytes(dk);
+
+    /* R_k first (the oldest cp.async group, so that waiting for it leaves
+     * the block keys in flight). */
+    if (rotated) {
+        const uint16_t *R = a.rotations + sg.rk_off;
+        const int chunks = dk / 8;
+        for (int i = tid; i < D * chunks; i += THREADS) {
+            const int r = i / chunks, ch = i % chunks;
+            cp_async16_zfill(sm_rk + r * rkb + 16 * ch, R + (size_t)r * dk + 8 * ch, 16);
+        }
+    }
+    cp_async_commit();
 
     /* Warp w scores blocks [16 (w + WARPS k), +16) at its step k.  Their
      * rows are staged in shared memory by cp.async, NST steps ahead, the
-     * first NST issued before q~ is waited for.  Rows past the visible
+     * first NST issued before q~ is made.  Rows past the visible
      * blocks and chunks past the row width are zero-filled.  Chunk ch of
      * row r sits at ch ^ 4 (r & 1) when rows span a multiple of 128 bytes:
      * the fragment reads (rows r, r + 1, four chunks each per quarter
      * warp) then hit distinct banks. */
     const int n_steps = sg.always || nbv <= warp * TILE ? 0 : (nbv - warp * TILE + WARPS * TILE - 1) / (WARPS * TILE);
-    uint8_t *stage0 = dyn + SCORE_STAGE_OFF + (size_t)warp * NST * TILE * ROW;
+    uint8_t *stage0 = dyn + score_region(D, a.qt_width) + (size_t)warp * NST * TILE * ROW;
     auto swz = [](int r) { return (KJ % 2 == 0) ? 4 * (r & 1) : 0; };
     auto issue = [&](int k) {
         if (k < n_steps) {
@@ -331,9 +272,97 @@ __global__ void __launch_bounds__(THREADS) score_kernel(const score_args a)
 #pragma unroll
     for (int k = 0; k < NST; k++)
         issue(k);
-    for (int i = tid; i < HIST_BINS; i += THREADS)
-        sm_hist[i] = 0;
-    pdl_wait();   /* q~ complete; the previous step is complete through it */
+
+    /* This lane's entries of q (scaled): head n, channels 16 s + 2 c + 8 h
+     * and the next, as the A operand wants them. */
+    const float *qj = a.q + (size_t)it.x * G * D;
+    float2 qa[KS][2];
+    float amax = 0.f;
+#pragma unroll
+    for (int s = 0; s < KS; s++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float2 x = make_float2(0.f, 0.f);
+            if (n < G)
+                x = *reinterpret_cast<const float2 *>(qj + (size_t)n * D + 16 * s + 2 * c + 8 * h);
+            qa[s][h] = make_float2(x.x * a.qscale, x.y * a.qscale);
+            amax = fmaxf(amax, fmaxf(fabsf(qa[s][h].x), fabsf(qa[s][h].y)));
+        }
+    /* The block-score query: [min(q~, 0) | max(q~, 0) over the bounded
+     * channels | q~ over the others], matching the row layout; entries
+     * past kdim + kbound stay zero. */
+    const int kb = sg.kbound, kw = sg.kdim + sg.kbound;
+    for (int i = tid; i < MAX_G * W; i += THREADS)
+        if (i % W >= kw || i / W >= G)
+            sm_qb[i / W][i % W] = 0.f;
+    float *qt = a.qt + ((size_t)it.x * a.seg_max + it.y) * G * a.qt_width;
+    /* Channel ch of head n of q~ is x: into a.qt and the entries of sm_qb
+     * made from it. */
+    auto put = [&](int ch, float x) {
+        qt[(size_t)n * a.qt_width + ch] = x;
+        if (ch < kb) {
+            sm_qb[n][ch] = fminf(x, 0.f);
+            sm_qb[n][ch + kb] = fmaxf(x, 0.f);
+        } else if (ch < sg.kdim) {
+            sm_qb[n][ch + kb] = x;
+        }
+    };
+    for (int i = tid; i < G * (a.qt_width - dk); i += THREADS)   /* channels past dk are zero */
+        qt[(size_t)(i / (a.qt_width - dk)) * a.qt_width + dk + i % (a.qt_width - dk)] = 0.f;
+
+    if (rotated) {
+        const float2 sc = q_split_scale(warp_max_abs(amax));
+        uint32_t af[KS][4];
+#pragma unroll
+        for (int s = 0; s < KS; s++) {
+            split2<false>(qa[s][0].x * sc.x, qa[s][0].y * sc.x, af[s][0], af[s][1]);
+            split2<false>(qa[s][1].x * sc.x, qa[s][1].y * sc.x, af[s][2], af[s][3]);
+        }
+        cp_async_wait<NST>();   /* this thread's R_k chunks */
+        __syncthreads();        /* everyone's */
+        /* Warp w makes columns [16 p, 16 p + 16) for p = w, w + WARPS, ...:
+         * matrices (k half, column half) = (i & 1, i >> 1) for lane group i. */
+        float res[(D / 16 + WARPS - 1) / WARPS][2][2];
+        const int mi = lane >> 3, r8 = lane & 7;
+#pragma unroll
+        for (int pi = 0; pi < (D / 16 + WARPS - 1) / WARPS; pi++) {
+            const int p = warp + WARPS * pi;
+            if (p < dk / 16) {
+                float d0[4] = {}, d1[4] = {};
+#pragma unroll
+                for (int s = 0; s < KS; s++) {
+                    uint32_t b[4];
+                    ldmatrix_x4_trans(b, sm_rk + (16 * s + 8 * (mi & 1) + r8) * rkb + 16 * (2 * p + (mi >> 1)));
+                    mma<false>(d0, af[s], b[0], b[1]);
+                    mma<false>(d1, af[s], b[2], b[3]);
+                }
+                /* rows n (high parts) + rows n + 8 (low parts) */
+                res[pi][0][0] = (d0[0] + d0[2]) * sc.y;
+                res[pi][0][1] = (d0[1] + d0[3]) * sc.y;
+                res[pi][1][0] = (d1[0] + d1[2]) * sc.y;
+                res[pi][1][1] = (d1[1] + d1[3]) * sc.y;
+            }
+        }
+        if (n < G)
+#pragma unroll
+            for (int pi = 0; pi < (D / 16 + WARPS - 1) / WARPS; pi++) {
+                const int p = warp + WARPS * pi;
+                if (p < dk / 16)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        put(16 * p + 8 * h + 2 * c, res[pi][h][0]);
+                        put(16 * p + 8 * h + 2 * c + 1, res[pi][h][1]);
+                    }
+            }
+    } else if (n < G && warp == 0) {   /* q~ = q: warp 0 writes it */
+#pragma unroll
+        for (int s = 0; s < KS; s++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                put(16 * s + 8 * h + 2 * c, qa[s][h].x);
+                put(16 * s + 8 * h + 2 * c + 1, qa[s][h].y);
+            }
+    }
 
     uint32_t *keys = a.keys + (size_t)it.x * a.kstride + sg.first_block;
     uint8_t *wts = a.wts + (size_t)it.x * a.kstride + sg.first_block;
@@ -344,29 +373,13 @@ __global__ void __launch_bounds__(THREADS) score_kernel(const score_args a)
         }
         return;
     }
-    const float *qt = a.qt + ((size_t)it.x * a.seg_max + it.y) * G * a.qt_width;
-    /* The block-score query: [min(q~, 0) | max(q~, 0) over the bounded
-     * channels | q~ over the others], matching the row layout. */
-    const int kb = sg.kbound, kw = sg.kdim + sg.kbound;
-    /* All of this thread's reads of q~ first: one wait, not one per entry. */
-    constexpr int QB_PER = (MAX_G * W + THREADS - 1) / THREADS;
-    float qv[QB_PER];
-#pragma unroll
-    for (int r = 0; r < QB_PER; r++) {
-        const int i = tid + r * THREADS, g = i / W, c = i % W;
-        const int src = c < kb ? c : c - kb;   /* the channel entry c is made from */
-        qv[r] = i < G * W && c < kw ? qt[g * a.qt_width + src] : 0.f;
-    }
-#pragma unroll
-    for (int r = 0; r < QB_PER; r++) {
-        const int i = tid + r * THREADS, g = i / W, c = i % W;
-        if (i < G * W)
-            sm_qb[g][c] = c < kb ? fminf(qv[r], 0.f) : c < 2 * kb ? fmaxf(qv[r], 0.f) : qv[r];
-    }
-    __syncthreads();
+    __syncthreads();   /* sm_qb complete; R_k read by every warp */
+    for (int i = tid; i < HIST_BINS; i += THREADS)
+        sm_hist[i] = 0;
     /* Every warp reads every head row whole: the same scale in each. */
     q_regs<KJ> qr;
     const float2 qsc = row_fragments<KJ>(n < G ? sm_qb[n] : nullptr, qr);
+    __syncthreads();   /* the histogram zeroed */
 
     /* One warp scores 16 blocks per step like 16 tokens of attention. */
     const int ra = half_a_token(n), rb = half_b_token(n);
@@ -1446,12 +1459,10 @@ extern "C" int mkv_cuda_packed_plan(const mkv_packed_cache *c, const mkv_packed_
                         what, rec_most, smem, smem_max);
     MKV_CUDA_CHECK(cudaFuncSetAttribute(ak, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     MKV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ak, THREADS, smem));
-    /* qrot_kernel: R_k of up to 128 x 128 fp16 plus its sums; score_kernel:
-     * the histogram and the block-key stages.  Both pass the 48 KB default. */
-    MKV_CUDA_CHECK(cudaFuncSetAttribute(D == 64 ? qrot_kernel<64> : qrot_kernel<128>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)qrot_smem()));
+    /* score_kernel: R_k (up to 128 x 128 fp16, padded rows) or the
+     * histogram, and the block-key stages: may pass the 48 KB default. */
     MKV_CUDA_CHECK(cudaFuncSetAttribute(score_kernel_for(D, p->score_kj), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)score_smem(p->score_kj)));
+                                        (int)score_smem(D, p->dkmax, p->score_kj)));
     /* Parts per segment: enough items for two waves of the attention
      * kernel, as long as each part keeps a few tiles per warp. */
     {
@@ -1561,11 +1572,9 @@ extern "C" int mkv_cuda_packed_select(const mkv_packed_plan *p, const float *q, 
         a.qscale = p->qscale;
         /* The first kernel of a step waits for everything before it (the
          * previous step still reads the q~, keys and histograms this step
-         * rewrites); scoring waits for it programmatically. */
-        MKV_CUDA_CHECK(launch(c->head_dim == 64 ? qrot_kernel<64> : qrot_kernel<128>, n_items, THREADS,
-                              qrot_smem(), st, false, a));
-        MKV_CUDA_CHECK(launch(score_kernel_for(c->head_dim, p->score_kj), n_items, THREADS, score_smem(p->score_kj),
-                              st, pdl, a));
+         * rewrites): launched plainly. */
+        MKV_CUDA_CHECK(launch(score_kernel_for(c->head_dim, p->score_kj), n_items, THREADS,
+                              score_smem(c->head_dim, p->dkmax, p->score_kj), st, false, a));
     }
     select_args s = {};
     s.jobs = p->d_jobs.as<job_info>();

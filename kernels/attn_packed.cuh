@@ -1,16 +1,17 @@
 /* Packed MosaicKV attention: what attn_packed.cu, encode.cu and bench.cu
  * share (C++; the C door is kernels/mkv_cuda.h).
  *
- * One decode step is five kernels on one stream:
- *   qrot_kernel    per (request x KV head = "job", visible segment):
- *                  q~ = q R_k, kept for the scoring and the attention;
- *   score_kernel   per (job, segment): the block keys staged in shared
- *                  memory by cp.async (issued before q~ is waited for),
- *                  block scores q~ . kbar on the tensor cores (the same
- *                  mma path as the attention scores), aggregated over the
- *                  group's heads, written as order-preserving 32-bit keys,
- *                  and a weighted histogram of their top 12 bits per job
- *                  (the first digit of the selection, fused into scoring);
+ * One decode step is four kernels on one stream:
+ *   score_kernel   per (request x KV head = "job", visible segment): R_k
+ *                  and the first block keys staged in shared memory by
+ *                  cp.async together; q~ = q R_k on the tensor cores
+ *                  (ldmatrix of R_k, q as fp16 hi + lo parts), kept for
+ *                  the attention; block scores q~ . kbar on the tensor
+ *                  cores (the same mma path as the attention scores),
+ *                  aggregated over the group's heads, written as
+ *                  order-preserving 32-bit keys, and a weighted histogram
+ *                  of their top 12 bits per job (the first digit of the
+ *                  selection, fused into scoring);
  *   select_kernel  per job: the token budget's threshold: the key K* and,
  *                  among blocks scored exactly K*, the last block id taken,
  *                  found digit by digit (12 + 12 + 8 bits) from the fused

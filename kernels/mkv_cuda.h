@@ -204,7 +204,7 @@ int mkv_cuda_quest_selection(const mkv_quest_plan *p, int32_t *pages, int32_t *c
  * out are float [batch][n_heads][head_dim] as for dense attention.  Limits:
  * head_dim 64 or 128, 1..8 query heads per KV head, B in {1, 2, 4, 8, 16};
  * others MKV_EUNSUP with the reason.  Running a plan only queues kernels on
- * the stream (q R_k -> score -> select -> attend -> merge; the later
+ * the stream (q R_k and score -> select -> attend -> merge; the later
  * ones overlap their launch with the earlier ones through programmatic
  * dependent launch unless MKV_NO_PDL is set). */
 typedef struct {

@@ -23,6 +23,10 @@ constexpr int SEL_THREADS = 1024;   /* select_kernel: block_scan assumes 32 warp
 constexpr int DENSE_CHUNK = 32;     /* dense rows staged at once by dense_partial */
 constexpr int STAGES = 3;           /* tiles copied in flight per warp, the one computed included */
 constexpr int WIN = 512;            /* blocks of a segment compacted at once (4 per thread) */
+/* Bytes between the records of a staged tile: the same row of consecutive
+ * records then starts in the other half of the banks, so the expansion's
+ * loads of tokens 8 apart do not collide. */
+constexpr int REC_GAP = 64;
 
 /* ---------------------------------------------------------------- small pieces */
 
@@ -675,7 +679,7 @@ struct attend_args {
     float2 *part_ml;
     int64_t kstride;
     int seg_max, G, block, bshift, nparts;   /* block = 1 << bshift */
-    int stage_bytes;         /* bytes of one stage buffer (a tile of the largest records) */
+    int stage_bytes;         /* bytes of one stage buffer (a tile of the largest records, REC_GAP apart) */
     float qscale;
 };
 
@@ -879,7 +883,7 @@ __global__ void __launch_bounds__(THREADS, (DKMAX + DVMAX <= 128 ? 4 : 2)) atten
     for (int q = 0; q < 4; q++)
         key0[q] = 4 * tid + q < nbv ? keys[4 * tid + q] : 0u;
     const int TB = TILE / B;                 /* blocks per 16-token tile */
-    const int rec = sg.rec_bytes, tile_bytes = TB * rec;
+    const int rec = sg.rec_bytes, rstride = rec + REC_GAP, tile_bytes = TB * rstride;
     /* This lane's vector in the chunk metadata: tensor (K, V), token. */
     const int m_tensor = lane >> 4, m_tok = lane & 15;
     const int m_words = m_tensor ? sg.dv / 32 : (sg.dpk + 31) / 32, m_r = m_tensor ? sg.rv : sg.rk;
@@ -942,7 +946,7 @@ __global__ void __launch_bounds__(THREADS, (DKMAX + DVMAX <= 128 ? 4 : 2)) atten
                 fence_to_bulk();
                 mbar_expect_bytes(&bar[slot], (uint32_t)(nblk * rec));
                 for (int s = 0; s < nblk; s++)
-                    bulk_copy(dst + s * rec, src_seg + (int64_t)sm_list[li0 + s] * rec, (uint32_t)rec, &bar[slot]);
+                    bulk_copy(dst + s * rstride, src_seg + (int64_t)sm_list[li0 + s] * rec, (uint32_t)rec, &bar[slot]);
             }
         };
 #pragma unroll
@@ -970,7 +974,7 @@ __global__ void __launch_bounds__(THREADS, (DKMAX + DVMAX <= 128 ? 4 : 2)) atten
                     ok = tok <= jb.pos && tok < seg_end;
                 }
                 vmask = __ballot_sync(FULL, ok) & 0xffffu;
-                const int r0 = (t >> bs) * rec, row = t & (B - 1);
+                const int r0 = (t >> bs) * rstride, row = t & (B - 1);
                 const uint32_t *mp = reinterpret_cast<const uint32_t *>(buf + r0 + m_mask) + row * m_words;
                 uint32_t at = (uint32_t)(r0 + m_vals + 2 * row * m_r);
                 uint32_t *mo = meta + (m_tensor * TILE + t) * CHS;
@@ -1446,7 +1450,7 @@ extern "C" int mkv_cuda_packed_plan(const mkv_packed_cache *c, const mkv_packed_
     /* score kernel builds: rows of 64, 128, 160 or 256 channels */
     p->score_kj = p->score_kj <= 2 ? 2 : p->score_kj <= 4 ? 4 : p->score_kj <= 5 ? 5 : 8;
     p->kstride = ((int64_t)nb_most + 3) / 4 * 4;
-    p->stage_bytes = (TILE / B) * rec_most;
+    p->stage_bytes = (TILE / B) * (rec_most + REC_GAP);
 
     const attend_fn ak = attend_kernel_for(D, p->dkmax, p->dvmax);
     const size_t smem = attend_smem_for(D, p->dkmax, p->dvmax, p->stage_bytes);

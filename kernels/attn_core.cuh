@@ -484,8 +484,8 @@ __global__ void __launch_bounds__(THREADS, MINB) split_kernel(const split_args a
             if (!ok)
                 s[u] = -INFINITY;
         }
-        /* (a page attended only for a few sink or recent tokens may leave
-         * a whole tile out) */
+        /* A page attended only for a few sink or recent tokens may leave
+         * a whole tile out: softmax_step takes a tile of -inf. */
         uint32_t pa[4];
         softmax_step<NT, BF16, false>(s, m_run, l_run, o, pa);
         tile_pv<D, BF16>(pa, vr, o);

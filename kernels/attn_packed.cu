@@ -19,7 +19,7 @@ using namespace mkv_packed;
 namespace {
 
 constexpr unsigned FULL = 0xffffffffu;
-constexpr int SEL_THREADS = 1024;   /* select_kernel: block_scan assumes 32 warps */
+constexpr int SEL_THREADS = 1024;   /* select_kernel: find_top takes 4 of the 4096 first-digit bins per thread */
 constexpr int DENSE_CHUNK = 32;     /* dense rows staged at once by dense_partial */
 constexpr int STAGES = 3;           /* tiles copied in flight per warp, the one computed included */
 constexpr int WIN = 512;            /* blocks of a segment compacted at once (4 per thread) */
@@ -85,11 +85,10 @@ __device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_
 
 /* The 8 channels of chunk byte m8 of one packed vector as the 16 bytes a
  * dense row would hold there: kept channel e (bit e of m8) takes the next
- * value of vals from index base on, the others are zero.  Each kept bit
- * advances the pointer: a predicated load and add per channel. */
-__device__ __forceinline__ uint4 expand8(const uint16_t *vals, int base, uint32_t m8)
+ * value from v on, the others are zero.  Each kept bit advances the
+ * pointer: a predicated load and add per channel. */
+__device__ __forceinline__ uint4 expand8(const uint16_t *v, uint32_t m8)
 {
-    const uint16_t *v = vals + base;
     uint32_t h[8];
 #pragma unroll
     for (int e = 0; e < 8; e++) {
@@ -326,38 +325,23 @@ __global__ void __launch_bounds__(THREADS) score_kernel(const score_args a)
         __syncthreads();        /* everyone's */
         /* Warp w makes columns [16 p, 16 p + 16) for p = w, w + WARPS, ...:
          * matrices (k half, column half) = (i & 1, i >> 1) for lane group i. */
-        float res[(D / 16 + WARPS - 1) / WARPS][2][2];
         const int mi = lane >> 3, r8 = lane & 7;
+        for (int p = warp; p < dk / 16; p += WARPS) {
+            float d[2][4] = {};
 #pragma unroll
-        for (int pi = 0; pi < (D / 16 + WARPS - 1) / WARPS; pi++) {
-            const int p = warp + WARPS * pi;
-            if (p < dk / 16) {
-                float d0[4] = {}, d1[4] = {};
+            for (int s = 0; s < KS; s++) {
+                uint32_t b[4];
+                ldmatrix_x4_trans(b, sm_rk + (16 * s + 8 * (mi & 1) + r8) * rkb + 16 * (2 * p + (mi >> 1)));
+                mma<false>(d[0], af[s], b[0], b[1]);
+                mma<false>(d[1], af[s], b[2], b[3]);
+            }
+            if (n < G)   /* rows n (high parts) + rows n + 8 (low parts) */
 #pragma unroll
-                for (int s = 0; s < KS; s++) {
-                    uint32_t b[4];
-                    ldmatrix_x4_trans(b, sm_rk + (16 * s + 8 * (mi & 1) + r8) * rkb + 16 * (2 * p + (mi >> 1)));
-                    mma<false>(d0, af[s], b[0], b[1]);
-                    mma<false>(d1, af[s], b[2], b[3]);
+                for (int h = 0; h < 2; h++) {
+                    put(16 * p + 8 * h + 2 * c, (d[h][0] + d[h][2]) * sc.y);
+                    put(16 * p + 8 * h + 2 * c + 1, (d[h][1] + d[h][3]) * sc.y);
                 }
-                /* rows n (high parts) + rows n + 8 (low parts) */
-                res[pi][0][0] = (d0[0] + d0[2]) * sc.y;
-                res[pi][0][1] = (d0[1] + d0[3]) * sc.y;
-                res[pi][1][0] = (d1[0] + d1[2]) * sc.y;
-                res[pi][1][1] = (d1[1] + d1[3]) * sc.y;
-            }
         }
-        if (n < G)
-#pragma unroll
-            for (int pi = 0; pi < (D / 16 + WARPS - 1) / WARPS; pi++) {
-                const int p = warp + WARPS * pi;
-                if (p < dk / 16)
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        put(16 * p + 8 * h + 2 * c, res[pi][h][0]);
-                        put(16 * p + 8 * h + 2 * c + 1, res[pi][h][1]);
-                    }
-            }
     } else if (n < G && warp == 0) {   /* q~ = q: warp 0 writes it */
 #pragma unroll
         for (int s = 0; s < KS; s++)
@@ -993,7 +977,7 @@ __global__ void __launch_bounds__(THREADS, (DKMAX + DVMAX <= 128 ? 4 : 2)) atten
             auto valid = [&](int t) { return (vmask >> t & 1u) != 0; };
             auto chunk = [&](int tensor, int t, int ch) {
                 const uint32_t x = meta[(tensor * TILE + t) * CHS + ch];
-                return expand8(reinterpret_cast<const uint16_t *>(buf + (x & 0xffffu)), 0, x >> 16);
+                return expand8(reinterpret_cast<const uint16_t *>(buf + (x & 0xffffu)), x >> 16);
             };
             uint4 kr[2][KJ];
 #pragma unroll

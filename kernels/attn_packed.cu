@@ -809,10 +809,12 @@ __device__ __noinline__ void dense_partial(const attend_args &a, int job, uint8_
     }
 }
 
-/* Dynamic shared memory of attend_kernel: [WARPS][MAX_G][DVMAX] floats of
- * per-warp accumulators, [WARPS + 1][MAX_G] maxima and sums (row WARPS:
- * the folded ones), the block list, the scan scratch, the warps' chunk
- * metadata ([2][TILE][CHS] words: K, V), then the warps' stage buffers. */
+/* Dynamic shared memory of attend_kernel: [WARPS + 1][MAX_G] maxima and
+ * sums (row WARPS: the folded ones), the block list, the scan scratch, the
+ * warps' chunk metadata ([2][TILE][CHS] words: K, V), then the warps'
+ * stage buffers, which the fold reuses for the [WARPS][MAX_G][DVMAX]
+ * per-warp accumulators once every tile is computed (8 KB less per block
+ * with 64-channel values: room for the fifth block per SM). */
 template <int DKMAX, int DVMAX>
 struct attend_smem {
     /* 8-channel chunks per vector, padded to an odd count: conflict-free reads */
@@ -823,27 +825,35 @@ struct attend_smem {
     static constexpr size_t scan_bytes = sizeof(int) * 32;
     static constexpr size_t meta_bytes = (sizeof(uint32_t) * WARPS * 2 * TILE * CHS + 15) / 16 * 16;
     static constexpr size_t bar_bytes = (sizeof(uint64_t) * WARPS * STAGES + 15) / 16 * 16;
-    static constexpr size_t fixed = o_bytes + ml_bytes + list_bytes + scan_bytes + meta_bytes + bar_bytes;
-    static size_t total(int stage_bytes) { return fixed + (size_t)WARPS * STAGES * stage_bytes; }
+    static constexpr size_t fixed = ml_bytes + list_bytes + scan_bytes + meta_bytes + bar_bytes;
+    static size_t total(int stage_bytes)
+    {
+        const size_t st = (size_t)WARPS * STAGES * stage_bytes;
+        return fixed + (st > o_bytes ? st : o_bytes);
+    }
 };
 
+/* Five blocks per SM with 64-channel keys and values (96 registers):
+ * more items in flight hide more of each item's prologue and fold; timed
+ * 1.4-2.9% faster per step than four (docs/BENCHMARKS.md, session 6);
+ * six (80 registers) spill and lose 7%. */
 template <int D, int DKMAX, int DVMAX>
-__global__ void __launch_bounds__(THREADS, (DKMAX + DVMAX <= 128 ? 4 : 2)) attend_kernel(const __grid_constant__ attend_args a)
+__global__ void __launch_bounds__(THREADS, (DKMAX + DVMAX <= 128 ? 5 : 2)) attend_kernel(const __grid_constant__ attend_args a)
 {
     constexpr int KJ = DKMAX / 32, VH = DVMAX / 64, NT = DVMAX / 8;
     constexpr int NW = (DKMAX > DVMAX ? DKMAX : DVMAX) / 32;   /* bitmap words per vector at most */
     using smem = attend_smem<DKMAX, DVMAX>;
     constexpr int CHS = smem::CHS;
     extern __shared__ __align__(16) uint8_t dyn[];
-    float(*sm_o)[MAX_G][DVMAX] = reinterpret_cast<float(*)[MAX_G][DVMAX]>(dyn);
-    float(*sm_m)[MAX_G] = reinterpret_cast<float(*)[MAX_G]>(dyn + smem::o_bytes);
-    float(*sm_l)[MAX_G] = reinterpret_cast<float(*)[MAX_G]>(dyn + smem::o_bytes + smem::ml_bytes / 2);
-    int *sm_list = reinterpret_cast<int *>(dyn + smem::o_bytes + smem::ml_bytes);
-    int *sm_scan = reinterpret_cast<int *>(dyn + smem::o_bytes + smem::ml_bytes + smem::list_bytes);
-    uint32_t *sm_meta = reinterpret_cast<uint32_t *>(dyn + smem::o_bytes + smem::ml_bytes + smem::list_bytes +
-                                                     smem::scan_bytes);
+    float(*sm_m)[MAX_G] = reinterpret_cast<float(*)[MAX_G]>(dyn);
+    float(*sm_l)[MAX_G] = reinterpret_cast<float(*)[MAX_G]>(dyn + smem::ml_bytes / 2);
+    int *sm_list = reinterpret_cast<int *>(dyn + smem::ml_bytes);
+    int *sm_scan = reinterpret_cast<int *>(dyn + smem::ml_bytes + smem::list_bytes);
+    uint32_t *sm_meta = reinterpret_cast<uint32_t *>(dyn + smem::ml_bytes + smem::list_bytes + smem::scan_bytes);
     uint64_t *sm_bar = reinterpret_cast<uint64_t *>(dyn + smem::fixed - smem::bar_bytes);
     uint8_t *stages = dyn + smem::fixed;
+    /* the fold's accumulators: over the stage buffers, which are idle by then */
+    float(*sm_o)[MAX_G][DVMAX] = reinterpret_cast<float(*)[MAX_G][DVMAX]>(stages);
 
     const int4 it = a.items[blockIdx.x];
     if (it.z < 0) {   /* the dense tokens need q only: no wait */
@@ -1007,7 +1017,9 @@ __global__ void __launch_bounds__(THREADS, (DKMAX + DVMAX <= 128 ? 4 : 2)) atten
     }
 
     /* Fold the warps' states (rotated space), then rotate back once: this
-     * thread's row of R_v is loaded first, its latency behind the fold. */
+     * thread's row of R_v is loaded first, its latency behind the fold.
+     * Every warp is past the last window's barrier, every copy consumed:
+     * sm_o may overwrite the stage buffers. */
     const uint16_t *R = sg.rv_off >= 0 ? a.rotations + sg.rv_off : nullptr;
     rot_frags<D, DVMAX> rf;
     rot_frags_load<D, DVMAX>(R, sg.dv, rf);

@@ -23,7 +23,7 @@
  *                  key > K* (or = K* and id <= cut) compacted in shared
  *                  memory, their records streamed into shared memory by
  *                  bulk copies (one per record, issued by one lane and
- *                  counted in by an mbarrier) three tiles ahead per warp,
+ *                  counted in by an mbarrier) two tiles ahead per warp,
  *                  expanded into the register fragments a dense 16-token
  *                  tile would have (positions by popcount, zeros
  *                  elsewhere), scores and P V on the tensor cores

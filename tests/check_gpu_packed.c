@@ -749,6 +749,21 @@ START_TEST(test_long_segment)
 }
 END_TEST
 
+/* Heads of thousands of blocks: the selection's passes over the keys take
+ * several loads per thread; with equal scores every key reaches the last
+ * digit and the tie is cut in id order (eq_cut) over 9000 blocks. */
+START_TEST(test_many_blocks)
+{
+    pstats st = {0};
+    pcase pc = {"fixed B=4 (5000+ blocks) d=64 G=4", 64, 4, 4, 1,
+                20000 + (int64_t)mkv_rng_below(&rng, 2000), config(0, 4, 2048, 16, 1, 1), 0.1, 0, 0, 0};
+    run_case(&pc, &st);
+    pcase pt = {"equal scores (9000 blocks) d=64 G=4", 64, 4, 4, 1, 36000,
+                config(0, 4, 100000, 16, 1, 1), 0.1, 0, 0, 1};
+    run_case(&pt, &st);
+}
+END_TEST
+
 /* A temporary region of GPU-encoded tokens: always attended. */
 START_TEST(test_temporary_region)
 {
@@ -1035,6 +1050,7 @@ static Suite *packed_suite(void)
     tcase_add_test(tc, test_full_budget);
     tcase_add_test(tc, test_ties);
     tcase_add_test(tc, test_long_segment);
+    tcase_add_test(tc, test_many_blocks);
     tcase_add_test(tc, test_temporary_region);
     suite_add_tcase(s, tc);
     tc = tcase_create("encode");

@@ -19,7 +19,8 @@
  *  - equal block scores: the lowest blocks are taken, exactly as the CPU;
  *  - a segment of more blocks than the attention compacts at once (1024
  *    blocks of 4 against a window of 512): the block list is rebuilt and
- *    the copy pipeline continues across windows;
+ *    the copy pipeline continues across windows; heads of 5000+ and of
+ *    9000 blocks, the latter with every score tied;
  *  - budget 1: every block, output equal to the CPU's;
  *  - the temporary region: tokens appended by the GPU encoder are always
  *    attended and count towards the budget (reference computed here from
@@ -738,29 +739,22 @@ START_TEST(test_ties)
 }
 END_TEST
 
-/* A segment of 1024 blocks: two compaction windows of the attention
- * (WIN in kernels/attn_packed.cu), four blocks a tile. */
-START_TEST(test_long_segment)
+/* Long heads: a segment of 1024 blocks (two compaction windows of the
+ * attention, WIN in kernels/attn_packed.cu, four blocks a tile), heads of
+ * 5000+ and 9000 blocks (the selection's passes take several loads per
+ * thread), the latter with every score tied (eq_cut over 9000 blocks). */
+START_TEST(test_long_heads)
 {
     pstats st = {0};
-    pcase pc = {"fixed B=4 S=4096 (1024 blocks, two windows) d=64 G=4", 64, 4, 4, 1, 5000,
-                config(0, 4, 4096, 16, 1, 1), 0.1, 0, 0, 0};
-    run_case(&pc, &st);
-}
-END_TEST
-
-/* Heads of thousands of blocks: the selection's passes over the keys take
- * several loads per thread; with equal scores every key reaches the last
- * digit and the tie is cut in id order (eq_cut) over 9000 blocks. */
-START_TEST(test_many_blocks)
-{
-    pstats st = {0};
-    pcase pc = {"fixed B=4 (5000+ blocks) d=64 G=4", 64, 4, 4, 1,
-                20000 + (int64_t)mkv_rng_below(&rng, 2000), config(0, 4, 2048, 16, 1, 1), 0.1, 0, 0, 0};
-    run_case(&pc, &st);
-    pcase pt = {"equal scores (9000 blocks) d=64 G=4", 64, 4, 4, 1, 36000,
-                config(0, 4, 100000, 16, 1, 1), 0.1, 0, 0, 1};
-    run_case(&pt, &st);
+    pcase cases[] = {
+        {"fixed B=4 S=4096 (1024 blocks, two windows) d=64 G=4", 64, 4, 4, 1, 5000, config(0, 4, 4096, 16, 1, 1), 0.1,
+         0, 0, 0},
+        {"fixed B=4 (5000+ blocks) d=64 G=4", 64, 4, 4, 1, 20000 + (int64_t)mkv_rng_below(&rng, 2000),
+         config(0, 4, 2048, 16, 1, 1), 0.1, 0, 0, 0},
+        {"equal scores (9000 blocks) d=64 G=4", 64, 4, 4, 1, 36000, config(0, 4, 100000, 16, 1, 1), 0.1, 0, 0, 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        run_case(&cases[i], &st);
 }
 END_TEST
 
@@ -1049,8 +1043,7 @@ static Suite *packed_suite(void)
     tcase_add_test(tc, test_strategies);
     tcase_add_test(tc, test_full_budget);
     tcase_add_test(tc, test_ties);
-    tcase_add_test(tc, test_long_segment);
-    tcase_add_test(tc, test_many_blocks);
+    tcase_add_test(tc, test_long_heads);
     tcase_add_test(tc, test_temporary_region);
     suite_add_tcase(s, tc);
     tc = tcase_create("encode");

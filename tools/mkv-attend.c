@@ -145,11 +145,21 @@ typedef struct {
     mkv_common_opts common;
 } attend_args;
 
-/* "32K,1M" etc. into out (at most MKV_BENCH_MAX_LIST); exits 2 on a bad list. */
+/* "32K,1M" etc. into out (at most MKV_BENCH_MAX_LIST); exits 2 on a bad
+ * list, an empty entry ("32K,,1M") included. */
 static int parse_list(const char *arg, const char *name, int is_size, double lo, double hi, double *out)
 {
     char buf[512];
+    if (strlen(arg) >= sizeof buf) {
+        mkv_usage_error("invalid value for --%s: longer than %zu characters", name, sizeof buf - 1);
+        exit(2);
+    }
     snprintf(buf, sizeof buf, "%s", arg);
+    if (buf[0] != '\0' && strspn(buf, ",") < strlen(buf)
+        && (buf[0] == ',' || buf[strlen(buf) - 1] == ',' || strstr(buf, ",,"))) {
+        mkv_usage_error("invalid value '%s' for --%s: empty entry", arg, name);
+        exit(2);
+    }
     int n = 0;
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         if (n == MKV_BENCH_MAX_LIST) {
@@ -303,6 +313,16 @@ static void parse_args(int argc, char **argv, attend_args *a)
         }
         if (a->common.device == MKV_DEVICE_CPU)
             misuse("--bench runs on the GPU: --device cpu does not apply");
+        if (a->budget)
+            misuse("--budget applies to a dump; --bench takes --budgets");
+        if (a->reference || a->summary_only || a->check_cpu)
+            misuse("-r, --summary and --check-cpu apply to a dump, not to --bench");
+        /* The packed caches' geometry; the benchmark checks it again for
+         * library callers, after the device is found. */
+        if (a->bo.block & (a->bo.block - 1))
+            misuse("--block must be a power of two (1, 2, 4, 8 or 16)");
+        if (a->bo.segment < a->bo.block)
+            misuse("--segment must be at least --block");
         return;
     }
     if (a->bench_opt_seen)

@@ -2,17 +2,23 @@
 # mkv-attend --device gpu against the CPU reference on the bundled real dump
 # (data/sample.h5: SmolLM2-135M, float16, head_dim 64, 3 query heads per KV
 # head, 64 queries at the end of 2029 tokens), compressed with full, quest,
-# mosaic (dynamic strategy, one segment per head) and mosaic (fixed strategy,
-# groups of 2 channels, segments of 512 tokens).
+# mosaic (dynamic strategy, one segment per head), mosaic (fixed strategy,
+# groups of 2 channels, segments of 512 tokens) and uniform2d (the same r
+# first rotated channels for every vector: the packed kernel without
+# bitmaps).
 #
 # --check-cpu makes mkv-attend answer every (query, layer, query head) with
 # both devices: where both attended the same tokens, the GPU output must be
 # within 1e-4 (relative L2) of the CPU's (the issue's bound for float32
 # inputs; the stored 16-bit values are the same on both sides); the token
 # counts may differ only where a block or page scores at the selection
-# threshold (at most 2% of the rows for quest and mosaic, none for full).
+# threshold (at most 2% of the rows for quest, mosaic and uniform2d, none for
+# full).
 # The GPU table must also match the plain CPU table row by row: same rows,
 # same recall and bytes_read where the tokens agree, rel_l2 within 1e-4.
+# --device auto must pick the GPU for each of these methods (the summary's
+# device column, the -v line, no fallback message); for kivi, which has no
+# GPU path, it falls back to the CPU with a message.
 # Skips (77) without the tools or without a usable GPU.
 top_builddir=$(cd "${top_builddir:-.}" && pwd) || exit 1
 top_srcdir=$(cd "${top_srcdir:-.}" && pwd) || exit 1
@@ -30,6 +36,12 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/gpu_attend.XXXXXX") || exit 1
 trap 'rm -rf "$tmp"' EXIT
 trap 'exit 1' HUP INT TERM
 cd "$tmp" || exit 1
+# MKV_ATTEND_WRAPPER: a command that every mkv-attend runs under (scripts/bench-gpu
+# --sanitize sets compute-sanitizer there).
+if [ -n "${MKV_ATTEND_WRAPPER:-}" ]; then
+    printf '#!/bin/sh\nexec %s "%s" "$@"\n' "$MKV_ATTEND_WRAPPER" "$ATTEND" >attend-wrapper &&
+        chmod +x attend-wrapper && ATTEND=$tmp/attend-wrapper || exit 1
+fi
 
 passed=0
 failed=0
@@ -50,8 +62,9 @@ fi
 "$COMPRESS" -q "$SAMPLE" -o c-mosaic.h5 -m mosaic || fail "compress mosaic"
 "$COMPRESS" -q "$SAMPLE" -o c-mosaic512.h5 -m mosaic -p segment=512 -p strategy=fixed -p group=2 ||
     fail "compress mosaic (fixed, g=2, S=512)"
+"$COMPRESS" -q "$SAMPLE" -o c-uniform2d.h5 -m uniform2d || fail "compress uniform2d"
 
-for m in full quest mosaic mosaic512; do
+for m in full quest mosaic mosaic512 uniform2d; do
     if ! "$ATTEND" -q c-$m.h5 --device gpu --check-cpu -o gpu-$m.tsv 2>err; then
         fail "$m: mkv-attend --device gpu: $(cat err)"
         continue
@@ -99,6 +112,16 @@ for m in full quest mosaic mosaic512; do
     fi
     "$ATTEND" -q c-$m.h5 --device gpu --summary >sum.tsv || fail "$m: --summary"
     if awk -F'\t' 'NR == 2 { exit !($3 == "gpu") }' sum.tsv; then pass; else fail "$m: the summary's device is not gpu"; fi
+    # auto picks the GPU where it can: the summary's device column, the -v
+    # line (tools/mkv-attend.c: "..., N threads on the CPU, attention on the
+    # GPU") and no "...; attending on the CPU" fallback message
+    "$ATTEND" -v c-$m.h5 --device auto --summary >sum.tsv 2>err || fail "$m: mkv-attend --device auto: $(cat err)"
+    if awk -F'\t' 'NR == 2 { exit !($3 == "gpu") }' sum.tsv && grep -q ', attention on the GPU$' err &&
+        ! grep -q 'attending on the CPU' err; then
+        pass
+    else
+        fail "$m: --device auto did not pick the GPU: device $(awk -F'\t' 'NR == 2 { print $3 }' sum.tsv); $(cat err)"
+    fi
 done
 
 # A method without a GPU path: auto falls back to the CPU and says so.

@@ -93,11 +93,11 @@ int build_split_plan(split_plan *sp, const int64_t *tiles, const int64_t *length
     sp->n_items = (int)n_items;
     sp->chunk_tiles = (int)chunk;
     const size_t n_slot = (size_t)(n_items > 0 ? n_items : 1) * G;
-    MKV_CUDA_CHECK(cudaMalloc(&sp->items.ptr, sizeof(int4) * (items.empty() ? 1 : items.size())));
-    MKV_CUDA_CHECK(cudaMalloc(&sp->head_items.ptr, sizeof(int2) * head_items.size()));
-    MKV_CUDA_CHECK(cudaMalloc(&sp->len.ptr, sizeof(int64_t) * batch));
-    MKV_CUDA_CHECK(cudaMalloc(&sp->part_o.ptr, sizeof(float) * n_slot * D));
-    MKV_CUDA_CHECK(cudaMalloc(&sp->part_ml.ptr, sizeof(float2) * n_slot));
+    MKV_CUDA_CHECK(sp->items.alloc(sizeof(int4) * (items.empty() ? 1 : items.size())));
+    MKV_CUDA_CHECK(sp->head_items.alloc(sizeof(int2) * head_items.size()));
+    MKV_CUDA_CHECK(sp->len.alloc(sizeof(int64_t) * batch));
+    MKV_CUDA_CHECK(sp->part_o.alloc(sizeof(float) * n_slot * D));
+    MKV_CUDA_CHECK(sp->part_ml.alloc(sizeof(float2) * n_slot));
     if (!items.empty())
         MKV_CUDA_CHECK(cudaMemcpy(sp->items.ptr, items.data(), sizeof(int4) * items.size(),
                                   cudaMemcpyHostToDevice));
@@ -280,10 +280,10 @@ extern "C" int mkv_cuda_dense_attend_host(const mkv_attn_shape *s, const int64_t
     const size_t nq = (size_t)s->batch * s->n_heads * s->head_dim;
     const size_t nkv = (size_t)s->batch * s->n_kv_heads * (size_t)s->t_max * s->head_dim;
     mkv_device_buffer dq, dk, dv, dout;
-    MKV_CUDA_CHECK(cudaMalloc(&dq.ptr, nq * sizeof(float)));
-    MKV_CUDA_CHECK(cudaMalloc(&dout.ptr, nq * sizeof(float)));
-    MKV_CUDA_CHECK(cudaMalloc(&dk.ptr, (nkv ? nkv : 8) * sizeof(uint16_t)));
-    MKV_CUDA_CHECK(cudaMalloc(&dv.ptr, (nkv ? nkv : 8) * sizeof(uint16_t)));
+    MKV_CUDA_CHECK(dq.alloc(nq * sizeof(float)));
+    MKV_CUDA_CHECK(dout.alloc(nq * sizeof(float)));
+    MKV_CUDA_CHECK(dk.alloc((nkv ? nkv : 8) * sizeof(uint16_t)));
+    MKV_CUDA_CHECK(dv.alloc((nkv ? nkv : 8) * sizeof(uint16_t)));
     MKV_CUDA_CHECK(cudaMemcpy(dq.ptr, q, nq * sizeof(float), cudaMemcpyHostToDevice));
     MKV_CUDA_CHECK(cudaMemcpy(dk.ptr, k, nkv * sizeof(uint16_t), cudaMemcpyHostToDevice));
     MKV_CUDA_CHECK(cudaMemcpy(dv.ptr, v, nkv * sizeof(uint16_t), cudaMemcpyHostToDevice));

@@ -1207,7 +1207,7 @@ int cache_alloc(const mkv_packed_layout *l, mkv_packed_cache **out, mkv_error *e
         {&c->dense_v, dense},
     };
     for (auto &a : allocs) {
-        cudaError_t e = cudaMalloc(&a.b->ptr, a.bytes ? a.bytes : 16);
+        cudaError_t e = a.b->alloc(a.bytes);
         if (e != cudaSuccess) {
             (void)cudaGetLastError();
             delete c;
@@ -1514,7 +1514,7 @@ extern "C" int mkv_cuda_packed_plan(const mkv_packed_cache *c, const mkv_packed_
         {&p->sp.part_ml, sizeof(float2) * (size_t)slots * G},
     };
     for (auto &a : allocs) {
-        cudaError_t e = cudaMalloc(&a.b->ptr, a.bytes);
+        cudaError_t e = a.b->alloc(a.bytes);
         if (e != cudaSuccess) {
             (void)cudaGetLastError();
             return mkv_fail(err, e == cudaErrorMemoryAllocation ? MKV_ENOMEM : MKV_EGPU, "%s: plan: cudaMalloc(%zu): %s",

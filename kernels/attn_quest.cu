@@ -453,12 +453,12 @@ extern "C" int mkv_cuda_quest_plan(const mkv_attn_shape *s, const int64_t *lengt
     cudaError_t e = cudaSuccess;
     if ((e = cudaGetDevice(&dev)) != cudaSuccess
         || (e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess
-        || (e = cudaMalloc(&p->d_info.ptr, sizeof(req_info) * (size_t)s->batch)) != cudaSuccess
-        || (e = cudaMalloc(&p->window.ptr, sizeof(int2) * (size_t)s->batch)) != cudaSuccess
-        || (e = cudaMalloc(&p->keys.ptr, sizeof(uint32_t) * slots)) != cudaSuccess
-        || (e = cudaMalloc(&p->lists.ptr, sizeof(int32_t) * slots)) != cudaSuccess
-        || (e = cudaMalloc(&p->list_counts.ptr, sizeof(int32_t) * heads)) != cudaSuccess
-        || (e = cudaMalloc(&p->tokens.ptr, sizeof(int32_t) * heads)) != cudaSuccess
+        || (e = p->d_info.alloc(sizeof(req_info) * (size_t)s->batch)) != cudaSuccess
+        || (e = p->window.alloc(sizeof(int2) * (size_t)s->batch)) != cudaSuccess
+        || (e = p->keys.alloc(sizeof(uint32_t) * slots)) != cudaSuccess
+        || (e = p->lists.alloc(sizeof(int32_t) * slots)) != cudaSuccess
+        || (e = p->list_counts.alloc(sizeof(int32_t) * heads)) != cudaSuccess
+        || (e = p->tokens.alloc(sizeof(int32_t) * heads)) != cudaSuccess
         || (e = cudaMemcpy(p->d_info.ptr, p->info.data(), sizeof(req_info) * (size_t)s->batch,
                            cudaMemcpyHostToDevice)) != cudaSuccess
         || (e = cudaMemcpy(p->window.ptr, window.data(), sizeof(int2) * (size_t)s->batch,

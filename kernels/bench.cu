@@ -9,7 +9,14 @@
  * Timing: for each method, `warmup` steps, then `runs` steps each between
  * two events, all queued behind a spin kernel so that the GPU runs them
  * back to back whatever the host's launch rate; step i uses buffer set
- * i % n_sets, and the sets together are at least 4x the L2 size. */
+ * i % n_sets, and the sets together are at least 4x the L2 size.
+ *
+ * Memory (peak_mem_bytes): what one decode step of the method needs on the
+ * device, counted in bytes allocated (mkv_device_buffer): one cache in its
+ * format (cache_bytes), the queries and the output, the plan of one cache,
+ * and the most allocated at once while its steps ran (nothing, today).  Not
+ * the benchmark's other buffer sets (there for the L2 only), nor the CUDA
+ * context and code. */
 #include <algorithm>
 #include <memory>
 #include <new>
@@ -94,7 +101,7 @@ struct bench_case {
         std::unique_ptr<mkv_device_buffer> b(new (std::nothrow) mkv_device_buffer);
         if (!b)
             return mkv_fail(err, MKV_ENOMEM, "benchmark: out of host memory");
-        cudaError_t e = cudaMalloc(&b->ptr, bytes);
+        cudaError_t e = b->alloc(bytes);
         if (e != cudaSuccess) {
             (void)cudaGetLastError();
             return mkv_fail(err, e == cudaErrorMemoryAllocation ? MKV_ENOMEM : MKV_EGPU,
@@ -131,6 +138,8 @@ public:
     /* Bytes of one cache (one set) in the method's format. */
     virtual uint64_t cache_bytes(const bench_case &c) const { return c.set_bytes; }
     virtual bool has_select() const { return false; }
+    /* Device bytes of the plan one cache needs (measured by setup). */
+    uint64_t plan_bytes = 0;
 };
 
 class dense_method : public bench_method {
@@ -147,7 +156,10 @@ public:
     const char *backend() const override { return name_.c_str(); }
     int setup(bench_case &c, mkv_error *err) override
     {
-        return mkv_attn::dense_plan_variant(&c.shape, c.lengths.data(), minb_, &plan_, err);
+        const uint64_t held = mkv_device_bytes_now();
+        int rc = mkv_attn::dense_plan_variant(&c.shape, c.lengths.data(), minb_, &plan_, err);
+        plan_bytes = mkv_device_bytes_now() - held;
+        return rc;
     }
     int run(bench_case &c, int set, cudaStream_t st, cudaEvent_t mid, mkv_error *err) override
     {
@@ -170,9 +182,11 @@ public:
     bool has_select() const override { return true; }
     int setup(bench_case &c, mkv_error *err) override
     {
+        const uint64_t held = mkv_device_bytes_now();
         int rc = mkv_cuda_quest_plan(&c.shape, c.lengths.data(), NULL, &qp_, &plan_, err);
         if (rc != MKV_OK)
             return rc;
+        plan_bytes = mkv_device_bytes_now() - held;
         if (c.meta.empty()) {   /* metadata depends on K and the page size only: build it once per case */
             c.meta_bytes = mkv_cuda_quest_meta_elems(plan_) * 2;
             for (int i = 0; i < c.n_sets; i++) {
@@ -406,12 +420,14 @@ public:
         pp.n_kv_heads = s.n_kv_heads;
         pp.n_heads = s.n_heads;
         pp.budget = budget_;
+        const uint64_t held = mkv_device_bytes_now();
         for (auto &h : c.packed) {
             mkv_packed_plan *p = nullptr;
             if ((rc = mkv_cuda_packed_plan(h->c, &pp, heads.data(), pos.data(), &p, err)) != MKV_OK)
                 return rc;
             plans_.push_back(p);
         }
+        plan_bytes = (mkv_device_bytes_now() - held) / plans_.size();   /* the sets' plans are alike */
         return MKV_OK;
     }
     int run(bench_case &c, int set, cudaStream_t st, cudaEvent_t mid, mkv_error *err) override
@@ -533,8 +549,8 @@ static int measure_copy(const mkv_bench_opts *o, cudaStream_t st, int clock_khz,
 {
     const size_t bytes = (size_t)1 << 30;
     mkv_device_buffer a, b;
-    MKV_CUDA_CHECK(cudaMalloc(&a.ptr, bytes));
-    MKV_CUDA_CHECK(cudaMalloc(&b.ptr, bytes));
+    MKV_CUDA_CHECK(a.alloc(bytes));
+    MKV_CUDA_CHECK(b.alloc(bytes));
     fill_16<<<fill_blocks(bytes / 2), 256, 0, st>>>(a.as<uint16_t>(), bytes / 2, o->seed ^ 0xc0b1u, 1);
     MKV_CUDA_CHECK_LAUNCH();
     const int runs = o->runs;
@@ -564,6 +580,12 @@ static int measure_copy(const mkv_bench_opts *o, cudaStream_t st, int clock_khz,
 }
 
 /* --------------------------------------------------------------- output */
+
+/* Bytes of one set's queries (the output has as many). */
+static uint64_t q_bytes(const bench_case &c)
+{
+    return (uint64_t)c.shape.batch * c.shape.n_heads * c.shape.head_dim * sizeof(float);
+}
 
 static const char *TSV_HEADER =
     "impl\tbackend\tdtype\tbatch\tcontext\tn_heads\tn_kv_heads\thead_dim\tbudget\tn_sets\truns\t"
@@ -708,7 +730,7 @@ static int make_case(bench_case &c, const mkv_bench_opts *o, int batch, int64_t 
 static int outputs_finite(const bench_case &c, cudaStream_t st, bool *finite, mkv_error *err)
 {
     mkv_device_buffer bad;
-    MKV_CUDA_CHECK(cudaMalloc(&bad.ptr, sizeof(unsigned)));
+    MKV_CUDA_CHECK(bad.alloc(sizeof(unsigned)));
     MKV_CUDA_CHECK(cudaMemsetAsync(bad.ptr, 0, sizeof(unsigned), st));
     const size_t n = (size_t)c.shape.batch * c.shape.n_heads * c.shape.head_dim;
     count_nonfinite<<<fill_blocks(n), 256, 0, st>>>(c.out, n, bad.as<unsigned>());
@@ -810,8 +832,11 @@ extern "C" int mkv_bench_attention(const mkv_bench_opts *o, FILE *tsv, FILE *log
                 r.runs = o->runs;
                 mkv_error merr = {};
                 rc = m->setup(*c, &merr);
+                const uint64_t held = mkv_device_bytes_now();
+                mkv_device_bytes_reset_peak();
                 if (rc == MKV_OK)
                     rc = time_method(*m, *c, o, st, clock_khz, &r.t, &merr);
+                const uint64_t during = mkv_device_bytes_peak() - held;   /* allocated while it ran */
                 bool finite = false;
                 if (rc == MKV_OK)
                     rc = outputs_finite(*c, st, &finite, &merr);
@@ -820,11 +845,9 @@ extern "C" int mkv_bench_attention(const mkv_bench_opts *o, FILE *tsv, FILE *log
                         *err = merr;
                     return rc;
                 }
-                size_t fr = 0, tot = 0;
-                MKV_CUDA_CHECK(cudaMemGetInfo(&fr, &tot));
-                r.peak = tot - fr;
                 r.bytes = m->bytes_read(*c);
                 r.cache = m->cache_bytes(*c);
+                r.peak = r.cache + 2 * q_bytes(*c) + m->plan_bytes + during;
                 if (rc != MKV_OK) {
                     r.t = timing();
                     r.status = std::string("error: ") + merr.msg;

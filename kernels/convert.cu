@@ -130,8 +130,8 @@ extern "C" int mkv_cuda_f16_to_f32(const uint16_t *src, float *dst, size_t n, in
 
     const size_t chunk = n < MKV_CONVERT_CHUNK ? n : MKV_CONVERT_CHUNK;
     mkv_device_buffer d_src, d_dst;
-    MKV_CUDA_CHECK(cudaMalloc(&d_src.ptr, chunk * sizeof(uint16_t)));
-    MKV_CUDA_CHECK(cudaMalloc(&d_dst.ptr, chunk * sizeof(float)));
+    MKV_CUDA_CHECK(d_src.alloc(chunk * sizeof(uint16_t)));
+    MKV_CUDA_CHECK(d_dst.alloc(chunk * sizeof(float)));
     for (size_t off = 0; off < n; off += chunk) {
         const size_t m = n - off < chunk ? n - off : chunk;
         MKV_CUDA_CHECK(cudaMemcpy(d_src.ptr, src + off, m * sizeof(uint16_t),
@@ -161,8 +161,8 @@ extern "C" int mkv_cuda_f32_to_f16(const float *src, uint16_t *dst, size_t n, in
 
     const size_t chunk = n < MKV_CONVERT_CHUNK ? n : MKV_CONVERT_CHUNK;
     mkv_device_buffer d_src, d_dst;
-    MKV_CUDA_CHECK(cudaMalloc(&d_src.ptr, chunk * sizeof(float)));
-    MKV_CUDA_CHECK(cudaMalloc(&d_dst.ptr, chunk * sizeof(uint16_t)));
+    MKV_CUDA_CHECK(d_src.alloc(chunk * sizeof(float)));
+    MKV_CUDA_CHECK(d_dst.alloc(chunk * sizeof(uint16_t)));
     for (size_t off = 0; off < n; off += chunk) {
         const size_t m = n - off < chunk ? n - off : chunk;
         MKV_CUDA_CHECK(cudaMemcpy(d_src.ptr, src + off, m * sizeof(float),

@@ -4,7 +4,7 @@
  * Inside a function that returns an mkv_status and has an `mkv_error *err`
  * in scope:
  *
- *     MKV_CUDA_CHECK(cudaMalloc(&p, bytes));
+ *     MKV_CUDA_CHECK(buf.alloc(bytes));
  *     kernel<<<grid, block>>>(...);
  *     MKV_CUDA_CHECK_LAUNCH();
  *     MKV_CUBLAS_CHECK(cublasSgemm(...));
@@ -60,14 +60,47 @@
                             #call, (int)mkv_cusolver_s_, __FILE__, __LINE__);  \
     } while (0)
 
+/* Bytes held in mkv_device_buffers, now and at most since the last
+ * mkv_device_bytes_reset_peak() (kernels/devmem.cu): the benchmark's
+ * memory column. */
+void mkv_device_bytes_add(int64_t delta);
+uint64_t mkv_device_bytes_now();
+uint64_t mkv_device_bytes_peak();
+void mkv_device_bytes_reset_peak();
+
 /* Device memory freed when it goes out of scope, so an early return from a
- * check macro does not leak. */
+ * check macro does not leak; every device allocation of kernels/ goes
+ * through alloc(), which counts it. */
 struct mkv_device_buffer {
     void *ptr = nullptr;
+    size_t bytes = 0;
     mkv_device_buffer() = default;
     mkv_device_buffer(const mkv_device_buffer &) = delete;
     mkv_device_buffer &operator=(const mkv_device_buffer &) = delete;
-    ~mkv_device_buffer() { if (ptr) cudaFree(ptr); }
+    ~mkv_device_buffer() { release(); }
+    /* n bytes (16 for 0, so that the pointer is real); frees what it held. */
+    cudaError_t alloc(size_t n)
+    {
+        release();
+        const size_t want = n ? n : 16;
+        cudaError_t e = cudaMalloc(&ptr, want);
+        if (e != cudaSuccess) {
+            ptr = nullptr;
+            return e;
+        }
+        bytes = want;
+        mkv_device_bytes_add((int64_t)want);
+        return cudaSuccess;
+    }
+    void release()
+    {
+        if (ptr) {
+            (void)cudaFree(ptr);
+            mkv_device_bytes_add(-(int64_t)bytes);
+        }
+        ptr = nullptr;
+        bytes = 0;
+    }
     template <typename T> T *as() const { return static_cast<T *>(ptr); }
 };
 

@@ -1,4 +1,7 @@
-/* Device buffers for C callers: thin, checked wrappers of the runtime. */
+/* Device buffers for C callers: thin, checked wrappers of the runtime; and
+ * the count of the bytes kernels/ holds in mkv_device_buffers. */
+#include <atomic>
+
 #include "cuda_check.h"
 #include "mkv_cuda.h"
 
@@ -52,3 +55,18 @@ extern "C" int mkv_cuda_synchronize(mkv_error *err)
     MKV_CUDA_CHECK(cudaDeviceSynchronize());
     return MKV_OK;
 }
+
+/* The count behind mkv_device_buffer (cuda_check.h). */
+static std::atomic<uint64_t> device_bytes_now{0}, device_bytes_peak{0};
+
+void mkv_device_bytes_add(int64_t delta)
+{
+    const uint64_t now = device_bytes_now.fetch_add((uint64_t)delta) + (uint64_t)delta;
+    uint64_t peak = device_bytes_peak.load();
+    while (now > peak && !device_bytes_peak.compare_exchange_weak(peak, now)) {
+    }
+}
+
+uint64_t mkv_device_bytes_now() { return device_bytes_now.load(); }
+uint64_t mkv_device_bytes_peak() { return device_bytes_peak.load(); }
+void mkv_device_bytes_reset_peak() { device_bytes_peak.store(device_bytes_now.load()); }

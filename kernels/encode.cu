@@ -229,8 +229,8 @@ extern "C" int mkv_cuda_mosaic_encode(const mkv_cuda_strategy *cs, int d, int64_
         return MKV_OK;
     cudaStream_t st = (cudaStream_t)stream;
     mkv_device_buffer xt, bad;
-    MKV_CUDA_CHECK(cudaMalloc(&xt.ptr, sizeof(double) * (size_t)n * s.dp));
-    MKV_CUDA_CHECK(cudaMalloc(&bad.ptr, sizeof(unsigned)));
+    MKV_CUDA_CHECK(xt.alloc(sizeof(double) * (size_t)n * s.dp));
+    MKV_CUDA_CHECK(bad.alloc(sizeof(unsigned)));
     MKV_CUDA_CHECK(cudaMemsetAsync(bad.ptr, 0, sizeof(unsigned), st));
     encode_args a = {X, R, d, n, s, values, bitmap, (s.dp / s.g + 7) / 8, xt.as<double>(), bad.as<unsigned>()};
     encode_kernel<<<grid_for(n), ENC_WARPS * 32, 0, st>>>(a);
@@ -270,7 +270,7 @@ extern "C" int mkv_cuda_packed_append(mkv_packed_cache *c, int head, const float
         return MKV_OK;
     cudaStream_t st = (cudaStream_t)stream;
     mkv_device_buffer bad;
-    MKV_CUDA_CHECK(cudaMalloc(&bad.ptr, sizeof(unsigned)));
+    MKV_CUDA_CHECK(bad.alloc(sizeof(unsigned)));
     MKV_CUDA_CHECK(cudaMemsetAsync(bad.ptr, 0, sizeof(unsigned), st));
     append_args a = {k, v, c->rotations.as<uint16_t>(), g, c->records.as<uint8_t>(), c->head_dim, B, n, g.len,
                      bad.as<unsigned>()};
@@ -342,9 +342,9 @@ extern "C" int mkv_cuda_rotations(const double *gram, int d, int batch, double *
     solver_holder s;
     MKV_CUSOLVER_CHECK(cusolverDnCreate(&s.h));
     mkv_device_buffer A, W, info, work;
-    MKV_CUDA_CHECK(cudaMalloc(&A.ptr, sizeof(double) * nn));
-    MKV_CUDA_CHECK(cudaMalloc(&W.ptr, sizeof(double) * (size_t)d * batch));
-    MKV_CUDA_CHECK(cudaMalloc(&info.ptr, sizeof(int) * (size_t)batch));
+    MKV_CUDA_CHECK(A.alloc(sizeof(double) * nn));
+    MKV_CUDA_CHECK(W.alloc(sizeof(double) * (size_t)d * batch));
+    MKV_CUDA_CHECK(info.alloc(sizeof(int) * (size_t)batch));
     /* Symmetric: row-major equals column-major. */
     MKV_CUDA_CHECK(cudaMemcpy(A.ptr, gram, sizeof(double) * nn, cudaMemcpyHostToDevice));
     const cusolverEigMode_t jobz = CUSOLVER_EIG_MODE_VECTOR;
@@ -356,7 +356,7 @@ extern "C" int mkv_cuda_rotations(const double *gram, int d, int batch, double *
         int lwork = 0;
         MKV_CUSOLVER_CHECK(cusolverDnDsyevjBatched_bufferSize(s.h, jobz, uplo, d, A.as<double>(), d, W.as<double>(),
                                                               &lwork, s.j, batch));
-        MKV_CUDA_CHECK(cudaMalloc(&work.ptr, sizeof(double) * (size_t)(lwork > 0 ? lwork : 1)));
+        MKV_CUDA_CHECK(work.alloc(sizeof(double) * (size_t)(lwork > 0 ? lwork : 1)));
         MKV_CUSOLVER_CHECK(cusolverDnDsyevjBatched(s.h, jobz, uplo, d, A.as<double>(), d, W.as<double>(),
                                                    work.as<double>(), lwork, info.as<int>(), s.j, batch));
     } else {
@@ -364,7 +364,7 @@ extern "C" int mkv_cuda_rotations(const double *gram, int d, int batch, double *
         size_t dev_bytes = 0, host_bytes = 0;
         MKV_CUSOLVER_CHECK(cusolverDnXsyevBatched_bufferSize(s.h, s.p, jobz, uplo, d, CUDA_R_64F, A.ptr, d, CUDA_R_64F,
                                                              W.ptr, CUDA_R_64F, &dev_bytes, &host_bytes, batch));
-        MKV_CUDA_CHECK(cudaMalloc(&work.ptr, dev_bytes ? dev_bytes : 16));
+        MKV_CUDA_CHECK(work.alloc(dev_bytes ? dev_bytes : 16));
         std::vector<char> host;
         try {
             host.resize(host_bytes ? host_bytes : 1);

@@ -358,9 +358,10 @@ int mkv_cuda_rotations(const double *gram, int d, int batch, double *R, double *
  * queued behind a spin kernel so host launch gaps stay out), inputs
  * rotated over enough buffer sets that L2 cannot serve them, bytes read,
  * achieved bandwidth against a device-to-device copy measured in the same
- * run, and device memory in use.  Configurations that do not fit in memory
- * get a row saying so.  Rows go to tsv (header first, the columns of
- * scripts/sdpa_peer.py); one line per configuration to log (may be NULL). */
+ * run, and the device memory one step needs (one buffer set, the plan).
+ * Configurations that do not fit in memory get a row saying so.  Rows go
+ * to tsv (header first, the columns of scripts/sdpa_peer.py); one line per
+ * configuration to log (may be NULL). */
 #define MKV_BENCH_MAX_LIST 16
 enum {
     MKV_BENCH_DENSE = 1u,           /* dense decode attention */

@@ -157,19 +157,25 @@ def main():
                         row(backend=b, **base, status=f"skipped: math backend needs ~{extra / 2**30:.1f} GiB more")
                         continue
                 try:
+                    # Memory as the mkv rows count it: one set's K, V and q,
+                    # plus the most allocated at once while the steps ran
+                    # (outputs, workspace); not the other sets.
+                    torch.cuda.synchronize()
+                    held = torch.cuda.memory_allocated()
+                    torch.cuda.reset_peak_memory_stats()
                     with sdpa_kernel(backends[b]):
                         def step(i):
                             q, k, v = sets[i]
                             return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
                         med, p10, p90 = timed_steps(torch, step, n_sets, args.warmup, args.runs)
+                        during = torch.cuda.max_memory_allocated() - held
                         o = step(0)
                         torch.cuda.synchronize()
                         finite = bool(torch.isfinite(o).all())
-                    free, total = torch.cuda.mem_get_info()
                     tbps = bytes_read / (med * 1e-3) / 1e12
                     row(backend=b, **base, median_ms=f"{med:.5f}", p10_ms=f"{p10:.5f}", p90_ms=f"{p90:.5f}",
                         bytes_read=bytes_read, read_tbps=f"{tbps:.4f}", frac_copy=f"{tbps / copy_tbps:.4f}",
-                        peak_mem_bytes=total - free, status="ok" if finite else "error: non-finite outputs")
+                        peak_mem_bytes=set_bytes + batch * hq * d * 2 + during, status="ok" if finite else "error: non-finite outputs")
                     log(f"{b:9s} batch {batch} x {ctx:7d} tokens {med:8.4f} ms {tbps:.3f} TB/s")
                 except (RuntimeError, torch.cuda.OutOfMemoryError) as e:
                     msg = str(e).splitlines()[0][:200].replace("\t", " ") if str(e) else type(e).__name__

@@ -24,7 +24,14 @@
  *  - budget 1: every block, output equal to the CPU's;
  *  - the temporary region: tokens appended by the GPU encoder are always
  *    attended and count towards the budget (reference computed here from
- *    the CPU encoder's packing of the same tokens);
+ *    the CPU encoder's packing of the same tokens): the blocks and the
+ *    token count must be those of the selection rule recomputed here
+ *    (check_rule), exactly unless block scores tie within rounding; an
+ *    append past the region's capacity is refused (MKV_EUSAGE, message
+ *    naming the region and its capacity), before and after a good append,
+ *    and leaves the cache as it was;
+ *  - for every query: sink, recent and temporary tokens <= the position
+ *    attended, every other token exactly when its block is (check_flags);
  *  - GPU encode vs mkv_mosaic_encode: values, bitmaps and block keys bit
  *    for bit; a difference is accepted only where the double sums land
  *    within 1e-12 of a float16 rounding boundary or of an energy tie, and
@@ -255,6 +262,194 @@ static void block_scores(const mkv_mosaic_head *h, const float *q, int G, int64_
     }
 }
 
+/* Tokens <= pos of block bb (0-based in its segment) of segment ks. */
+static int64_t block_tokens(const mkv_mosaic_strategy *ks, int64_t bb, int B, int64_t pos)
+{
+    const int64_t t0 = ks->start + bb * B;
+    int64_t t1 = t0 + B;
+    t1 = t1 < ks->start + ks->len ? t1 : ks->start + ks->len;
+    t1 = t1 < pos + 1 ? t1 : pos + 1;
+    return t1 > t0 ? t1 - t0 : 0;
+}
+
+/* Whether token t is one the rule always attends (when t <= pos): a sink
+ * token, a recent token, or one of the tmp_n tokens of the temporary
+ * region, which follows the head's T tokens. */
+static int always_token(const mkv_mosaic_head *h, int64_t tmp_n, int64_t t)
+{
+    return t < h->sink_n || (t >= h->T - h->recent_n && t < h->T) || (t >= h->T && t < h->T + tmp_n);
+}
+
+static const char *token_kind(const mkv_mosaic_head *h, int64_t t)
+{
+    return t < h->sink_n ? "sink" : t < h->T ? "recent" : "temporary";
+}
+
+/* The attended flags of one query at pos against its block flags blk
+ * (all nb_all blocks of the cache head: the packed segments' in order,
+ * then the temporary region's): the sink, recent and temporary tokens
+ * <= pos are attended; a packed token <= pos exactly when its block is
+ * flagged; no block starting after pos is flagged; the temporary region's
+ * blocks are flagged exactly when they hold a token <= pos. */
+static void check_flags(const mkv_mosaic_head *h, int64_t tmp_n, int64_t pos, const uint8_t *blk, int64_t nb_all,
+                        const uint8_t *att, const char *what)
+{
+    const int B = h->block;
+    for (int64_t t = 0; t <= pos; t++)
+        if (always_token(h, tmp_n, t))
+            ck_assert_msg(att[t], "%s: %s token %lld not attended", what, token_kind(h, t), (long long)t);
+    int64_t id = 0;
+    for (int64_t s = 0; s < h->k.nseg; s++) {
+        const mkv_mosaic_strategy *ks = &h->k.seg[s];
+        const int64_t nbs = mkv_mosaic_nblocks(ks->len, B);
+        for (int64_t bb = 0; bb < nbs; bb++, id++) {
+            const int64_t t0 = ks->start + bb * B;
+            ck_assert_msg(t0 <= pos || !blk[id], "%s: block %lld (tokens from %lld) after the query flagged", what,
+                          (long long)id, (long long)t0);
+            for (int64_t t = t0; t < t0 + B && t < ks->start + ks->len && t <= pos; t++)
+                ck_assert_msg(att[t] == blk[id], "%s: token %lld %sattended, its block %lld %sflagged", what,
+                              (long long)t, att[t] ? "" : "not ", (long long)id, blk[id] ? "" : "not ");
+        }
+    }
+    for (int64_t j = 0; id + j < nb_all; j++) {
+        const int64_t t0 = h->T + j * B;
+        const int want = t0 <= pos && t0 < h->T + tmp_n;
+        ck_assert_msg(blk[id + j] == want, "%s: temporary block %lld (tokens from %lld) %sflagged", what,
+                      (long long)(id + j), (long long)t0, blk[id + j] ? "" : "not ");
+    }
+}
+
+typedef struct {
+    double score;
+    int64_t id;
+} ranked_block;
+
+/* Higher score first, then the earlier block. */
+static int by_rank(const void *a, const void *b)
+{
+    const ranked_block *x = a, *y = b;
+    if (x->score != y->score)
+        return x->score > y->score ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* The selection of one query at pos (G heads q) against the rule,
+ * recomputed here from the head's stored arrays (lib/method_mosaic.c
+ * ATTENTION 1-3, DESIGN.md 5.2, mkv_cuda.h), the temporary region's tmp_n
+ * tokens included:
+ *   fixed = the sink, recent and temporary tokens <= pos (always
+ *           attended, counted towards the budget);
+ *   k     = mkv_budget_tokens(budget, pos + 1);
+ *   E     = the packed blocks starting <= pos in descending score (double,
+ *           block_scores; ties: the earlier block), added whole (their
+ *           tokens <= pos) while fixed + the tokens added are below k;
+ *   want  = fixed + the tokens of E.
+ * blk (the GPU's block flags) must be E and tokens (its count) want,
+ * exactly, when fixed >= k (no block), when fixed plus every candidate's
+ * tokens <= k (every block), and whenever blk is E.  Otherwise the GPU's
+ * float32 scores ordered blocks within rounding of each other (SCORE_TOL)
+ * differently: each block in one set only must score within that of E's
+ * threshold (the score of its last block), and the count must be what
+ * any order gives under the rule: at least k (the candidates reach it),
+ * and below k + B, since adding stops at the first block (<= B tokens)
+ * that reaches k.  Returns the blocks in one set only. */
+static int check_rule(const mkv_mosaic_head *h, int64_t tmp_n, const float *q, int G, int64_t pos, double budget,
+                      int agg_sum, const uint8_t *blk, int64_t tokens, const char *what)
+{
+    const int d = h->d, B = h->block;
+    int64_t nb = 0;
+    for (int64_t s = 0; s < h->k.nseg; s++)
+        nb += mkv_mosaic_nblocks(h->k.seg[s].len, B);
+    double *score = xmalloc(sizeof(double) * (size_t)(nb + 1)), *mag = xmalloc(sizeof(double) * (size_t)(nb + 1));
+    int64_t *w = xmalloc(sizeof(int64_t) * (size_t)(nb + 1));
+    ranked_block *rank = xmalloc(sizeof(ranked_block) * (size_t)(nb + 1));
+    uint8_t *want = xcalloc((size_t)nb + 1, 1);
+    block_scores(h, q, G, pos, agg_sum, score, mag);
+    int64_t fixed = 0;
+    for (int64_t t = 0; t <= pos; t++)
+        fixed += always_token(h, tmp_n, t);
+    const int64_t k = mkv_budget_tokens(budget, pos + 1);
+    int64_t n_cand = 0, cand = 0, id = 0;
+    double mag_max = 0;
+    for (int64_t s = 0; s < h->k.nseg; s++) {
+        const mkv_mosaic_strategy *ks = &h->k.seg[s];
+        const int64_t nbs = mkv_mosaic_nblocks(ks->len, B);
+        for (int64_t bb = 0; bb < nbs; bb++, id++) {
+            w[id] = block_tokens(ks, bb, B, pos);
+            if (ks->start + bb * B > pos)
+                continue;
+            rank[n_cand].score = score[id];
+            rank[n_cand++].id = id;
+            cand += w[id];
+            mag_max = mag[id] > mag_max ? mag[id] : mag_max;
+        }
+    }
+    qsort(rank, (size_t)n_cand, sizeof *rank, by_rank);
+    int64_t count = fixed;
+    double thr = INFINITY;
+    for (int64_t i = 0; i < n_cand && count < k; i++) {
+        want[rank[i].id] = 1;
+        count += w[rank[i].id];
+        thr = rank[i].score;
+    }
+    int64_t got = fixed;
+    int same = 1, differ = 0;
+    for (id = 0; id < nb; id++) {
+        got += blk[id] ? w[id] : 0;
+        same &= blk[id] == want[id];
+    }
+    ck_assert_msg(tokens == got, "%s: %lld tokens counted, but %lld always attended + %lld in its blocks", what,
+                  (long long)tokens, (long long)fixed, (long long)(got - fixed));
+    if (fixed >= k) {
+        ck_assert_msg(same && tokens == fixed,
+                      "%s: %lld sink, recent and temporary tokens reach the budget of %lld, yet %lld tokens attended",
+                      what, (long long)fixed, (long long)k, (long long)tokens);
+    } else if (fixed + cand <= k) {
+        ck_assert_msg(same && tokens == fixed + cand,
+                      "%s: the budget of %lld takes every block (%lld always attended + %lld), %lld tokens attended",
+                      what, (long long)k, (long long)fixed, (long long)cand, (long long)tokens);
+    } else if (same) {
+        ck_assert_msg(tokens == count, "%s: %lld tokens attended, the rule's %lld", what, (long long)tokens,
+                      (long long)count);
+    } else {
+        for (id = 0; id < nb; id++)
+            if (blk[id] != want[id]) {
+                ck_assert_msg(fabs(score[id] - thr) <= 2 * SCORE_TOL(d) * mag_max,
+                              "%s: block %lld %s although it scores %.9g, the rule's threshold %.9g", what,
+                              (long long)id, blk[id] ? "selected" : "left", score[id], thr);
+                differ++;
+            }
+        ck_assert_msg(tokens >= k && tokens < k + B,
+                      "%s: %lld tokens attended for a budget of %lld (%lld always attended): the rule stops at the "
+                      "first block that reaches it, so at most %d more",
+                      what, (long long)tokens, (long long)k, (long long)fixed, B - 1);
+    }
+    free(score);
+    free(mag);
+    free(w);
+    free(rank);
+    free(want);
+    return differ;
+}
+
+/* An append refused for the temporary region's capacity: MKV_EUSAGE, a
+ * message that names the region and its capacity. */
+static void expect_full(mkv_packed_cache *cache, int head, const float *k, const float *v, int64_t n, int64_t cap,
+                        const char *what)
+{
+    mkv_error err = {0};
+    char capstr[32];
+    snprintf(capstr, sizeof capstr, "%lld", (long long)cap);
+    const int rc = mkv_cuda_packed_append(cache, head, k, v, n, NULL, &err);
+    ck_assert_msg(rc == MKV_EUSAGE, "%s: appending %lld tokens past a capacity of %lld returned %d (%s)", what,
+                  (long long)n, (long long)cap, rc, err.msg);
+    ck_assert_msg(strstr(err.msg, "temporary region") != NULL
+                      && (strstr(err.msg, "exceed") != NULL || strstr(err.msg, "capacity") != NULL)
+                      && strstr(err.msg, capstr) != NULL,
+                  "%s: the message does not name the full temporary region (of %s tokens): '%s'", what, capstr,
+                  err.msg);
+}
+
 /* Packed tokens of a temporary region as the CPU encoder packs them. */
 typedef struct {
     int64_t start, n;
@@ -460,7 +655,21 @@ static void run_case(const pcase *pc, pstats *st)
             float *dk = dalloc(sizeof(float) * (size_t)n * d), *dv = dalloc(sizeof(float) * (size_t)n * d);
             ck_assert(mkv_cuda_upload(dk, nk, sizeof(float) * (size_t)n * d, &err) == MKV_OK);
             ck_assert(mkv_cuda_upload(dv, nv, sizeof(float) * (size_t)n * d, &err) == MKV_OK);
+            /* The region holds n_blocks x B tokens (the uploaded table): one
+             * token more is refused, into the empty region and after the
+             * append; the refusals change nothing (the good append still
+             * lands at T, planning at T + n is still refused below, and
+             * the attention matches the reference of the n tokens). */
+            const mkv_packed_seg *tr = &lay.segs[lay.heads[i].first_seg + lay.heads[i].n_seg - 1];
+            ck_assert_msg(tr->always, "%s: head %d has no temporary region", pc->label, i);
+            const int64_t cap = (int64_t)tr->n_blocks * h[i].block;
+            ck_assert(cap >= n);
+            float *dz = dalloc(sizeof(float) * (size_t)(cap + 1) * d);
+            ck_assert(mkv_cuda_memset(dz, 0, sizeof(float) * (size_t)(cap + 1) * d, &err) == MKV_OK);
+            expect_full(cache, i, dz, dz, cap + 1, cap, pc->label);
             ck_assert_msg(mkv_cuda_packed_append(cache, i, dk, dv, n, NULL, &err) == MKV_OK, "append: %s", err.msg);
+            expect_full(cache, i, dz, dz, cap - n + 1, cap, pc->label);
+            mkv_cuda_free(dz);
             mkv_cuda_free(dk);
             mkv_cuda_free(dv);
             temp_tokens *t = &tmp[i];
@@ -512,6 +721,14 @@ static void run_case(const pcase *pc, pstats *st)
             heads[b * nh + i] = i;
     mkv_packed_params pp = {(int)nq, nh, n_heads, 0, pc->budget, pc->agg_sum};
     mkv_packed_plan *plan = NULL;
+    if (pc->temp > 0) {   /* the cache ends at T + temp: the refused appends added nothing */
+        mkv_packed_params p1 = pp;
+        int64_t past = end;
+        p1.batch = 1;
+        ck_assert_int_eq(mkv_cuda_packed_plan(cache, &p1, heads, &past, &plan, &err), MKV_EUSAGE);
+        ck_assert_msg(strstr(err.msg, "position") != NULL, "%s: message: %s", pc->label, err.msg);
+        ck_assert_ptr_null(plan);
+    }
     ck_assert_msg(mkv_cuda_packed_plan(cache, &pp, heads, pos, &plan, &err) == MKV_OK, "plan: %s", err.msg);
     float *dq = dalloc(sizeof(float) * qn), *dout = dalloc(sizeof(float) * qn);
     ck_assert(mkv_cuda_upload(dq, q, sizeof(float) * qn, &err) == MKV_OK);
@@ -545,6 +762,7 @@ static void run_case(const pcase *pc, pstats *st)
                           (long long)ct.tokens);
             char what[256];
             snprintf(what, sizeof what, "%s: query at %lld, KV head %d", pc->label, (long long)pos[b], i);
+            check_flags(&h[i], pc->temp, pos[b], blk, nb, att, what);
             /* the GPU's own selection, recomputed in double */
             ref_attend(&h[i], qb, G, pos[b], blk, pc->temp ? &tmp[i] : NULL, ref, ref_mag);
             for (int g = 0; g < G; g++) {
@@ -553,34 +771,9 @@ static void run_case(const pcase *pc, pstats *st)
                 ck_assert_msg(e <= TOL, "%s head %d: %.3e from the reference over its selection", what, g, e);
             }
             if (pc->temp > 0 || pos[b] >= pc->T) {
-                /* The CPU method has no temporary region: check the rule
-                 * directly.  Selected blocks score at least as high as the
-                 * others (up to rounding), and they reach the budget. */
-                block_scores(&h[i], qb, G, pos[b], pc->agg_sum, score, mag);
-                double lo_in = INFINITY, hi_out = -INFINITY, mag_max = 0;
-                int64_t id = 0, visible_tokens = 0;
-                for (int64_t s = 0; s < h[i].k.nseg; s++) {
-                    const mkv_mosaic_strategy *ks = &h[i].k.seg[s];
-                    const int64_t nbs = mkv_mosaic_nblocks(ks->len, h[i].block);
-                    for (int64_t bb = 0; bb < nbs; bb++) {
-                        const int64_t t0 = ks->start + bb * h[i].block;
-                        if (t0 > pos[b])
-                            continue;
-                        mag_max = mag[id + bb] > mag_max ? mag[id + bb] : mag_max;
-                        if (blk[id + bb])
-                            lo_in = score[id + bb] < lo_in ? score[id + bb] : lo_in;
-                        else
-                            hi_out = score[id + bb] > hi_out ? score[id + bb] : hi_out;
-                    }
-                    id += nbs;
-                }
-                for (int64_t t = 0; t <= pos[b]; t++)
-                    visible_tokens++;
-                ck_assert_msg(!(isfinite(lo_in) && isfinite(hi_out)) || lo_in >= hi_out - 2 * SCORE_TOL(d) * mag_max,
-                              "%s: a block scoring %.9g was left for one scoring %.9g", what, hi_out, lo_in);
-                const int64_t k = mkv_budget_tokens(pc->budget, pos[b] + 1);
-                ck_assert_msg(ct.tokens >= (k < visible_tokens ? k : visible_tokens), "%s: %lld tokens for a budget of %lld",
-                              what, (long long)ct.tokens, (long long)k);
+                /* The CPU method has no temporary region: the rule,
+                 * recomputed here with its tokens. */
+                differ += check_rule(&h[i], pc->temp, qb, G, pos[b], pc->budget, pc->agg_sum, blk, ct.tokens, what);
                 continue;
             }
             /* the CPU method */

@@ -155,13 +155,12 @@ static int parse_list(const char *arg, const char *name, int is_size, double lo,
         exit(2);
     }
     snprintf(buf, sizeof buf, "%s", arg);
-    if (buf[0] != '\0' && strspn(buf, ",") < strlen(buf)
-        && (buf[0] == ',' || buf[strlen(buf) - 1] == ',' || strstr(buf, ",,"))) {
-        mkv_usage_error("invalid value '%s' for --%s: empty entry", arg, name);
-        exit(2);
-    }
-    int n = 0;
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    int n = 0, empty = 0;
+    for (char *rest = buf, *tok; (tok = strsep(&rest, ",")) != NULL;) {
+        if (*tok == '\0') {
+            empty = 1;
+            continue;
+        }
         if (n == MKV_BENCH_MAX_LIST) {
             mkv_usage_error("invalid value '%s' for --%s: at most %d entries", arg, name, MKV_BENCH_MAX_LIST);
             exit(2);
@@ -175,8 +174,8 @@ static int parse_list(const char *arg, const char *name, int is_size, double lo,
             exit(2);
         }
     }
-    if (n == 0) {
-        mkv_usage_error("invalid value '%s' for --%s: empty list", arg, name);
+    if (n == 0 || empty) {
+        mkv_usage_error("invalid value '%s' for --%s: %s", arg, name, n == 0 ? "empty list" : "empty entry");
         exit(2);
     }
     return n;

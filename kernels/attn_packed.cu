@@ -1,6 +1,6 @@
 /* Packed MosaicKV decode attention on the GPU (see attn_packed.cuh for the
  * stages and kernels/mkv_cuda.h for the layout and the semantics, which
- * are those of mkv_mosaic_attend in lib/method_mosaic.c). */
+ * are those of mkv_mosaic_attend in lib/mosaic/method.c). */
 #include <algorithm>
 #include <memory>
 #include <new>
@@ -10,7 +10,7 @@
 #include "attn_packed.cuh"
 
 extern "C" {
-#include "attn_util.h"
+#include "core/attn.h"
 }
 
 using namespace mkv_attn;

@@ -1,5 +1,5 @@
 /* Quest-style decode attention on the GPU, with the selection rule of the
- * CPU Quest method (lib/method_quest.c, lib/baseline_util.h; restated in
+ * CPU Quest method (lib/methods/quest.c, lib/methods/baseline.h; restated in
  * kernels/mkv_cuda.h):
  *   meta_kernel    per page the elementwise min and max of the keys (once
  *                  per cache),
@@ -21,7 +21,7 @@
 #include "attn_core.cuh"
 
 extern "C" {
-#include "attn_util.h"
+#include "core/attn.h"
 }
 
 using namespace mkv_attn;
@@ -344,7 +344,7 @@ static const void *quest_attn_kernel(int D, int bf16)
     return bf16 ? (const void *)split_kernel<128, true, true, ATTN_MINB> : (const void *)split_kernel<128, false, true, ATTN_MINB>;
 }
 
-/* The selection rule of mkv_cuda.h (that of lib/baseline_util.h) for one
+/* The selection rule of mkv_cuda.h (that of lib/methods/baseline.h) for one
  * request: the fixed part, and a bound on the pages a KV head can list. */
 static void quest_rule(int64_t n, int64_t T, const mkv_quest_params *qp, req_info *ri, mkv_quest_counts *qc)
 {

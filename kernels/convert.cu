@@ -3,7 +3,7 @@
  * Host buffers in and out; the data passes through device buffers of at
  * most MKV_CONVERT_CHUNK elements, so device memory use is bounded whatever
  * n is.  Rounding is the hardware's cvt.rn (nearest, ties to even; fp16
- * subnormals exact; overflow to Inf), which is what lib/half.c computes in
+ * subnormals exact; overflow to Inf), which is what lib/core/half.c computes in
  * software; tests/check_gpu.c compares the two on every fp16/bf16 pattern
  * and on the float32 rounding boundaries.  NaN stays NaN; its payload may
  * differ from the CPU's (the hardware returns a canonical NaN). */

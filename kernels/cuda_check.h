@@ -25,7 +25,7 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-#include "mkv.h"
+#include "core/mkv.h"
 
 #define MKV_CUDA_CHECK(call)                                                   \
     do {                                                                       \

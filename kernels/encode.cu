@@ -1,7 +1,7 @@
 /* GPU encode of new tokens (the GPU half of the dual buffer, DESIGN.md
  * 5.3) and batched eigendecompositions of segment Gram matrices.
  *
- * Encoding follows mkv_mosaic_encode (lib/mosaic.c) step by step in
+ * Encoding follows mkv_mosaic_encode (lib/mosaic/mosaic.c) step by step in
  * double precision: x~ = x R over the first d' rotated channels (R as
  * stored, fp16), group energies summed channel by channel without fused
  * multiply-adds (as the CPU adds them), the r/g groups of most energy kept
@@ -27,7 +27,7 @@ struct strategy {
     int rotate, r, g, dp, pervector;   /* pervector 0: the first r channels */
 };
 
-/* f16r(): double -> float -> fp16, both round-to-nearest, as lib/mosaic.c. */
+/* f16r(): double -> float -> fp16, both round-to-nearest, as lib/mosaic/mosaic.c. */
 __device__ __forceinline__ uint16_t f16r_bits(double x) { return __half_as_ushort(__float2half_rn(__double2float_rn(x))); }
 
 /* One warp: rotate x (d floats) with R (fp16 [d][ldr], NULL: identity)

@@ -1,7 +1,7 @@
 /* The only door between the C library/tools and the CUDA kernels.
  *
  * Every function here exists in every build: with CUDA it is implemented in
- * the kernels/ .cu files; without, lib/cuda_absent.c returns MKV_EUNSUP ("built
+ * the kernels/ .cu files; without, lib/gpu/cuda_absent.c returns MKV_EUNSUP ("built
  * without CUDA"). Functions never exit; CUDA errors become MKV_EGPU with the
  * CUDA error string and the call that failed. */
 #ifndef MKV_CUDA_H
@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
-#include "mkv.h"
+#include "core/mkv.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -36,7 +36,7 @@ int mkv_cuda_devices(mkv_gpu_info *info, int max, int *count, mkv_error *err);
 
 /* 16-bit <-> float32 conversion on the GPU (host buffers in and out; the
  * device copies are internal). is_bf16 selects bfloat16 instead of fp16.
- * Rounding: nearest-even, NaN/Inf preserved, same as lib/half.c. */
+ * Rounding: nearest-even, NaN/Inf preserved, same as lib/core/half.c. */
 int mkv_cuda_f16_to_f32(const uint16_t *src, float *dst, size_t n, int is_bf16, mkv_error *err);
 int mkv_cuda_f32_to_f16(const float *src, uint16_t *dst, size_t n, int is_bf16, mkv_error *err);
 
@@ -98,7 +98,7 @@ int mkv_cuda_dense_attend_host(const mkv_attn_shape *s, const int64_t *lengths, 
                                const uint16_t *k, const uint16_t *v, float *out, mkv_error *err);
 
 /* Quest-style decode attention with the token selection of the CPU Quest
- * method (lib/method_quest.c, rule in lib/baseline_util.h).  Request b
+ * method (lib/methods/quest.c, rule in lib/methods/baseline.h).  Request b
  * attends tokens 0 .. n-1, n = lengths[b] (a query at position n - 1), of
  * a cache of T = cache_tokens[b] tokens (n <= T <= t_max; cache_tokens
  * NULL: T = n, the decode case).  With P = page_size:
@@ -161,7 +161,7 @@ int mkv_cuda_quest_selection(const mkv_quest_plan *p, int32_t *pages, int32_t *c
                              mkv_error *err);
 
 /* ------------------------------------------ packed MosaicKV attention (GPU)
- * DESIGN.md 5.2 over the packed format of lib/method_mosaic.c, computing
+ * DESIGN.md 5.2 over the packed format of lib/mosaic/method.c, computing
  * what mkv_mosaic_attend computes (rules 1-4 of that file's top comment)
  * in float32 instead of double: the same budget, block scores and
  * selection (ties to the earlier block), attention over the kept elements
@@ -169,7 +169,7 @@ int mkv_cuda_quest_selection(const mkv_quest_plan *p, int32_t *pages, int32_t *c
  * back once per segment, flash-decoding split over the segments and
  * merged with the dense sink and recent tokens.
  *
- * GPU layout (lib/gpu_packed.c converts loaded heads into it, "conversion
+ * GPU layout (lib/gpu/gpu_packed.c converts loaded heads into it, "conversion
  * happens at load, in one place"; the benchmark synthesises it).  A cache
  * holds heads.  A head holds its dense rows (its sink tokens, then its
  * recent tokens: fp16 [rows][head_dim] in the dense pools) and a range of
@@ -177,8 +177,8 @@ int mkv_cuda_quest_selection(const mkv_quest_plan *p, int32_t *pages, int32_t *c
  * (K, V): dk (dv) rotated channels kept, d' padded with zero channels to a
  * multiple of 32 (K: the rotated channels the values or the block keys
  * use, whichever are more); rk (rv) values per vector; the rotation fp16
- * [head_dim][dk] (as lib/mosaic.h stores it, zero columns past those);
- * K block keys fp16 [n_blocks][bk_width], each row (lib/mosaic.h's)
+ * [head_dim][dk] (as lib/mosaic/mosaic.h stores it, zero columns past those);
+ * K block keys fp16 [n_blocks][bk_width], each row (lib/mosaic/mosaic.h's)
  * [min | max of the first kbound rotated channels | mean of channels
  * kbound .. kdim-1], zero-padded to bk_width (a multiple of 8).  A block
  * scores sum_c<kbound max(q~_c min_c, q~_c max_c) + sum q~_c mean_c, which
@@ -219,7 +219,7 @@ typedef struct {
     int32_t rec_bytes;         /* bytes of one record */
     int32_t kmask_off, vval_off, vmask_off;
     int32_t always;            /* 1: temporary region */
-    /* The stored strategies (lib/mosaic.h), which a temporary region
+    /* The stored strategies (lib/mosaic/mosaic.h), which a temporary region
      * encodes new tokens with: d' before padding, group size, per-vector
      * selection (0: the first r channels). */
     int32_t dpk, dpv, gk, gv, pvk, pvv;
@@ -313,12 +313,12 @@ int mkv_cuda_packed_selection(const mkv_packed_plan *p, int request, int kv_head
  * The GPU half of the dual buffer (DESIGN.md 5.3): new tokens are packed
  * at once with a segment's strategy and rotation. */
 typedef struct {
-    int rotate, r, g, dprime, pervector;   /* as mkv_mosaic_strategy (lib/mosaic.h) */
+    int rotate, r, g, dprime, pervector;   /* as mkv_mosaic_strategy (lib/mosaic/mosaic.h) */
 } mkv_cuda_strategy;
 
-/* mkv_mosaic_encode (lib/mosaic.c) for n vectors X [n][d] (device, float32)
+/* mkv_mosaic_encode (lib/mosaic/mosaic.c) for n vectors X [n][d] (device, float32)
  * with the rotation R (device, fp16 [d][d'] as stored; ignored without
- * rotation), in lib/mosaic.h's format: values fp16 [n][r]; bitmap
+ * rotation), in lib/mosaic/mosaic.h's format: values fp16 [n][r]; bitmap
  * [n][bitmap bytes] (NULL when the strategy stores none); block keys fp16
  * [ceil(n / block)][d'] when block > 0 and blockkeys is not NULL.  Rotated
  * vectors, group energies and block means are computed in double like the
@@ -342,7 +342,7 @@ int mkv_cuda_packed_append(mkv_packed_cache *c, int head, const float *k, const 
 /* ------------------------------------- segment rotations (cuSOLVER, batched)
  * Eigenvectors and eigenvalues of `batch` symmetric d x d Gram matrices
  * (host, row-major double, [batch][d][d]) on the GPU, with mkv_eigh's
- * conventions (lib/eigen.h): eigenvalues descending, R [batch][d][d]
+ * conventions (lib/core/eigen.h): eigenvalues descending, R [batch][d][d]
  * row-major with eigenvector j in column j, the largest-magnitude
  * component of each positive.  syevjBatched (Jacobi) for d <= 32, where
  * cuSOLVER's batched Jacobi solver is limited to, else the batched

@@ -4,7 +4,7 @@
  *
  *   bench_forward gemm --mode full --threads 2     # one sgemm per shape, BLAS threads
  *   bench_forward gemm --mode tiled --threads 2    # 64-row tiles over our threads,
- *                                                  # as lib/forward.c calls BLAS
+ *                                                  # as lib/model/forward.c calls BLAS
  *   bench_forward attn                             # attention_task's GEMM shapes
  *   bench_forward membw --threads 2                # streaming read and copy
  *   bench_forward prefill MODEL --tokens 2048 --chunk 128 --threads 2 --reps 3
@@ -30,15 +30,15 @@
 #include <sys/resource.h>
 #include <time.h>
 
-#include "blas.h"
-#include "forward.h"
-#include "model_load.h"
-#include "sampler.h"
-#include "tokenizer.h"
+#include "core/blas.h"
+#include "model/forward.h"
+#include "model/model_load.h"
+#include "model/sampler.h"
+#include "vocab/tokenizer.h"
 
-/* Output rows of a weight matrix per BLAS call in lib/forward.c (TILE_ROWS). */
+/* Output rows of a weight matrix per BLAS call in lib/model/forward.c (TILE_ROWS). */
 #define TILE_ROWS 64
-/* Query rows per attention task in lib/forward.c (ATT_ROWS). */
+/* Query rows per attention task in lib/model/forward.c (ATT_ROWS). */
 #define ATT_ROWS 16
 
 static const char *progname = "bench_forward";
@@ -162,7 +162,7 @@ static rep_timing time_reps(rep_fn fn, void *ctx, double seconds)
 
 /* ------------------------------------------------------------ gemm */
 
-/* y[rows x out] = x[rows x in] . W^T with W [out x in]: lib/forward.c's
+/* y[rows x out] = x[rows x in] . W^T with W [out x in]: lib/model/forward.c's
  * projection layout. */
 typedef struct {
     const char *name;
@@ -296,7 +296,7 @@ static int mode_gemm(const options *o)
 
 /* ------------------------------------------------------------ attention GEMMs */
 
-/* The two products of one attention_task in lib/forward.c, one thread:
+/* The two products of one attention_task in lib/model/forward.c, one thread:
  * scores[rows x keys] = q[rows x 64] . K^T, out[rows x 64] = P[rows x keys] . V. */
 typedef struct {
     int rows, keys, hd;

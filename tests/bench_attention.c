@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mkv.h"
+#include "core/mkv.h"
 #include "mkv_cuda.h"
 
 static void usage(FILE *fp, int status)

@@ -1,5 +1,5 @@
-/* Unit tests of the eigensolver (lib/eigen.c) and the analyses
- * (lib/analysis.c, overlap.c, segments.c, spectrum.c, sparsity.c,
+/* Unit tests of the eigensolver (lib/core/eigen.c) and the analyses
+ * (lib/analysis/analysis.c, overlap.c, segments.c, spectrum.c, sparsity.c,
  * channels.c).
  *
  * References: eigenpairs known in closed form and the defining identities
@@ -11,10 +11,10 @@
 
 #include <math.h>
 
-#include "analysis.h"
-#include "dump.h"
-#include "eigen.h"
-#include "synthetic.h"
+#include "analysis/analysis.h"
+#include "io/dump.h"
+#include "core/eigen.h"
+#include "io/synthetic.h"
 #include "testutil.h"
 
 /* ------------------------------------------------------------ eigen */

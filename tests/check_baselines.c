@@ -17,14 +17,14 @@
 
 #include <math.h>
 
-#include "attn_util.h"
-#include "baseline_util.h"
-#include "cdump.h"
-#include "dump.h"
-#include "half.h"
-#include "method.h"
-#include "synthetic.h"
-#include "tensor.h"
+#include "core/attn.h"
+#include "methods/baseline.h"
+#include "io/cdump.h"
+#include "io/dump.h"
+#include "core/half.h"
+#include "methods/method.h"
+#include "io/synthetic.h"
+#include "core/tensor.h"
 #include "testutil.h"
 
 extern const mkv_method mkv_method_quest, mkv_method_think, mkv_method_kivi, mkv_method_snapkv,

@@ -17,9 +17,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "chat.h"
-#include "model_load.h"
-#include "shapes.h"
+#include "vocab/chat.h"
+#include "model/model_load.h"
+#include "model/shapes.h"
 #include "testutil.h"
 
 /* ------------------------------------------------------------ chat */

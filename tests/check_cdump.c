@@ -1,6 +1,6 @@
-/* Unit tests: compressed dumps (lib/cdump.h). What the writer stores is read
+/* Unit tests: compressed dumps (lib/io/cdump.h). What the writer stores is read
  * back both through our reader and through the plain HDF5 API (with HDF5's
- * own float16 conversion, not lib/half.c); byte counts are compared with
+ * own float16 conversion, not lib/core/half.c); byte counts are compared with
  * hand counts; defects are planted with plain HDF5 and must be refused. */
 #include "config.h"
 
@@ -8,9 +8,9 @@
 #include <math.h>
 #include <pthread.h>
 
-#include "cdump.h"
-#include "dump.h"
-#include "log.h"
+#include "io/cdump.h"
+#include "io/dump.h"
+#include "core/log.h"
 #include "testutil.h"
 
 /* Tiny shape: 1 layer, 2 KV heads (4 query heads), T 7, head_dim 4, 2 queries. */

@@ -7,10 +7,10 @@
 #include <float.h>
 #include <math.h>
 
-#include "cli.h"
-#include "half.h"
-#include "log.h"
-#include "tensor.h"
+#include "cli/cli.h"
+#include "core/half.h"
+#include "core/log.h"
+#include "core/tensor.h"
 #include "testutil.h"
 
 static uint32_t fbits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }

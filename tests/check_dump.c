@@ -8,10 +8,10 @@
 #include <math.h>
 #include <sys/stat.h>
 
-#include "dump.h"
-#include "h5file.h"
-#include "half.h"
-#include "log.h"
+#include "io/dump.h"
+#include "io/h5file.h"
+#include "core/half.h"
+#include "core/log.h"
 #include "testutil.h"
 
 enum { L = 2, KVH = 2, NH = 4, T = 37, W = 5, D = 8 };

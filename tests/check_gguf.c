@@ -29,14 +29,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "bpe_gpt2.h"
-#include "forward.h"
-#include "gguf.h"
-#include "hf.h"
-#include "model.h"
-#include "sampler.h"
+#include "vocab/bpe_gpt2.h"
+#include "model/forward.h"
+#include "model/gguf.h"
+#include "model/hf.h"
+#include "model/model.h"
+#include "model/sampler.h"
 #include "testutil.h"
-#include "tokenizer.h"
+#include "vocab/tokenizer.h"
 
 /* ------------------------------------------------------------ environment */
 

@@ -1,6 +1,6 @@
 /* GPU unit tests: device query and the 16-bit <-> float32 conversion
  * kernels, checked against hand-computed bit patterns and, exhaustively or
- * on every rounding boundary, against the CPU conversion in lib/half.c.
+ * on every rounding boundary, against the CPU conversion in lib/core/half.c.
  *
  * CUDA cannot be used in a child forked after the runtime started, so the
  * suite runs without fork (whatever CK_FORK says).  Exit 77 (skip) when this
@@ -16,8 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "half.h"
-#include "mkv.h"
+#include "core/half.h"
+#include "core/mkv.h"
 #include "mkv_cuda.h"
 #include "gpu_testutil.h"
 
@@ -88,7 +88,7 @@ static void note(mismatch *m, uint32_t in, uint32_t got, uint32_t want)
     }
 }
 
-/* GPU 16 -> 32 against lib/half.c on src[0..n). */
+/* GPU 16 -> 32 against lib/core/half.c on src[0..n). */
 static mismatch compare_to_f32(const uint16_t *src, size_t n, int is_bf16)
 {
     float *gpu = xmalloc(n * sizeof *gpu);
@@ -104,7 +104,7 @@ static mismatch compare_to_f32(const uint16_t *src, size_t n, int is_bf16)
     return m;
 }
 
-/* GPU 32 -> 16 against lib/half.c on src[0..n). */
+/* GPU 32 -> 16 against lib/core/half.c on src[0..n). */
 static mismatch compare_from_f32(const float *src, size_t n, int is_bf16)
 {
     uint16_t *gpu = xmalloc(n * sizeof *gpu);

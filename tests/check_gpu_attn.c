@@ -32,13 +32,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "attn_util.h"
-#include "baseline_util.h"
-#include "half.h"
-#include "mkv.h"
+#include "core/attn.h"
+#include "methods/baseline.h"
+#include "core/half.h"
+#include "core/mkv.h"
 #include "mkv_cuda.h"
 #include "gpu_testutil.h"
-#include "rng.h"
+#include "core/rng.h"
 
 #define TOL 1e-3
 
@@ -355,7 +355,7 @@ END_TEST
 
 /* ---------------------------------------------------------------- Quest */
 
-/* The CPU Quest method's selection (lib/baseline_util.h) for (b, KV head
+/* The CPU Quest method's selection (lib/methods/baseline.h) for (b, KV head
  * h) of a cache of T tokens and a query at n - 1: attended [T] (zeroed
  * here) and, for near-tie judgement, the score of every page and the score
  * of the last page the greedy walk took (INFINITY when it took none). */

@@ -1,5 +1,5 @@
 /* Packed MosaicKV on the GPU (kernels/attn_packed.cu, kernels/encode.cu,
- * lib/gpu_packed.c) against the CPU:
+ * lib/gpu/gpu_packed.c) against the CPU:
  *  - attention: heads compressed by the CPU compressor (mkv_mosaic_compress)
  *    from random KV-like data, fixed and dynamic strategies, several
  *    segments, groups g = 1, 2, 4, uniform2d's first-r channels, head_dim
@@ -12,7 +12,7 @@
  *    rounding (SCORE_TOL) of the selection threshold; where they agree the
  *    outputs must agree within TOL in L2 per query head (relative to the
  *    output with |v| for v, see rel_err), and bytes_read as
- *    lib/gpu_packed.c counts it must equal the CPU's; in every case the
+ *    lib/gpu/gpu_packed.c counts it must equal the CPU's; in every case the
  *    output must match a double-precision reference computed here over
  *    the GPU's own selection (keys and values rebuilt from the stored
  *    arrays, one softmax over all attended tokens);
@@ -56,15 +56,15 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "attn_util.h"
-#include "eigen.h"
-#include "gpu_packed.h"
-#include "half.h"
-#include "method.h"
+#include "core/attn.h"
+#include "core/eigen.h"
+#include "gpu/gpu_packed.h"
+#include "core/half.h"
+#include "methods/method.h"
 #include "mkv_cuda.h"
 #include "gpu_testutil.h"
-#include "mosaic.h"
-#include "rng.h"
+#include "mosaic/mosaic.h"
+#include "core/rng.h"
 
 #define TOL 1e-4
 
@@ -187,7 +187,7 @@ static void compress(const head_data *hd, const mkv_mosaic_config *c, mkv_mosaic
 /* ---------------------------------------------------------- references */
 
 /* The block-key shape of a key strategy and its rotation's columns:
- * lib/mosaic.h has bounded block keys (MKV_MOSAIC_BLOCKDIM_COLS) or the
+ * lib/mosaic/mosaic.h has bounded block keys (MKV_MOSAIC_BLOCKDIM_COLS) or the
  * mean over the d' channels. */
 #ifdef MKV_MOSAIC_BLOCKDIM_COLS
 static int key_dim(const mkv_mosaic_strategy *s) { return s->keydim; }
@@ -334,7 +334,7 @@ static int by_rank(const void *a, const void *b)
 }
 
 /* The selection of one query at pos (G heads q) against the rule,
- * recomputed here from the head's stored arrays (lib/method_mosaic.c
+ * recomputed here from the head's stored arrays (lib/mosaic/method.c
  * ATTENTION 1-3, DESIGN.md 5.2, mkv_cuda.h), the temporary region's tmp_n
  * tokens included:
  *   fixed = the sink, recent and temporary tokens <= pos (always

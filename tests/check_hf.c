@@ -23,14 +23,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "forward.h"
-#include "half.h"
-#include "hf.h"
-#include "model.h"
-#include "sampler.h"
+#include "model/forward.h"
+#include "core/half.h"
+#include "model/hf.h"
+#include "model/model.h"
+#include "model/sampler.h"
 #include "testutil.h"
-#include "tokenizer.h"
-#include "tokenizer_json.h"
+#include "vocab/tokenizer.h"
+#include "vocab/tokenizer_json.h"
 
 static const char *const PUBLISHED =
     "Once upon a time, there was a little girl named Lily. She loved to play outside in the "

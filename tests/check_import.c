@@ -14,13 +14,13 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
-#include "dump.h"
-#include "h5file.h"
-#include "import.h"
-#include "json.h"
-#include "log.h"
-#include "npy.h"
-#include "safetensors.h"
+#include "io/dump.h"
+#include "io/h5file.h"
+#include "io/import.h"
+#include "core/json.h"
+#include "core/log.h"
+#include "io/npy.h"
+#include "io/safetensors.h"
 #include "testutil.h"
 
 /* ================================================================ helpers */
@@ -68,7 +68,7 @@ static void write_st(const char *path, const char *header, const void *data, siz
 }
 
 /* Exact encoders for values that fp16/bf16 represent exactly (asserted):
- * built from frexp, independent of lib/half.c. */
+ * built from frexp, independent of lib/core/half.c. */
 static uint16_t enc_small_float(double x, int mant_bits, int bias)
 {
     uint16_t sign = signbit(x) ? 0x8000 : 0;

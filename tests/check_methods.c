@@ -1,4 +1,4 @@
-/* Unit tests over every registered method (lib/methods_registry.c), plus the
+/* Unit tests over every registered method (lib/methods/registry.c), plus the
  * parameter parser, the exact-attention reference and the metrics.
  *
  * The references are independent of the methods: attention is recomputed
@@ -18,10 +18,10 @@
 #include <hdf5.h>
 #include <math.h>
 
-#include "cdump.h"
-#include "log.h"
-#include "method.h"
-#include "metrics.h"
+#include "io/cdump.h"
+#include "core/log.h"
+#include "methods/method.h"
+#include "methods/metrics.h"
 #include "testutil.h"
 
 /* ================================================================ parameters */

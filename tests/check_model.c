@@ -20,11 +20,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "forward.h"
-#include "model.h"
-#include "sampler.h"
+#include "model/forward.h"
+#include "model/model.h"
+#include "model/sampler.h"
 #include "testutil.h"
-#include "tokenizer.h"
+#include "vocab/tokenizer.h"
 
 static const char *const PUBLISHED =
     "Once upon a time, there was a little girl named Lily. She loved to play outside in the "

@@ -1,5 +1,5 @@
-/* Unit tests of MosaicKV (lib/mosaic.c, lib/method_mosaic.c,
- * lib/method_uniform2d.c). References are hand-worked vectors and byte
+/* Unit tests of MosaicKV (lib/mosaic/mosaic.c, lib/mosaic/method.c,
+ * lib/mosaic/uniform2d.c). References are hand-worked vectors and byte
  * counts written out below, and double-precision computations done here
  * from the stored arrays with this file's own decoding (bit loops, offsets
  * summed here), never the library's answer read back. */
@@ -7,12 +7,12 @@
 
 #include <math.h>
 
-#include "attn_util.h"
-#include "cdump.h"
-#include "eigen.h"
-#include "half.h"
-#include "method.h"
-#include "mosaic.h"
+#include "core/attn.h"
+#include "io/cdump.h"
+#include "core/eigen.h"
+#include "core/half.h"
+#include "methods/method.h"
+#include "mosaic/mosaic.h"
 #include "testutil.h"
 
 /* ---------------------------------------------------------------- data */

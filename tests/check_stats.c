@@ -1,4 +1,4 @@
-/* Unit tests of lib/stats.c: moments, channel RMS, the median and the
+/* Unit tests of lib/analysis/stats.c: moments, channel RMS, the median and the
  * outlier rule. References are hand-computed values and plain
  * double-precision two-pass sums written out here; tests/cli_errors.sh
  * checks the whole `mkv-analyze stats` against numpy. */
@@ -6,8 +6,8 @@
 
 #include <math.h>
 
-#include "dump.h"
-#include "stats.h"
+#include "io/dump.h"
+#include "analysis/stats.h"
 #include "testutil.h"
 
 /* Two-pass population mean/std and per-channel RMS of x[T][d] in double. */

@@ -14,10 +14,10 @@
 #include <math.h>
 #include <sys/stat.h>
 
-#include "dump.h"
-#include "log.h"
-#include "rng.h"
-#include "synthetic.h"
+#include "io/dump.h"
+#include "core/log.h"
+#include "core/rng.h"
+#include "io/synthetic.h"
 #include "testutil.h"
 
 /* ------------------------------------------------------------ RNG */

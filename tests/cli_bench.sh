@@ -3,7 +3,7 @@
 #
 # Everywhere (CI builds without CUDA and has no GPU): every misuse of the
 # benchmark options gets its one-line message on stderr (the exact text of
-# lib/cli.c and tools/mkv-attend.c), exit status 2, nothing on stdout, and
+# lib/cli/cli.c and tools/mkv-attend.c), exit status 2, nothing on stdout, and
 # no output file: each case runs with -o out.tsv in an empty directory that
 # must stay empty (or keep an older out.tsv unchanged).  Then --bench where
 # it cannot run: a build without CUDA, or a CUDA build with every GPU hidden
@@ -99,7 +99,7 @@ refuse() {
 
 try="try '$E --help'"
 
-# ---------------------------------------------------------------- list values (lib/cli.c, parse_list)
+# ---------------------------------------------------------------- list values (lib/cli/cli.c, parse_list)
 ctx_range="must be in 1..2147483647"
 suffix="expected a number with an optional K, M or G suffix"
 refuse "--contexts 0" 2 "$E: invalid value '0' for --contexts: $ctx_range" --bench --contexts 0

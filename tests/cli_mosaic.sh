@@ -27,7 +27,7 @@ for t in "$COMPRESS" "$ATTEND" "$CAPTURE"; do
 done
 for m in mosaic uniform2d; do
     if ! "$COMPRESS" --list-methods 2>/dev/null | grep -q "^$m\b"; then
-        echo "cli_mosaic: SKIP: method $m is not registered (lib/methods_registry.c)"
+        echo "cli_mosaic: SKIP: method $m is not registered (lib/methods/registry.c)"
         exit 77
     fi
 done

@@ -13,7 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "mkv.h"
+#include "core/mkv.h"
 #include "mkv_cuda.h"
 
 /* Calls a program's entry points where they cannot work and returns 0

@@ -27,13 +27,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "analysis.h"
-#include "cli.h"
-#include "dump.h"
-#include "log.h"
-#include "mkv.h"
-#include "stats.h"
-#include "tensor.h"
+#include "analysis/analysis.h"
+#include "cli/cli.h"
+#include "io/dump.h"
+#include "core/log.h"
+#include "core/mkv.h"
+#include "analysis/stats.h"
+#include "core/tensor.h"
 
 typedef struct command command;
 struct command {
@@ -163,7 +163,7 @@ static void command_usage(const command *cmd, FILE *fp, int status)
             cmd->details);
     if (cmd->options)
         fprintf(fp, "Options:\n%s\n", cmd->options);
-    fputs(MKV_COMMON_USAGE, fp);
+    mkv_common_usage(fp, 0);
     exit(status);
 }
 

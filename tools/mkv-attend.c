@@ -16,7 +16,7 @@
  * answer every query with it and with exact attention, and fill their own
  * rows of the result table, so the output does not depend on --threads.
  * On the GPU a worker answers all queries of its head in one call
- * (lib/gpu_packed.c), one head on the GPU at a time; exact attention and
+ * (lib/gpu/gpu_packed.c), one head on the GPU at a time; exact attention and
  * the metrics stay on the CPU threads.
  */
 #include "config.h"
@@ -34,18 +34,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "analysis.h"
-#include "tasks.h"
-#include "cdump.h"
-#include "cli.h"
-#include "gpu_packed.h"
-#include "dump.h"
-#include "log.h"
-#include "method.h"
-#include "metrics.h"
-#include "mkv.h"
+#include "analysis/analysis.h"
+#include "core/tasks.h"
+#include "io/cdump.h"
+#include "cli/cli.h"
+#include "gpu/gpu_packed.h"
+#include "io/dump.h"
+#include "core/log.h"
+#include "methods/method.h"
+#include "methods/metrics.h"
+#include "core/mkv.h"
 #include "mkv_cuda.h"
-#include "tensor.h"
+#include "core/tensor.h"
 
 enum {
     OPT_REFERENCE = MKV_OPT_FIRST_TOOL, OPT_SUMMARY, OPT_BUDGET, OPT_BENCH, OPT_CONTEXTS, OPT_BATCHES,
@@ -54,6 +54,8 @@ enum {
 
 static const struct option longopts[] = {
     MKV_COMMON_LONGOPTS,
+    MKV_THREADS_LONGOPT,
+    MKV_DEVICE_LONGOPT,
     {"output", required_argument, NULL, 'o'},
     {"reference", required_argument, NULL, 'r'},
     {"summary", no_argument, NULL, OPT_SUMMARY},
@@ -126,7 +128,7 @@ static void usage(FILE *fp, int status)
             "      --warmup N       untimed steps first (default 5)\n"
             "  The shape is LLaMA-3.1-8B's: 32 query heads, 8 KV heads, head_dim 128, bf16.\n\n",
             mkv_progname(), mkv_progname());
-    fputs(MKV_COMMON_USAGE, fp);
+    mkv_common_usage(fp, MKV_COMMON_THREADS | MKV_COMMON_DEVICE);
     exit(status);
 }
 

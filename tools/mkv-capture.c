@@ -31,21 +31,21 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "chat.h"
-#include "cli.h"
-#include "dump.h"
-#include "forward.h"
-#include "import.h"
-#include "log.h"
-#include "mkv.h"
-#include "model.h"
-#include "model_load.h"
-#include "rng.h"
-#include "sampler.h"
-#include "shapes.h"
-#include "synthetic.h"
-#include "tensor.h"
-#include "tokenizer.h"
+#include "vocab/chat.h"
+#include "cli/cli.h"
+#include "io/dump.h"
+#include "model/forward.h"
+#include "io/import.h"
+#include "core/log.h"
+#include "core/mkv.h"
+#include "model/model.h"
+#include "model/model_load.h"
+#include "core/rng.h"
+#include "model/sampler.h"
+#include "model/shapes.h"
+#include "io/synthetic.h"
+#include "core/tensor.h"
+#include "vocab/tokenizer.h"
 
 enum {
     OPT_SYNTHETIC = MKV_OPT_FIRST_TOOL,
@@ -86,6 +86,7 @@ enum {
 
 static const struct option longopts[] = {
     MKV_COMMON_LONGOPTS,
+    MKV_THREADS_LONGOPT,
     {"output", required_argument, NULL, 'o'},
     {"prompt", required_argument, NULL, 'p'},
     {"file", required_argument, NULL, 'f'},
@@ -197,7 +198,7 @@ static void usage(FILE *fp, int status)
             "      --format F       auto, safetensors, vllm or npy (default auto)\n"
             "      --k-rope R       keys in SRC are post- or pre-RoPE (default post)\n\n",
             mkv_progname(), mkv_progname(), mkv_progname(), mkv_progname());
-    fputs(MKV_COMMON_USAGE, fp);
+    mkv_common_usage(fp, MKV_COMMON_THREADS);
     exit(status);
 }
 

@@ -11,7 +11,7 @@
  *
  * The tool is a loop over layers: read all heads of a layer, compress the
  * KV heads in parallel (each head is independent), move on. Methods and
- * their parameters come from the registry (lib/methods_registry.c).
+ * their parameters come from the registry (lib/methods/registry.c).
  */
 #include "config.h"
 
@@ -22,20 +22,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "analysis.h"
-#include "tasks.h"
-#include "cdump.h"
-#include "cli.h"
-#include "dump.h"
-#include "log.h"
-#include "method.h"
-#include "mkv.h"
-#include "tensor.h"
+#include "analysis/analysis.h"
+#include "core/tasks.h"
+#include "io/cdump.h"
+#include "cli/cli.h"
+#include "io/dump.h"
+#include "core/log.h"
+#include "methods/method.h"
+#include "core/mkv.h"
+#include "core/tensor.h"
 
 enum { OPT_LIST_METHODS = MKV_OPT_FIRST_TOOL, OPT_HELP_METHOD };
 
 static const struct option longopts[] = {
     MKV_COMMON_LONGOPTS,
+    MKV_THREADS_LONGOPT,
     {"output", required_argument, NULL, 'o'},
     {"method", required_argument, NULL, 'm'},
     {"param", required_argument, NULL, 'p'},
@@ -63,7 +64,7 @@ static void usage(FILE *fp, int status)
             "      --list-methods   list the methods and their parameters, then exit\n"
             "      --help-method    describe the parameters of --method NAME, then exit\n\n",
             mkv_progname(), mkv_progname(), mkv_progname());
-    fputs(MKV_COMMON_USAGE, fp);
+    mkv_common_usage(fp, MKV_COMMON_THREADS);
     fprintf(fp, "\nMethods:");
     for (int i = 0; mkv_methods[i]; i++)
         fprintf(fp, " %s", mkv_methods[i]->name);
@@ -257,10 +258,6 @@ static void parse_args(int argc, char **argv, compress_args *a)
     free(param_args);
     if (!a->output)
         misuse("missing -o FILE (use '-o -' for stdout)");
-    if (a->common.device == MKV_DEVICE_GPU) {
-        mkv_usage_error("--device gpu: compression runs on the CPU in this build (use --device cpu or auto)");
-        exit(1);
-    }
 }
 
 /* ------------------------------------------------------------ compression */
@@ -312,7 +309,7 @@ static int run_layer(layer_job *j, int threads, mkv_error *err)
     int h;
     int rc = mkv_run_tasks(j->m->n_kv_heads, threads, compress_head, j, &h, err);
     if (rc != MKV_OK && h >= 0) {
-        /* name the head unless the message (from lib/cdump.c) does */
+        /* name the head unless the message (from lib/io/cdump.c) does */
         char tag[64];
         snprintf(tag, sizeof tag, "layer %d head %d:", j->layer, h);
         if (strncmp(err->msg, tag, strlen(tag)) != 0)

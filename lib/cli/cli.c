@@ -1,0 +1,209 @@
+/* Option helpers shared by every tool. */
+#include "config.h"
+#include "cli/cli.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <gsl/gsl_version.h>
+#include <hdf5.h>
+#include <zlib.h>
+
+#include "core/log.h"
+#include "mkv_cuda.h"
+
+void mkv_common_init(mkv_common_opts *c)
+{
+    c->verbosity = MKV_LOG_WARN;
+    c->threads = 0;
+    c->device = MKV_DEVICE_AUTO;
+    mkv_log_set_level(c->verbosity);
+}
+
+void mkv_common_usage(FILE *fp, unsigned set)
+{
+    fputs("Common options:\n"
+          "  -h, --help           show this help and exit\n"
+          "      --version        show version and build features, then exit\n"
+          "  -q, --quiet          only print errors\n"
+          "  -v, --verbose        more messages (repeat for debug)\n",
+          fp);
+    if (set & MKV_COMMON_THREADS)
+        fputs("      --threads N      worker threads (default: number of CPUs)\n", fp);
+    if (set & MKV_COMMON_DEVICE)
+        fputs("      --device D       auto, cpu or gpu (default auto)\n", fp);
+}
+
+int mkv_common_option(mkv_common_opts *c, int opt, const char *arg)
+{
+    long v;
+    switch (opt) {
+    case 'q':
+        c->verbosity = MKV_LOG_ERROR;
+        break;
+    case 'v':
+        if (c->verbosity < MKV_LOG_DEBUG)
+            c->verbosity = c->verbosity < MKV_LOG_INFO ? MKV_LOG_INFO : c->verbosity + 1;
+        break;
+    case MKV_OPT_THREADS:
+        if (mkv_parse_int(arg, "threads", 1, 1024, &v))
+            return -1;
+        c->threads = (int)v;
+        return 1;
+    case MKV_OPT_DEVICE:
+        if (strcmp(arg, "auto") == 0)
+            c->device = MKV_DEVICE_AUTO;
+        else if (strcmp(arg, "cpu") == 0)
+            c->device = MKV_DEVICE_CPU;
+        else if (strcmp(arg, "gpu") == 0)
+            c->device = MKV_DEVICE_GPU;
+        else {
+            mkv_usage_error("invalid value '%s' for --device: expected auto, cpu or gpu", arg);
+            return -1;
+        }
+        return 1;
+    default:
+        return 0;
+    }
+    mkv_log_set_level(c->verbosity);
+    return 1;
+}
+
+void mkv_usage_error(const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "%s: ", mkv_progname());
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+void mkv_describe_bad_option(int opt, char **argv, const char *shortopts, char *buf, size_t size)
+{
+    const char *arg = argv[optind - 1];
+    int name_len = (int)strcspn(arg, "=");
+    int is_short = optopt > 0 && optopt < 0x100;
+    if (opt == ':' && is_short)
+        snprintf(buf, size, "option '-%c' needs a value", optopt);
+    else if (opt == ':')
+        snprintf(buf, size, "option '%s' needs a value", arg);
+    else if (optopt == 0)
+        snprintf(buf, size, "unknown option '%.*s'", name_len, arg);
+    else if (!is_short || strchr(shortopts, optopt))
+        snprintf(buf, size, "option '%.*s' takes no value", name_len, arg);
+    else
+        snprintf(buf, size, "unknown option '-%c'", optopt);
+}
+
+void mkv_report(const mkv_error *err)
+{
+    fprintf(stderr, "%s: %s\n", mkv_progname(), err->msg[0] ? err->msg : "unknown error");
+}
+
+int mkv_parse_int(const char *arg, const char *name, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(arg, &end, 10);
+    if (end == arg || *end != '\0' || errno == ERANGE) {
+        mkv_usage_error("invalid value '%s' for --%s: not an integer", arg, name);
+        return -1;
+    }
+    if (v < lo || v > hi) {
+        mkv_usage_error("invalid value '%s' for --%s: must be in %ld..%ld", arg, name, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int mkv_parse_double(const char *arg, const char *name, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(arg, &end);
+    if (end == arg || *end != '\0' || errno == ERANGE || !isfinite(v)) {
+        mkv_usage_error("invalid value '%s' for --%s: not a number", arg, name);
+        return -1;
+    }
+    if (v < lo || v > hi) {
+        mkv_usage_error("invalid value '%s' for --%s: must be in %g..%g", arg, name, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int mkv_parse_size(const char *arg, const char *name, int64_t lo, int64_t hi, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(arg, &end, 10);
+    int64_t mult = 1;
+    if (end != arg && *end) {
+        switch (*end) {
+        case 'k': case 'K': mult = INT64_C(1) << 10; break;
+        case 'm': case 'M': mult = INT64_C(1) << 20; break;
+        case 'g': case 'G': mult = INT64_C(1) << 30; break;
+        default: mult = 0;
+        }
+        end++;
+    }
+    if (end == arg || *end != '\0' || mult == 0 || errno == ERANGE) {
+        mkv_usage_error("invalid value '%s' for --%s: expected a number with an optional K, M or G suffix", arg, name);
+        return -1;
+    }
+    if (v > 0 && v > INT64_MAX / mult) {
+        mkv_usage_error("invalid value '%s' for --%s: too large", arg, name);
+        return -1;
+    }
+    int64_t s = (int64_t)v * mult;
+    if (s < lo || s > hi) {
+        mkv_usage_error("invalid value '%s' for --%s: must be in %lld..%lld", arg, name,
+                        (long long)lo, (long long)hi);
+        return -1;
+    }
+    *out = s;
+    return 0;
+}
+
+int mkv_ncpus(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+void mkv_print_version(FILE *fp)
+{
+    unsigned maj, min, rel;
+    H5get_libversion(&maj, &min, &rel);
+    fprintf(fp, "%s (mosaickv) %s\n", mkv_progname(), PACKAGE_VERSION);
+    fprintf(fp, "HDF5: %u.%u.%u (built with %s)\n", maj, min, rel, MKV_HDF5_VERSION);
+    fprintf(fp, "GSL: %s\n", gsl_version);
+    fprintf(fp, "zlib: %s\n", zlibVersion());
+    fprintf(fp, "BLAS: %s\n", MKV_BLAS);
+    fprintf(fp, "CUDA: %s\n", mkv_cuda_build_info());
+    if (!mkv_cuda_built())
+        return;
+    mkv_gpu_info gpus[16];
+    int count = 0;
+    mkv_error err;
+    if (mkv_cuda_devices(gpus, 16, &count, &err) != MKV_OK) {
+        fprintf(fp, "GPUs: unavailable (%s)\n", err.msg);
+        return;
+    }
+    if (count == 0)
+        fprintf(fp, "GPUs: none found\n");
+    for (int i = 0; i < count && i < 16; i++)
+        fprintf(fp, "GPU %d: %s, compute capability %d.%d, %d SMs, %.1f GiB (%.1f GiB free)%s\n",
+                gpus[i].index, gpus[i].name, gpus[i].cc_major, gpus[i].cc_minor,
+                gpus[i].multiprocessors, gpus[i].total_mem / 1073741824.0,
+                gpus[i].free_mem / 1073741824.0,
+                gpus[i].usable ? "" : " [no code for it in this build]");
+}

@@ -1,0 +1,38 @@
+/* Building blocks every attention path shares: online softmax in double,
+ * the token budget rule, and top-k selection. */
+#ifndef MKV_ATTN_UTIL_H
+#define MKV_ATTN_UTIL_H
+
+#include <stdint.h>
+#include "core/mkv.h"
+
+/* Online softmax: running max m, sum l = sum exp(s - m), acc = sum exp(s - m) v.
+ * Order-independent up to rounding; two partial states merge exactly. */
+typedef struct {
+    double m;
+    double l;
+    double *acc;   /* [d], caller-owned */
+    int d;
+} mkv_osm;
+
+void mkv_osm_init(mkv_osm *s, double *acc, int d);
+/* Add one token with score s and value v [d]. */
+void mkv_osm_add(mkv_osm *s, double score, const float *v);
+/* Add a token whose value is given sparsely: vals[i] at channel idx[i]. */
+void mkv_osm_add_sparse(mkv_osm *s, double score, const float *vals, const int *idx, int n);
+/* a += b (flash-decoding merge of two splits). */
+void mkv_osm_merge(mkv_osm *a, const mkv_osm *b);
+/* out [d] = acc / l (zeros when nothing was added). */
+void mkv_osm_finish(const mkv_osm *s, float *out);
+
+/* Token budget per decode step, in tokens, for a context of n tokens:
+ * budget <= 1 is a fraction of n (rounded up), budget > 1 a count; the
+ * result is clamped to 1..n. Sink and recent tokens count towards it. */
+int64_t mkv_budget_tokens(double budget, int64_t n);
+
+/* Indices of the k largest scores of n (ties: lower index first), written
+ * to idx[0..k) in ascending index order. k is clamped to n. Returns the
+ * number written, or -1 when out of memory. Thread-safe. */
+int64_t mkv_topk(const double *scores, int64_t n, int64_t k, int64_t *idx);
+
+#endif

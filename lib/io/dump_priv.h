@@ -1,0 +1,35 @@
+/* Internals shared by dump.c (I/O) and validate.c (checks). */
+#ifndef MKV_DUMP_PRIV_H
+#define MKV_DUMP_PRIV_H
+
+#include <hdf5.h>
+#include "io/dump.h"
+
+/* "/layers/NN/k" for layer and kind. */
+void mkv_dump_dset_name(char *buf, size_t size, int layer, char kind);
+
+/* Storage type of a k/v/q dataset: float32 (or float64, converted by
+ * HDF5), IEEE half, or uint16 with attribute dtype="bfloat16". Returns 0,
+ * or -1 with a reason in why. */
+int mkv_dump_dset_dtype(hid_t dset, mkv_dtype *t, char *why, size_t whysize);
+
+/* Read a hyperslab [h0:h0+nh, t0:t0+nt, 0:d] of a 3-D dataset of storage
+ * type t into float32 out. */
+int mkv_dump_read_slab(hid_t dset, mkv_dtype t, int h0, int nh, int64_t t0, int64_t nt, int d,
+                       float *out, mkv_error *err);
+
+/* Dimensions of a dataset; returns its rank (<= 3 filled) or -1. */
+int mkv_dump_dset_dims(hid_t dset, hsize_t dims[3]);
+
+/* Read and check mkv_format, mkv_version and the shape attributes of an
+ * open file into m (n_tokens/n_queries are left 0). */
+int mkv_dump_read_meta(hid_t fid, const char *path, mkv_dump_meta *m, mkv_error *err);
+/* The model attributes raw and compressed dumps share: n_layers, n_heads,
+ * n_kv_heads, head_dim (range-checked), rope_theta, model, k_rope and
+ * created_by; errors name the file as path. */
+int mkv_dump_read_model_attrs(hid_t fid, const char *path, mkv_dump_meta *m, mkv_error *err);
+
+/* HDF5 type for IEEE binary16 (caller closes). */
+hid_t mkv_h5_f16_type(void);
+
+#endif

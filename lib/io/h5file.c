@@ -1,0 +1,463 @@
+/* HDF5 files: clear open errors, pipes through file images, atomic output,
+ * attribute helpers. */
+#include "config.h"
+#include "io/h5file.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <hdf5_hl.h>
+
+void mkv_h5_quiet(void)
+{
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+}
+
+/* ---------------------------------------------------------------- input */
+
+static int read_all(FILE *fp, unsigned char **buf, size_t *len)
+{
+    size_t cap = 1 << 20, n = 0;
+    unsigned char *b = malloc(cap);
+    if (!b)
+        return ENOMEM;
+    for (;;) {
+        if (n == cap) {
+            unsigned char *nb = cap > SIZE_MAX / 2 ? NULL : realloc(b, cap * 2);
+            if (!nb) {
+                free(b);
+                return ENOMEM;
+            }
+            b = nb;
+            cap *= 2;
+        }
+        size_t got = fread(b + n, 1, cap - n, fp);
+        n += got;
+        if (got == 0) {
+            if (ferror(fp)) {
+                int e = errno ? errno : EIO;
+                free(b);
+                return e;
+            }
+            break;
+        }
+    }
+    *buf = b;
+    *len = n;
+    return 0;
+}
+
+static const unsigned char hdf5_signature[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+
+int mkv_h5_open_read(const char *path, hid_t *fid, mkv_error *err)
+{
+    mkv_h5_quiet();
+    if (strcmp(path, "-") == 0) {
+        unsigned char *buf;
+        size_t len;
+        int e = read_all(stdin, &buf, &len);
+        if (e)
+            return mkv_fail_errno(err, MKV_EIO, e, "cannot read standard input");
+        if (len == 0) {
+            free(buf);
+            return mkv_fail(err, MKV_EFORMAT, "standard input is empty");
+        }
+        if (len < 8 || memcmp(buf, hdf5_signature, 8) != 0) {
+            free(buf);
+            return mkv_fail(err, MKV_EFORMAT, "standard input is not an HDF5 file");
+        }
+        /* HDF5 copies the image; our buffer can go at once */
+        hid_t f = H5LTopen_file_image(buf, len, 0);
+        free(buf);
+        if (f < 0)
+            return mkv_fail(err, MKV_EFORMAT, "standard input is a truncated or damaged HDF5 file");
+        *fid = f;
+        return MKV_OK;
+    }
+
+    int fd = open(path, O_RDONLY);
+    if (fd < 0)
+        return mkv_fail_errno(err, MKV_EIO, errno, "cannot open '%s'", path);
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return mkv_fail_errno(err, MKV_EIO, e, "cannot open '%s'", path);
+    }
+    close(fd);
+    if (S_ISDIR(st.st_mode))
+        return mkv_fail_errno(err, MKV_EIO, EISDIR, "cannot open '%s'", path);
+    if (st.st_size == 0)
+        return mkv_fail(err, MKV_EFORMAT, "'%s' is empty", path);
+    if (H5Fis_hdf5(path) <= 0)
+        return mkv_fail(err, MKV_EFORMAT, "'%s' is not an HDF5 file", path);
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (f < 0)
+        return mkv_fail(err, MKV_EFORMAT, "'%s' is truncated or damaged", path);
+    *fid = f;
+    return MKV_OK;
+}
+
+/* ---------------------------------------------------------------- output */
+
+/* Temporaries to remove if the process is interrupted. */
+#define MAX_TEMPS 16
+static char *volatile g_temps[MAX_TEMPS];
+
+static void on_fatal_signal(int sig)
+{
+    for (int i = 0; i < MAX_TEMPS; i++)
+        if (g_temps[i])
+            unlink(g_temps[i]);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static void track_temp(char *path)
+{
+    static int handlers_installed;
+    if (!handlers_installed) {
+        int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
+        for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+            signal(sigs[i], on_fatal_signal);
+        handlers_installed = 1;
+    }
+    for (int i = 0; i < MAX_TEMPS; i++)
+        if (!g_temps[i]) {
+            g_temps[i] = path;
+            return;
+        }
+}
+
+static void untrack_temp(const char *path)
+{
+    for (int i = 0; i < MAX_TEMPS; i++)
+        if (g_temps[i] == path)
+            g_temps[i] = NULL;
+}
+
+static int same_file(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    if (stat(a, &sa) != 0 || stat(b, &sb) != 0)
+        return 0;
+    return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+int mkv_h5_create(const char *path, const char *protect, mkv_h5_out *out, mkv_error *err)
+{
+    mkv_h5_quiet();
+    memset(out, 0, sizeof *out);
+    out->fid = H5I_INVALID_HID;
+
+    if (strcmp(path, "-") == 0) {
+        if (isatty(STDOUT_FILENO))
+            return mkv_fail(err, MKV_EUSAGE,
+                            "refusing to write binary output to a terminal (use -o FILE or a pipe)");
+        hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+        if (fapl < 0 || H5Pset_fapl_core(fapl, 4 << 20, 0) < 0) {
+            if (fapl >= 0)
+                H5Pclose(fapl);
+            return mkv_fail(err, MKV_EIO, "cannot set up an in-memory HDF5 file for standard output");
+        }
+        out->fid = H5Fcreate("mkv-stdout.h5", H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+        H5Pclose(fapl);
+        if (out->fid < 0)
+            return mkv_fail(err, MKV_EIO, "cannot create an in-memory HDF5 file for standard output");
+        out->to_stdout = 1;
+        return MKV_OK;
+    }
+
+    if (protect && strcmp(protect, "-") != 0 && (strcmp(path, protect) == 0 || same_file(path, protect)))
+        return mkv_fail(err, MKV_EUSAGE, "output '%s' would overwrite the input", path);
+
+    char *copy = strdup(path);
+    out->final_path = strdup(path);
+    if (!copy || !out->final_path) {
+        free(copy);
+        free(out->final_path);
+        out->final_path = NULL;
+        return mkv_fail(err, MKV_ENOMEM, "out of memory");
+    }
+    const char *dir = dirname(copy);
+    char *base_copy = strdup(path);
+    const char *base = base_copy ? basename(base_copy) : "out";
+    size_t len = strlen(dir) + strlen(base) + 16;
+    out->tmp_path = malloc(len);
+    if (!out->tmp_path) {
+        free(copy);
+        free(base_copy);
+        mkv_h5_discard(out);
+        return mkv_fail(err, MKV_ENOMEM, "out of memory");
+    }
+    snprintf(out->tmp_path, len, "%s/.%s.XXXXXX", dir, base);
+    free(copy);
+    free(base_copy);
+
+    int fd = mkstemp(out->tmp_path);
+    if (fd < 0) {
+        int e = errno;
+        free(out->tmp_path);
+        out->tmp_path = NULL;
+        mkv_h5_discard(out);
+        return mkv_fail_errno(err, MKV_EIO, e, "cannot create '%s'", path);
+    }
+    /* mkstemp makes the file 0600; a dump should get the usual umask mode */
+    mode_t mask = umask(0);
+    umask(mask);
+    fchmod(fd, 0666 & ~mask);
+    close(fd);
+    track_temp(out->tmp_path);
+    out->fid = H5Fcreate(out->tmp_path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    if (out->fid < 0) {
+        mkv_h5_discard(out);
+        return mkv_fail(err, MKV_EIO, "cannot create '%s': HDF5 could not create the file", path);
+    }
+    return MKV_OK;
+}
+
+static int write_stdout_image(hid_t fid, mkv_error *err)
+{
+    if (H5Fflush(fid, H5F_SCOPE_GLOBAL) < 0)
+        return mkv_fail(err, MKV_EIO, "cannot flush the output image");
+    ssize_t size = H5Fget_file_image(fid, NULL, 0);
+    if (size <= 0)
+        return mkv_fail(err, MKV_EIO, "cannot get the output image");
+    unsigned char *buf = malloc((size_t)size);
+    if (!buf)
+        return mkv_fail(err, MKV_ENOMEM, "out of memory for a %zd-byte output image", size);
+    if (H5Fget_file_image(fid, buf, (size_t)size) != size) {
+        free(buf);
+        return mkv_fail(err, MKV_EIO, "cannot get the output image");
+    }
+    size_t done = fwrite(buf, 1, (size_t)size, stdout);
+    free(buf);
+    if (done != (size_t)size || fflush(stdout) != 0)
+        return mkv_fail_errno(err, MKV_EIO, errno ? errno : EIO, "cannot write standard output");
+    return MKV_OK;
+}
+
+int mkv_h5_finish(mkv_h5_out *out, mkv_error *err)
+{
+    int rc = MKV_OK;
+    if (out->to_stdout) {
+        rc = write_stdout_image(out->fid, err);
+        H5Fclose(out->fid);
+        out->fid = H5I_INVALID_HID;
+        return rc;
+    }
+    herr_t closed = H5Fclose(out->fid);
+    out->fid = H5I_INVALID_HID;
+    if (closed < 0) {
+        mkv_fail(err, MKV_EIO, "cannot write '%s': closing the HDF5 file failed", out->final_path);
+        mkv_h5_discard(out);
+        return MKV_EIO;
+    }
+    int fd = open(out->tmp_path, O_RDONLY);
+    if (fd < 0 || fsync(fd) != 0) {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        mkv_fail_errno(err, MKV_EIO, e, "cannot write '%s'", out->final_path);
+        mkv_h5_discard(out);
+        return MKV_EIO;
+    }
+    close(fd);
+    if (rename(out->tmp_path, out->final_path) != 0) {
+        int e = errno;
+        mkv_fail_errno(err, MKV_EIO, e, "cannot write '%s'", out->final_path);
+        mkv_h5_discard(out);
+        return MKV_EIO;
+    }
+    untrack_temp(out->tmp_path);
+    /* make the rename itself durable */
+    char *copy = strdup(out->final_path);
+    if (copy) {
+        int dfd = open(dirname(copy), O_RDONLY | O_DIRECTORY);
+        if (dfd >= 0) {
+            fsync(dfd);
+            close(dfd);
+        }
+        free(copy);
+    }
+    free(out->tmp_path);
+    free(out->final_path);
+    out->tmp_path = out->final_path = NULL;
+    return rc;
+}
+
+void mkv_h5_discard(mkv_h5_out *out)
+{
+    if (out->fid >= 0) {
+        H5Fclose(out->fid);
+        out->fid = H5I_INVALID_HID;
+    }
+    if (out->tmp_path) {
+        unlink(out->tmp_path);
+        untrack_temp(out->tmp_path);
+        free(out->tmp_path);
+        out->tmp_path = NULL;
+    }
+    free(out->final_path);
+    out->final_path = NULL;
+}
+
+/* ---------------------------------------------------------------- attributes */
+
+static int put_attr(hid_t obj, const char *name, hid_t file_type, hid_t mem_type,
+                    const void *value, mkv_error *err)
+{
+    hid_t space = H5Screate(H5S_SCALAR);
+    if (space < 0)
+        return mkv_fail(err, MKV_EIO, "cannot write attribute '%s'", name);
+    if (H5Aexists(obj, name) > 0)
+        H5Adelete(obj, name);
+    hid_t a = H5Acreate2(obj, name, file_type, space, H5P_DEFAULT, H5P_DEFAULT);
+    herr_t w = a >= 0 ? H5Awrite(a, mem_type, value) : -1;
+    if (a >= 0)
+        H5Aclose(a);
+    H5Sclose(space);
+    return w < 0 ? mkv_fail(err, MKV_EIO, "cannot write attribute '%s'", name) : MKV_OK;
+}
+
+int mkv_h5_attr_put_str(hid_t obj, const char *name, const char *value, mkv_error *err)
+{
+    /* variable-length UTF-8: h5py reads it back as str */
+    hid_t t = H5Tcopy(H5T_C_S1);
+    if (t < 0 || H5Tset_size(t, H5T_VARIABLE) < 0 || H5Tset_cset(t, H5T_CSET_UTF8) < 0) {
+        if (t >= 0)
+            H5Tclose(t);
+        return mkv_fail(err, MKV_EIO, "cannot write attribute '%s'", name);
+    }
+    int rc = put_attr(obj, name, t, t, &value, err);
+    H5Tclose(t);
+    return rc;
+}
+
+int mkv_h5_attr_put_int(hid_t obj, const char *name, int64_t value, mkv_error *err)
+{
+    return put_attr(obj, name, H5T_STD_I64LE, H5T_NATIVE_INT64, &value, err);
+}
+
+int mkv_h5_attr_put_double(hid_t obj, const char *name, double value, mkv_error *err)
+{
+    return put_attr(obj, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &value, err);
+}
+
+int mkv_h5_has_attr(hid_t obj, const char *name) { return H5Aexists(obj, name) > 0; }
+
+int mkv_h5_has_link(hid_t loc, const char *path)
+{
+    /* H5Lexists needs every intermediate component to exist */
+    char buf[512];
+    if (strlen(path) >= sizeof buf)
+        return 0;
+    strcpy(buf, path);
+    for (char *p = buf + (buf[0] == '/'); ; p++) {
+        if (*p == '/' || *p == '\0') {
+            char saved = *p;
+            *p = '\0';
+            if (H5Lexists(loc, buf, H5P_DEFAULT) <= 0)
+                return 0;
+            *p = saved;
+            if (saved == '\0')
+                return 1;
+        }
+    }
+}
+
+static int open_attr(hid_t obj, const char *name, hid_t *a, mkv_error *err)
+{
+    if (H5Aexists(obj, name) <= 0)
+        return mkv_fail(err, MKV_EFORMAT, "missing attribute '%s'", name);
+    *a = H5Aopen(obj, name, H5P_DEFAULT);
+    if (*a < 0)
+        return mkv_fail(err, MKV_EFORMAT, "cannot read attribute '%s'", name);
+    hid_t space = H5Aget_space(*a);
+    hssize_t n = space >= 0 ? H5Sget_simple_extent_npoints(space) : -1;
+    if (space >= 0)
+        H5Sclose(space);
+    if (n != 1) {
+        H5Aclose(*a);
+        return mkv_fail(err, MKV_EFORMAT, "attribute '%s' is not a single value", name);
+    }
+    return MKV_OK;
+}
+
+int mkv_h5_attr_get_str(hid_t obj, const char *name, char *buf, size_t bufsize, mkv_error *err)
+{
+    hid_t a;
+    int rc = open_attr(obj, name, &a, err);
+    if (rc)
+        return rc;
+    hid_t ft = H5Aget_type(a);
+    rc = MKV_OK;
+    if (ft < 0 || H5Tget_class(ft) != H5T_STRING) {
+        rc = mkv_fail(err, MKV_EFORMAT, "attribute '%s' is not a string", name);
+    } else if (H5Tis_variable_str(ft) > 0) {
+        hid_t mt = H5Tcopy(H5T_C_S1);
+        H5Tset_size(mt, H5T_VARIABLE);
+        H5Tset_cset(mt, H5Tget_cset(ft));
+        char *s = NULL;
+        if (H5Aread(a, mt, &s) < 0 || !s) {
+            rc = mkv_fail(err, MKV_EFORMAT, "cannot read attribute '%s'", name);
+        } else {
+            snprintf(buf, bufsize, "%s", s);
+            hid_t space = H5Aget_space(a);
+            H5Dvlen_reclaim(mt, space, H5P_DEFAULT, &s);
+            H5Sclose(space);
+        }
+        H5Tclose(mt);
+    } else {
+        size_t size = H5Tget_size(ft);
+        char *s = calloc(size + 1, 1);
+        hid_t mt = H5Tcopy(ft);
+        if (!s || H5Aread(a, mt, s) < 0)
+            rc = mkv_fail(err, MKV_EFORMAT, "cannot read attribute '%s'", name);
+        else
+            snprintf(buf, bufsize, "%s", s);
+        H5Tclose(mt);
+        free(s);
+    }
+    if (ft >= 0)
+        H5Tclose(ft);
+    H5Aclose(a);
+    return rc;
+}
+
+static int get_number(hid_t obj, const char *name, hid_t mem_type, void *value, mkv_error *err)
+{
+    hid_t a;
+    int rc = open_attr(obj, name, &a, err);
+    if (rc)
+        return rc;
+    hid_t ft = H5Aget_type(a);
+    H5T_class_t cls = ft >= 0 ? H5Tget_class(ft) : H5T_NO_CLASS;
+    if (cls != H5T_INTEGER && cls != H5T_FLOAT)
+        rc = mkv_fail(err, MKV_EFORMAT, "attribute '%s' is not a number", name);
+    else if (mem_type == H5T_NATIVE_INT64 && cls == H5T_FLOAT)
+        rc = mkv_fail(err, MKV_EFORMAT, "attribute '%s' is not an integer", name);
+    else if (H5Aread(a, mem_type, value) < 0)
+        rc = mkv_fail(err, MKV_EFORMAT, "cannot read attribute '%s'", name);
+    if (ft >= 0)
+        H5Tclose(ft);
+    H5Aclose(a);
+    return rc;
+}
+
+int mkv_h5_attr_get_int(hid_t obj, const char *name, int64_t *value, mkv_error *err)
+{
+    return get_number(obj, name, H5T_NATIVE_INT64, value, err);
+}
+
+int mkv_h5_attr_get_double(hid_t obj, const char *name, double *value, mkv_error *err)
+{
+    return get_number(obj, name, H5T_NATIVE_DOUBLE, value, err);
+}

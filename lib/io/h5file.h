@@ -1,0 +1,47 @@
+/* HDF5 file access shared by every format: opening with clear errors,
+ * "-" for stdin/stdout through in-memory file images, atomic output
+ * (temporary file in the target directory, fsync, rename), attributes. */
+#ifndef MKV_H5FILE_H
+#define MKV_H5FILE_H
+
+#include <hdf5.h>
+#include "core/mkv.h"
+
+/* Turn off HDF5's automatic error stack printing (call once per process). */
+void mkv_h5_quiet(void);
+
+/* Open an existing HDF5 file read-only. path "-" reads stdin into a file
+ * image. Errors: "cannot open 'x': No such file or directory",
+ * "'x' is empty", "'x' is not an HDF5 file", "'x' is truncated or damaged". */
+int mkv_h5_open_read(const char *path, hid_t *fid, mkv_error *err);
+
+/* An output file being written. */
+typedef struct {
+    char *final_path;   /* NULL when writing to stdout */
+    char *tmp_path;     /* temporary file beside final_path */
+    int to_stdout;
+    hid_t fid;
+} mkv_h5_out;
+
+/* Create an output file. path "-" writes to stdout when finished (refused
+ * when stdout is a terminal). protect (may be NULL) names an input the
+ * output must not overwrite. */
+int mkv_h5_create(const char *path, const char *protect, mkv_h5_out *out, mkv_error *err);
+/* Close, fsync and rename into place (or write the image to stdout). On
+ * failure the temporary is removed and nothing appears under the name. */
+int mkv_h5_finish(mkv_h5_out *out, mkv_error *err);
+/* Abandon the output: close and remove the temporary. Safe to call twice. */
+void mkv_h5_discard(mkv_h5_out *out);
+
+/* Attributes on an object (file root, group or dataset). */
+int mkv_h5_attr_put_str(hid_t obj, const char *name, const char *value, mkv_error *err);
+int mkv_h5_attr_put_int(hid_t obj, const char *name, int64_t value, mkv_error *err);
+int mkv_h5_attr_put_double(hid_t obj, const char *name, double value, mkv_error *err);
+/* Getters return MKV_EFORMAT with "missing attribute 'name'" when absent. */
+int mkv_h5_attr_get_str(hid_t obj, const char *name, char *buf, size_t bufsize, mkv_error *err);
+int mkv_h5_attr_get_int(hid_t obj, const char *name, int64_t *value, mkv_error *err);
+int mkv_h5_attr_get_double(hid_t obj, const char *name, double *value, mkv_error *err);
+int mkv_h5_has_attr(hid_t obj, const char *name);
+int mkv_h5_has_link(hid_t loc, const char *path); /* path may have several components */
+
+#endif

@@ -1,0 +1,403 @@
+/* Helpers shared by the baseline methods (see baseline.h). */
+#include "config.h"
+#include "methods/baseline.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/attn.h"
+#include "core/half.h"
+#include "core/tensor.h"
+
+#define F16_MAX 65504.0f
+
+/* ---------------------------------------------------------------- checks */
+
+int mkv_bl_check_fraction(const char *name, double v, mkv_error *err)
+{
+    if (!(v > 0 && v <= 1))
+        return mkv_fail(err, MKV_EUSAGE, "%s=%g is out of range: a fraction in (0, 1] is required",
+                        name, v);
+    return MKV_OK;
+}
+
+int mkv_bl_check_budget(const char *name, double v, int64_t n, mkv_error *err)
+{
+    if (!(v > 0))
+        return mkv_fail(err, MKV_EUSAGE,
+                        "%s=%g is out of range: a fraction in (0, 1] or a token count > 1 is required",
+                        name, v);
+    if (v <= 1)
+        return MKV_OK;
+    if (v != floor(v))
+        return mkv_fail(err, MKV_EUSAGE, "%s=%g: a count above 1 must be a whole number of tokens",
+                        name, v);
+    if (v > (double)n)
+        return mkv_fail(err, MKV_EUSAGE, "%s=%g tokens is larger than the context of %lld tokens",
+                        name, v, (long long)n);
+    return MKV_OK;
+}
+
+int mkv_bl_check_min(const char *name, int64_t v, int64_t min, mkv_error *err)
+{
+    if (v < min)
+        return mkv_fail(err, MKV_EUSAGE, "%s=%lld is out of range: at least %lld is required", name,
+                        (long long)v, (long long)min);
+    return MKV_OK;
+}
+
+int mkv_bl_need_queries(const char *method, int64_t W, mkv_error *err)
+{
+    if (W <= 0)
+        return mkv_fail(err, MKV_EFORMAT,
+                        "method '%s' needs observation queries (the dump has W = 0)", method);
+    return MKV_OK;
+}
+
+int mkv_bl_check_f16_range(const float *x, size_t n, const char *what, int layer, int head,
+                           mkv_error *err)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!(fabsf(x[i]) <= F16_MAX))
+            return mkv_fail(err, MKV_EFORMAT,
+                            "layer %d, KV head %d: %s value %g does not fit float16 (|x| <= 65504)",
+                            layer, head, what, (double)x[i]);
+    return MKV_OK;
+}
+
+int mkv_bl_check_query(const mkv_attend_query *q, int64_t T, int d, int G, mkv_error *err)
+{
+    if (q->d != d || q->G != G)
+        return mkv_fail(err, MKV_EFORMAT,
+                        "query of %d heads x %d channels does not fit a cache of %d heads x %d channels",
+                        q->G, q->d, G, d);
+    int64_t pos = q->pos;
+    if (pos < 0 || pos >= T)
+        return mkv_fail(err, MKV_EUSAGE, "query position %lld is outside the cache of %lld tokens",
+                        (long long)pos, (long long)T);
+    return MKV_OK;
+}
+
+/* ---------------------------------------------------------------- fp16 directed rounding */
+
+/* The fp16 bit pattern one step towards -inf (down) or +inf (up). */
+static uint16_t f16_step(uint16_t h, int up)
+{
+    int negative = (h & 0x8000) != 0;
+    if ((h & 0x7fff) == 0)              /* +0 or -0 */
+        return up ? 0x0001 : 0x8001;
+    return negative == up ? (uint16_t)(h - 1) : (uint16_t)(h + 1);
+}
+
+/* Largest fp16 <= x. */
+static float f16_down(float x)
+{
+    uint16_t h = mkv_f32_to_f16(x);
+    if (mkv_f16_to_f32(h) > x)
+        h = f16_step(h, 0);
+    return mkv_f16_to_f32(h);
+}
+
+/* Smallest fp16 >= x. */
+static float f16_up(float x)
+{
+    uint16_t h = mkv_f32_to_f16(x);
+    if (mkv_f16_to_f32(h) < x)
+        h = f16_step(h, 1);
+    return mkv_f16_to_f32(h);
+}
+
+/* ---------------------------------------------------------------- Quest */
+
+int64_t mkv_bl_pages(int64_t T, int page)
+{
+    return (T + page - 1) / page;
+}
+
+void mkv_bl_page_minmax(const float *x, int64_t T, int n, int page, float *mn, float *mx)
+{
+    int64_t pages = mkv_bl_pages(T, page);
+    for (int64_t pg = 0; pg < pages; pg++) {
+        int64_t t0 = pg * page, t1 = t0 + page < T ? t0 + page : T;
+        float *lo = mn + pg * n, *hi = mx + pg * n;
+        memcpy(lo, x + t0 * n, sizeof(float) * (size_t)n);
+        memcpy(hi, x + t0 * n, sizeof(float) * (size_t)n);
+        for (int64_t t = t0 + 1; t < t1; t++)
+            for (int i = 0; i < n; i++) {
+                float v = x[t * n + i];
+                if (v < lo[i])
+                    lo[i] = v;
+                if (v > hi[i])
+                    hi[i] = v;
+            }
+    }
+}
+
+double mkv_bl_page_score(const float *q, const float *mn, const float *mx, int n)
+{
+    double s = 0;
+    for (int i = 0; i < n; i++) {
+        double a = (double)q[i] * mn[i], b = (double)q[i] * mx[i];
+        s += a > b ? a : b;
+    }
+    return s;
+}
+
+void mkv_bl_selection_from(const mkv_params *p, mkv_bl_selection *s)
+{
+    s->page = (int)mkv_params_int(p, "page");
+    s->budget = mkv_params_double(p, "budget");
+    s->sink = mkv_params_int(p, "sink");
+    s->recent = mkv_params_int(p, "recent");
+    s->agg_sum = strcmp(mkv_params_str(p, "agg"), "sum") == 0;
+}
+
+int mkv_bl_check_selection(const mkv_params *p, int64_t T, mkv_error *err)
+{
+    const char *agg = mkv_params_str(p, "agg");
+    int rc;
+    if ((rc = mkv_bl_check_min("page", mkv_params_int(p, "page"), 1, err)) ||
+        (rc = mkv_bl_check_budget("budget", mkv_params_double(p, "budget"), T, err)) ||
+        (rc = mkv_bl_check_min("sink", mkv_params_int(p, "sink"), 0, err)) ||
+        (rc = mkv_bl_check_min("recent", mkv_params_int(p, "recent"), 0, err)))
+        return rc;
+    if (strcmp(agg, "max") && strcmp(agg, "sum"))
+        return mkv_fail(err, MKV_EUSAGE, "agg=%s: expected max or sum", agg);
+    return MKV_OK;
+}
+
+int64_t mkv_bl_score_pages(const mkv_bl_selection *s, const float *q, int G, int n,
+                           const float *mn, const float *mx, int64_t p, double *score)
+{
+    int64_t visible = p / s->page + 1;
+    for (int64_t pg = 0; pg < visible; pg++) {
+        double agg = 0;
+        for (int g = 0; g < G; g++) {
+            double v = mkv_bl_page_score(q + (size_t)g * n, mn + pg * n, mx + pg * n, n);
+            if (s->agg_sum)
+                agg += v;
+            else if (g == 0 || v > agg)
+                agg = v;
+        }
+        score[pg] = agg;
+    }
+    return visible;
+}
+
+typedef struct {
+    double score;
+    int64_t index;
+} ranked;
+
+/* Higher score first, then lower index. */
+static int by_score_desc(const void *a, const void *b)
+{
+    const ranked *x = a, *y = b;
+    if (x->score != y->score)
+        return x->score > y->score ? -1 : 1;
+    return x->index < y->index ? -1 : x->index > y->index;
+}
+
+int64_t mkv_bl_select(const mkv_bl_selection *s, const double *score, int64_t T, int64_t p,
+                      uint8_t *attended, mkv_error *err)
+{
+    int64_t n = p + 1, count = 0;
+    int64_t budget = mkv_budget_tokens(s->budget, n);
+    int64_t sink_end = s->sink < n ? s->sink : n;
+    for (int64_t t = 0; t < sink_end; t++)
+        attended[t] = 1;
+    count = sink_end;
+    int64_t recent_start = T - s->recent > sink_end ? T - s->recent : sink_end;
+    for (int64_t t = recent_start; t <= p; t++) {
+        attended[t] = 1;
+        count++;
+    }
+    if (count >= budget)
+        return count;
+
+    int64_t visible = p / s->page + 1;
+    ranked *order = mkv_alloc((size_t)visible, sizeof *order, "page ranking", err);
+    if (!order)
+        return -1;
+    for (int64_t i = 0; i < visible; i++) {
+        order[i].score = score[i];
+        order[i].index = i;
+    }
+    qsort(order, (size_t)visible, sizeof *order, by_score_desc);
+    for (int64_t i = 0; i < visible && count < budget; i++) {
+        int64_t t0 = order[i].index * s->page, t1 = t0 + s->page;
+        if (t1 > n)
+            t1 = n;
+        for (int64_t t = t0; t < t1; t++)
+            if (!attended[t]) {
+                attended[t] = 1;
+                count++;
+            }
+    }
+    mkv_free(order);
+    return count;
+}
+
+/* ---------------------------------------------------------------- KIVI */
+
+void mkv_bl_quant_range(float mn, float mx, int bits, float *scale, float *zero)
+{
+    double levels = (double)((1u << bits) - 1);
+    float z = f16_down(mn);
+    float sc = f16_up((float)(((double)mx - z) / levels));
+    /* the rounding of the division may still leave mx just outside */
+    while ((double)z + levels * sc < (double)mx)
+        sc = mkv_f16_to_f32(f16_step(mkv_f32_to_f16(sc), 1));
+    *scale = sc;
+    *zero = z;
+}
+
+unsigned mkv_bl_quant_code(float x, float scale, float zero, int bits)
+{
+    unsigned top = (1u << bits) - 1;
+    if (scale <= 0)
+        return 0;
+    double c = nearbyint(((double)x - zero) / scale);
+    return c <= 0 ? 0 : c >= top ? top : (unsigned)c;
+}
+
+size_t mkv_bl_packed_bytes(size_t n, int bits)
+{
+    size_t per = 8 / (size_t)bits;
+    return (n + per - 1) / per;
+}
+
+void mkv_bl_pack(const uint8_t *codes, size_t n, int bits, uint8_t *out)
+{
+    size_t per = 8 / (size_t)bits;
+    memset(out, 0, mkv_bl_packed_bytes(n, bits));
+    for (size_t i = 0; i < n; i++)
+        out[i / per] |= (uint8_t)(codes[i] << ((i % per) * (size_t)bits));
+}
+
+unsigned mkv_bl_unpack(const uint8_t *packed, size_t i, int bits)
+{
+    size_t per = 8 / (size_t)bits;
+    return (packed[i / per] >> ((i % per) * (size_t)bits)) & ((1u << bits) - 1);
+}
+
+/* ---------------------------------------------------------------- arrays */
+
+int mkv_bl_has(mkv_cdump *c, int layer, int head, const char *name)
+{
+    int64_t dims[3];
+    return mkv_cdump_shape(c, layer, head, name, dims) > 0;
+}
+
+int mkv_bl_get(mkv_cdump *c, int layer, int head, const char *name, mkv_el_type type, int rank,
+               const int64_t *dims, void **out, mkv_error *err)
+{
+    int64_t have[3] = {0, 0, 0};
+    int r = mkv_cdump_shape(c, layer, head, name, have);
+    int same = r == rank;
+    for (int i = 0; same && i < rank; i++)
+        same = have[i] == dims[i];
+    if (!same) {
+        char want[96] = "", got[96] = "";
+        for (int i = 0; i < rank; i++)
+            snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", i ? " x " : "",
+                     (long long)dims[i]);
+        for (int i = 0; i < r && i < 3; i++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? " x " : "",
+                     (long long)have[i]);
+        return mkv_fail(err, MKV_EFORMAT, "layer %d, KV head %d: array '%s' is %s, expected [%s]",
+                        layer, head, name, r > 0 ? got : "missing", want);
+    }
+    size_t numel = 1;
+    for (int i = 0; i < rank; i++)
+        numel *= (size_t)dims[i];
+    size_t el = type == MKV_EL_F16 || type == MKV_EL_F32 ? sizeof(float) : mkv_el_size(type);
+    void *buf = mkv_alloc(numel ? numel : 1, el, name, err);
+    if (!buf)
+        return MKV_ENOMEM;
+    int rc = mkv_cdump_get(c, layer, head, name, type, buf, numel, err);
+    if (rc != MKV_OK) {
+        mkv_free(buf);
+        return rc;
+    }
+    *out = buf;
+    return MKV_OK;
+}
+
+int mkv_bl_put2(mkv_cdump_writer *w, int layer, int head, const char *name, mkv_el_type type,
+                int64_t rows, int64_t cols, const void *data, mkv_error *err)
+{
+    if (rows <= 0)
+        return MKV_OK;
+    int64_t dims[2] = {rows, cols};
+    return mkv_cdump_put(w, layer, head, name, type, 2, dims, data, err);
+}
+
+void mkv_bl_shape(mkv_cdump *c, int64_t *T, int *d, int *G)
+{
+    const mkv_cdump_meta *m = mkv_cdump_meta_of(c);
+    *T = m->raw.n_tokens;
+    *d = m->raw.head_dim;
+    *G = m->raw.n_kv_heads > 0 ? m->raw.n_heads / m->raw.n_kv_heads : 1;
+}
+
+/* ---------------------------------------------------------------- attention */
+
+double mkv_bl_dot(const float *q, const float *k, int n)
+{
+    double s = 0;
+    for (int i = 0; i < n; i++)
+        s += (double)q[i] * k[i];
+    return s;
+}
+
+double mkv_bl_dot_idx(const float *q, const int *idx, const float *k, int n)
+{
+    double s = 0;
+    for (int i = 0; i < n; i++)
+        s += (double)q[idx[i]] * k[i];
+    return s;
+}
+
+int mkv_bl_attend_rows(const mkv_attend_query *q, const float *k, const float *v, int64_t n,
+                       const uint8_t *mask, float *out, mkv_error *err)
+{
+    int d = q->d;
+    double *acc = mkv_alloc((size_t)d, sizeof *acc, "attention accumulator", err);
+    if (!acc)
+        return MKV_ENOMEM;
+    for (int g = 0; g < q->G; g++) {
+        const float *qg = q->q + (size_t)g * d;
+        mkv_osm s;
+        mkv_osm_init(&s, acc, d);
+        for (int64_t r = 0; r < n; r++)
+            if (!mask || mask[r])
+                mkv_osm_add(&s, q->scale * mkv_bl_dot(qg, k + r * d, d), v + r * d);
+        mkv_osm_finish(&s, out + (size_t)g * d);
+    }
+    mkv_free(acc);
+    return MKV_OK;
+}
+
+int mkv_bl_kept_channels(double keep, int d)
+{
+    int k = (int)ceil(keep * d - 1e-9);
+    return k < 1 ? 1 : k > d ? d : k;
+}
+
+int mkv_bl_top_channels(const double *score, int n, int k, int *idx, mkv_error *err)
+{
+    int64_t *top = mkv_alloc((size_t)k, sizeof *top, "channel ranking", err);
+    if (!top)
+        return MKV_ENOMEM;
+    if (mkv_topk(score, n, k, top) != k) {
+        mkv_free(top);
+        return mkv_fail(err, MKV_ENOMEM, "out of memory ranking channels");
+    }
+    for (int i = 0; i < k; i++)
+        idx[i] = (int)top[i];
+    mkv_free(top);
+    return MKV_OK;
+}

@@ -1,0 +1,104 @@
+/* Compression methods: MosaicKV and the baselines behind one interface, so
+ * mkv-compress and mkv-attend treat them alike and every method is measured
+ * with the same metrics over the same dumps.
+ *
+ * A method compresses one (layer, KV head) at a time into arrays of a
+ * compressed dump (lib/io/cdump.h), and later loads them back and answers
+ * attention queries: for the G query heads of that KV head at position p it
+ * returns the attention output over tokens 0..p as the method sees them
+ * (selected tokens, packed or quantized values), the set of tokens it
+ * attended, and the bytes it read. Each method lives in one file,
+ * lib/method_<name>.c, whose top comment documents its stored arrays. */
+#ifndef MKV_METHOD_H
+#define MKV_METHOD_H
+
+#include <stdint.h>
+#include "io/cdump.h"
+#include "core/mkv.h"
+
+/* ---- parameters ---- */
+typedef enum { MKV_PARAM_INT, MKV_PARAM_DOUBLE, MKV_PARAM_STRING } mkv_param_kind;
+
+typedef struct {
+    const char *name;      /* e.g. "keep" */
+    mkv_param_kind kind;
+    const char *def;       /* default as text, e.g. "0.25" */
+    double min, max;       /* range for numbers (inclusive) */
+    const char *choices;   /* for strings: space-separated allowed values, or NULL */
+    const char *help;      /* one line, with its unit */
+} mkv_param_spec;
+
+#define MKV_MAX_PARAMS 32
+typedef struct {
+    int n;
+    const mkv_param_spec *spec[MKV_MAX_PARAMS];
+    char value[MKV_MAX_PARAMS][64];
+} mkv_params;
+
+/* Fill p with the defaults of specs (terminated by name == NULL). */
+void mkv_params_init(mkv_params *p, const mkv_param_spec *specs);
+/* Set "key=value" (or key, value): unknown key, bad number, out of range or
+ * not a choice -> MKV_EUSAGE with a message naming the parameter. */
+int mkv_params_set(mkv_params *p, const char *key, const char *value, mkv_error *err);
+int mkv_params_parse(mkv_params *p, const char *assignment, mkv_error *err);
+/* A list of assignments separated by commas or blanks ("keep=1,strategy=fixed"
+ * or "keep=1 strategy=fixed"): the number set, or -1 with err set. */
+int mkv_params_parse_list(mkv_params *p, const char *list, mkv_error *err);
+int64_t mkv_params_int(const mkv_params *p, const char *key);
+double mkv_params_double(const mkv_params *p, const char *key);
+const char *mkv_params_str(const mkv_params *p, const char *key);
+/* Canonical text "k1=v1 k2=v2 ..." in spec order. */
+void mkv_params_format(const mkv_params *p, char *buf, size_t size);
+
+/* ---- compression input: one (layer, KV head) of a raw dump ---- */
+typedef struct {
+    int layer, head;
+    int64_t T;               /* tokens */
+    int d;                   /* head_dim */
+    int G;                   /* query heads per KV head */
+    const float *k, *v;      /* [T][d] (post-RoPE keys) */
+    int64_t W;               /* observation queries (may be 0) */
+    const float *q;          /* [G][W][d] queries of this group, NULL when W = 0 */
+    const int32_t *query_pos;/* [W] */
+    int threads;
+} mkv_head_kv;
+
+/* ---- attention ---- */
+typedef struct {
+    int G, d;
+    const float *q;          /* [G][d] */
+    int64_t pos;             /* query position: attends to tokens 0..pos */
+    double scale;            /* 1/sqrt(d) */
+} mkv_attend_query;
+
+typedef struct {
+    float *out;              /* [G][d], filled by the method */
+    uint8_t *attended;       /* [T] (caller allocated, zeroed): 1 for each token whose
+                                key/value took part (any of the G heads) */
+    uint64_t bytes_read;     /* bytes of compressed state this step read */
+} mkv_attend_result;
+
+typedef struct mkv_method {
+    const char *name;
+    const char *summary;                 /* one line for --help */
+    const mkv_param_spec *params;        /* NULL-terminated */
+    /* Cross-check parameters against the dump shape (budget larger than the
+     * context, group size not dividing d', ...). */
+    int (*check)(const mkv_params *p, const mkv_dump_meta *m, mkv_error *err);
+    int (*compress)(const mkv_params *p, const mkv_head_kv *in, mkv_cdump_writer *w, mkv_error *err);
+    /* Load the arrays of (layer, head) into a state for attend. */
+    int (*load)(const mkv_params *p, mkv_cdump *c, int layer, int head, void **state, mkv_error *err);
+    int (*attend)(void *state, const mkv_attend_query *q, mkv_attend_result *r, mkv_error *err);
+    void (*free_state)(void *state);
+} mkv_method;
+
+/* Registry: every method, NULL-terminated; lookup by name. */
+extern const mkv_method *const mkv_methods[];
+const mkv_method *mkv_method_find(const char *name);
+
+/* Exact attention in double accumulation (the reference every method is
+ * measured against): out [G][d] for q [G][d] over k, v [T][d], tokens 0..pos;
+ * probs (optional, [G][pos+1]) receives the softmax weights. */
+void mkv_attend_exact(const float *k, const float *v, int d, const mkv_attend_query *q, float *out, double *probs);
+
+#endif

@@ -1,0 +1,146 @@
+/* StreamingLLM: keep the first `sink` tokens (attention sinks) and the most
+ * recent ones, evict everything in between, permanently.
+ *
+ * With n = mkv_budget_tokens(keep, T) tokens kept (keep: a fraction <= 1 of
+ * T, or a count > 1), sink' = min(sink, n) and recent' = n - sink':
+ *   k   float16 [n][d]   keys of tokens 0..sink'-1, then T-recent'..T-1
+ *   v   float16 [n][d]   their values
+ * Token indices are implicit (attributes sink_tokens and recent_tokens
+ * record sink' and recent'; both follow from the parameters and T).
+ *
+ * Attention for a query at position p: exact softmax attention over the
+ * kept tokens <= p; no further selection. bytes_read: K and V of those
+ * tokens (2 x n_p x d x 2). */
+#include "config.h"
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/attn.h"
+#include "methods/baseline.h"
+#include "core/tensor.h"
+
+static const mkv_param_spec streaming_params[] = {
+    {"sink", MKV_PARAM_INT, "4", 0, 1e9, NULL, "first tokens kept (attention sinks)"},
+    {"keep", MKV_PARAM_DOUBLE, "0.1", 0, 1e15, NULL,
+     "tokens kept, sink included: a fraction (<= 1) of the context, or a count"},
+    {NULL, 0, NULL, 0, 0, NULL, NULL},
+};
+
+typedef struct {
+    int64_t T, sink, recent;
+    int d, G;
+    float *k, *v;
+} streaming_state;
+
+static int check_params(const mkv_params *p, int64_t T, mkv_error *err)
+{
+    int rc;
+    if ((rc = mkv_bl_check_min("sink", mkv_params_int(p, "sink"), 0, err)))
+        return rc;
+    return mkv_bl_check_budget("keep", mkv_params_double(p, "keep"), T, err);
+}
+
+/* sink' and recent' for a cache of T tokens. */
+static void kept_tokens(const mkv_params *p, int64_t T, int64_t *sink, int64_t *recent)
+{
+    int64_t n = mkv_budget_tokens(mkv_params_double(p, "keep"), T);
+    int64_t s = mkv_params_int(p, "sink");
+    *sink = s < n ? s : n;
+    *recent = n - *sink;
+}
+
+static int streaming_check(const mkv_params *p, const mkv_dump_meta *m, mkv_error *err)
+{
+    return check_params(p, m->n_tokens, err);
+}
+
+static int streaming_compress(const mkv_params *p, const mkv_head_kv *in, mkv_cdump_writer *w,
+                              mkv_error *err)
+{
+    int rc = check_params(p, in->T, err);
+    if (rc)
+        return rc;
+    int64_t sink, recent, d = in->d;
+    kept_tokens(p, in->T, &sink, &recent);
+    int64_t n = sink + recent;
+    float *k = mkv_alloc((size_t)(n * d), sizeof(float), "kept keys", err);
+    float *v = k ? mkv_alloc((size_t)(n * d), sizeof(float), "kept values", err) : NULL;
+    if (!v) {
+        mkv_free(k);
+        return MKV_ENOMEM;
+    }
+    size_t head = sizeof(float) * (size_t)(sink * d), tail = sizeof(float) * (size_t)(recent * d);
+    memcpy(k, in->k, head);
+    memcpy(v, in->v, head);
+    memcpy(k + sink * d, in->k + (in->T - recent) * d, tail);
+    memcpy(v + sink * d, in->v + (in->T - recent) * d, tail);
+    if (!(rc = mkv_bl_check_f16_range(k, (size_t)(n * d), "key", in->layer, in->head, err)) &&
+        !(rc = mkv_bl_check_f16_range(v, (size_t)(n * d), "value", in->layer, in->head, err)) &&
+        !(rc = mkv_bl_put2(w, in->layer, in->head, "k", MKV_EL_F16, n, d, k, err)) &&
+        !(rc = mkv_bl_put2(w, in->layer, in->head, "v", MKV_EL_F16, n, d, v, err)) &&
+        !(rc = mkv_cdump_put_attr_int(w, in->layer, in->head, "sink_tokens", sink, err)))
+        rc = mkv_cdump_put_attr_int(w, in->layer, in->head, "recent_tokens", recent, err);
+    mkv_free(k);
+    mkv_free(v);
+    return rc;
+}
+
+static void streaming_free(void *state)
+{
+    streaming_state *s = state;
+    if (!s)
+        return;
+    mkv_free(s->k);
+    mkv_free(s->v);
+    free(s);
+}
+
+static int streaming_load(const mkv_params *p, mkv_cdump *c, int layer, int head, void **state,
+                          mkv_error *err)
+{
+    streaming_state *s = calloc(1, sizeof *s);
+    if (!s)
+        return mkv_fail(err, MKV_ENOMEM, "out of memory loading streaming state");
+    mkv_bl_shape(c, &s->T, &s->d, &s->G);
+    int rc = check_params(p, s->T, err);
+    if (!rc) {
+        kept_tokens(p, s->T, &s->sink, &s->recent);
+        int64_t dims[2] = {s->sink + s->recent, s->d};
+        if (!(rc = mkv_bl_get(c, layer, head, "k", MKV_EL_F16, 2, dims, (void **)&s->k, err)))
+            rc = mkv_bl_get(c, layer, head, "v", MKV_EL_F16, 2, dims, (void **)&s->v, err);
+    }
+    if (rc) {
+        streaming_free(s);
+        return rc;
+    }
+    *state = s;
+    return MKV_OK;
+}
+
+static int streaming_attend(void *state, const mkv_attend_query *q, mkv_attend_result *r,
+                            mkv_error *err)
+{
+    streaming_state *s = state;
+    int rc = mkv_bl_check_query(q, s->T, s->d, s->G, err);
+    if (rc)
+        return rc;
+    /* kept tokens are in increasing order: those <= p are a prefix of the rows */
+    int64_t rows = 0;
+    for (int64_t i = 0; i < s->sink && i <= q->pos; i++, rows++)
+        r->attended[i] = 1;
+    for (int64_t t = s->T - s->recent; t <= q->pos; t++, rows++)
+        r->attended[t] = 1;
+    r->bytes_read = (uint64_t)rows * 2u * (uint64_t)s->d * 2u;
+    return mkv_bl_attend_rows(q, s->k, s->v, rows, NULL, r->out, err);
+}
+
+const mkv_method mkv_method_streaming = {
+    .name = "streaming",
+    .summary = "StreamingLLM: keep attention-sink and recent tokens, evict the rest",
+    .params = streaming_params,
+    .check = streaming_check,
+    .compress = streaming_compress,
+    .load = streaming_load,
+    .attend = streaming_attend,
+    .free_state = streaming_free,
+};

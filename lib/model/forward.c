@@ -1,0 +1,580 @@
+/* fp32 CPU forward pass: RMSNorm, RoPE, grouped-query attention with a KV
+ * cache, SwiGLU, over CBLAS, with a small pool of threads. */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/blas.h"
+#include "model/forward.h"
+#include "core/tensor.h"
+
+#define DEFAULT_CHUNK 128
+/* Output rows of a weight matrix per task.  Fixed, so that every output
+ * element is computed by the same BLAS call whatever the thread count. */
+#define TILE_ROWS 64
+/* Query rows per attention task; bounds the score scratch per thread. */
+#define ATT_ROWS 16
+/* Jobs smaller than this many multiply-adds run on the calling thread:
+ * waking workers costs more than the work. */
+#define PARALLEL_MIN_WORK 262144
+
+/* ------------------------------------------------------------ thread pool */
+
+typedef void (*task_fn)(void *ctx, int task, int worker);
+
+typedef struct {
+    int n_workers;           /* threads besides the caller */
+    pthread_t *tids;
+    pthread_mutex_t mu;
+    pthread_cond_t start, done;
+    unsigned long generation;
+    int stop;
+    int running;             /* workers still in the current job */
+    task_fn fn;
+    void *ctx;
+    int n_tasks;
+    atomic_int next;
+} pool;
+
+typedef struct {
+    pool *p;
+    int index;               /* 1..n_workers; the caller is 0 */
+} worker_arg;
+
+static void run_tasks(pool *p, task_fn fn, void *ctx, int n_tasks, int worker)
+{
+    for (int t; (t = atomic_fetch_add(&p->next, 1)) < n_tasks;)
+        fn(ctx, t, worker);
+}
+
+static void *worker_main(void *arg)
+{
+    worker_arg *w = arg;
+    pool *p = w->p;
+    unsigned long seen = 0;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        while (p->generation == seen && !p->stop)
+            pthread_cond_wait(&p->start, &p->mu);
+        if (p->stop)
+            break;
+        seen = p->generation;
+        task_fn fn = p->fn;
+        void *ctx = p->ctx;
+        int n = p->n_tasks;
+        pthread_mutex_unlock(&p->mu);
+        run_tasks(p, fn, ctx, n, w->index);
+        pthread_mutex_lock(&p->mu);
+        if (--p->running == 0)
+            pthread_cond_signal(&p->done);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+static void pool_run(pool *p, task_fn fn, void *ctx, int n_tasks, double work)
+{
+    if (p->n_workers == 0 || n_tasks <= 1 || work < PARALLEL_MIN_WORK) {
+        for (int t = 0; t < n_tasks; t++)
+            fn(ctx, t, 0);
+        return;
+    }
+    pthread_mutex_lock(&p->mu);
+    p->fn = fn;
+    p->ctx = ctx;
+    p->n_tasks = n_tasks;
+    atomic_store(&p->next, 0);
+    p->running = p->n_workers;
+    p->generation++;
+    pthread_cond_broadcast(&p->start);
+    pthread_mutex_unlock(&p->mu);
+    run_tasks(p, fn, ctx, n_tasks, 0);
+    pthread_mutex_lock(&p->mu);
+    while (p->running > 0)
+        pthread_cond_wait(&p->done, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+}
+
+static void pool_stop(pool *p, worker_arg *args, int started)
+{
+    pthread_mutex_lock(&p->mu);
+    p->stop = 1;
+    pthread_cond_broadcast(&p->start);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 0; i < started; i++)
+        pthread_join(p->tids[i], NULL);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->start);
+    pthread_cond_destroy(&p->done);
+    free(p->tids);
+    free(args);
+}
+
+/* ------------------------------------------------------------ state */
+
+struct mkv_forward {
+    const mkv_model *m;
+    mkv_model_config c;
+    int q_dim, kv_dim, group;
+    int threads, chunk, max_seq, pos;
+    float *k_cache, *v_cache;     /* [layer][kv_head][max_seq][head_dim] */
+    /* per-chunk activations, rows = tokens */
+    float *x;                     /* [chunk][dim] residual stream */
+    float *xb;                    /* [chunk][dim] normalized */
+    float *q;                     /* [chunk][q_dim] */
+    float *k, *v, *k_pre;         /* [chunk][kv_dim] */
+    float *att;                   /* [chunk][q_dim] attention output */
+    float *h1, *h3;               /* [chunk][hidden_dim] */
+    float *rope_cos, *rope_sin;   /* [chunk][rope_dim/2] */
+    float *scores;                /* [threads][ATT_ROWS][max_seq] */
+    mkv_capture_fn capture;
+    void *capture_user;
+    pool pool;
+    worker_arg *worker_args;
+};
+
+static float *cache_row(const mkv_forward *f, float *cache, int layer, int kv_head, int pos)
+{
+    size_t head = (size_t)layer * (size_t)f->c.n_kv_heads + (size_t)kv_head;
+    return cache + (head * (size_t)f->max_seq + (size_t)pos) * (size_t)f->c.head_dim;
+}
+
+const float *mkv_forward_k(const mkv_forward *f, int layer, int kv_head)
+{
+    return cache_row(f, f->k_cache, layer, kv_head, 0);
+}
+
+const float *mkv_forward_v(const mkv_forward *f, int layer, int kv_head)
+{
+    return cache_row(f, f->v_cache, layer, kv_head, 0);
+}
+
+int mkv_forward_pos(const mkv_forward *f) { return f->pos; }
+int mkv_forward_max_seq_len(const mkv_forward *f) { return f->max_seq; }
+void mkv_forward_reset(mkv_forward *f) { f->pos = 0; }
+
+int mkv_forward_rewind(mkv_forward *f, int pos, mkv_error *err)
+{
+    if (pos < 0 || pos > f->pos)
+        return mkv_fail(err, MKV_EUSAGE, "cannot rewind to position %d (at %d)", pos, f->pos);
+    f->pos = pos;
+    return MKV_OK;
+}
+
+void mkv_forward_set_capture(mkv_forward *f, mkv_capture_fn fn, void *user)
+{
+    f->capture = fn;
+    f->capture_user = user;
+}
+
+void mkv_forward_free(mkv_forward *f)
+{
+    if (!f)
+        return;
+    if (f->pool.tids)
+        pool_stop(&f->pool, f->worker_args, f->pool.n_workers);
+    float *bufs[] = {f->k_cache, f->v_cache, f->x, f->xb, f->q, f->k, f->v, f->k_pre, f->att,
+                     f->h1, f->h3, f->rope_cos, f->rope_sin, f->scores};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        mkv_free(bufs[i]);
+    free(f);
+}
+
+static float *alloc_floats(size_t a, size_t b, const char *what, mkv_error *err)
+{
+    size_t n;
+    if (mkv_mul_size(a, b, &n) != 0) {
+        mkv_fail(err, MKV_ENOMEM, "size of the %s overflows", what);
+        return NULL;
+    }
+    return mkv_calloc(n, sizeof(float), what, err);
+}
+
+/* The caches are not zeroed: attention reads only rows already written, and
+ * untouched pages of a long context cost no memory. */
+static float *alloc_cache(size_t rows, size_t head_dim, const char *what, mkv_error *err)
+{
+    size_t n;
+    if (mkv_mul_size(rows, head_dim, &n) != 0) {
+        mkv_fail(err, MKV_ENOMEM, "size of the %s overflows", what);
+        return NULL;
+    }
+    return mkv_alloc(n, sizeof(float), what, err);
+}
+
+static int start_pool(mkv_forward *f, mkv_error *err)
+{
+    pool *p = &f->pool;
+    p->n_workers = f->threads - 1;
+    if (p->n_workers == 0)
+        return MKV_OK;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->start, NULL);
+    pthread_cond_init(&p->done, NULL);
+    atomic_init(&p->next, 0);
+    p->tids = calloc((size_t)p->n_workers, sizeof *p->tids);
+    f->worker_args = calloc((size_t)p->n_workers, sizeof *f->worker_args);
+    if (!p->tids || !f->worker_args) {
+        free(f->worker_args);
+        free(p->tids);
+        p->tids = NULL;
+        f->worker_args = NULL;
+        return mkv_fail(err, MKV_ENOMEM, "out of memory for %d threads", f->threads);
+    }
+    for (int i = 0; i < p->n_workers; i++) {
+        f->worker_args[i] = (worker_arg){p, i + 1};
+        if (pthread_create(&p->tids[i], NULL, worker_main, &f->worker_args[i]) != 0) {
+            pool_stop(p, f->worker_args, i);
+            p->tids = NULL;
+            f->worker_args = NULL;
+            return mkv_fail(err, MKV_ENOMEM, "cannot start worker thread %d of %d", i + 1, f->threads);
+        }
+    }
+    return MKV_OK;
+}
+
+int mkv_forward_create(const mkv_model *model, const mkv_forward_opts *opts, mkv_forward **out,
+                       mkv_error *err)
+{
+    *out = NULL;
+    const mkv_model_config *c = &model->cfg;
+    int rc = mkv_model_config_check(c, c->name, err);
+    if (rc)
+        return rc;
+    mkv_forward *f = calloc(1, sizeof *f);
+    if (!f)
+        return mkv_fail(err, MKV_ENOMEM, "out of memory for the forward pass");
+    f->m = model;
+    f->c = *c;
+    f->q_dim = c->n_heads * c->head_dim;
+    f->kv_dim = c->n_kv_heads * c->head_dim;
+    f->group = c->n_heads / c->n_kv_heads;
+    f->threads = opts && opts->threads > 0 ? opts->threads : 1;
+    f->chunk = opts && opts->chunk > 0 ? opts->chunk : DEFAULT_CHUNK;
+    f->max_seq = opts && opts->max_seq_len > 0 ? opts->max_seq_len : c->max_seq_len;
+    if (f->max_seq > c->max_seq_len) {
+        rc = mkv_fail(err, MKV_EUSAGE, "context of %d tokens exceeds the %d of model '%s'",
+                      f->max_seq, c->max_seq_len, c->name);
+        goto fail;
+    }
+    if (f->threads > 1024) {
+        rc = mkv_fail(err, MKV_EUSAGE, "%d threads is too many", f->threads);
+        goto fail;
+    }
+    if (f->chunk > f->max_seq)
+        f->chunk = f->max_seq;
+#ifdef HAVE_OPENBLAS
+    /* Our own threads split the work; BLAS calls stay single-threaded so
+     * each task's result does not depend on how many threads run. */
+    openblas_set_num_threads(1);
+#endif
+    size_t cache_rows = (size_t)c->n_layers * (size_t)c->n_kv_heads * (size_t)f->max_seq;
+    size_t ch = (size_t)f->chunk;
+    if (!(f->k_cache = alloc_cache(cache_rows, (size_t)c->head_dim, "key cache", err)) ||
+        !(f->v_cache = alloc_cache(cache_rows, (size_t)c->head_dim, "value cache", err)) ||
+        !(f->x = alloc_floats(ch, (size_t)c->dim, "activations", err)) ||
+        !(f->xb = alloc_floats(ch, (size_t)c->dim, "activations", err)) ||
+        !(f->q = alloc_floats(ch, (size_t)f->q_dim, "activations", err)) ||
+        !(f->k = alloc_floats(ch, (size_t)f->kv_dim, "activations", err)) ||
+        !(f->v = alloc_floats(ch, (size_t)f->kv_dim, "activations", err)) ||
+        !(f->k_pre = alloc_floats(ch, (size_t)f->kv_dim, "activations", err)) ||
+        !(f->att = alloc_floats(ch, (size_t)f->q_dim, "activations", err)) ||
+        !(f->h1 = alloc_floats(ch, (size_t)c->hidden_dim, "activations", err)) ||
+        !(f->h3 = alloc_floats(ch, (size_t)c->hidden_dim, "activations", err)) ||
+        !(f->rope_cos = alloc_floats(ch, (size_t)c->rope_dim / 2, "RoPE table", err)) ||
+        !(f->rope_sin = alloc_floats(ch, (size_t)c->rope_dim / 2, "RoPE table", err)) ||
+        !(f->scores = alloc_floats((size_t)f->threads * ATT_ROWS, (size_t)f->max_seq,
+                                   "attention scores", err))) {
+        rc = err ? err->code : MKV_ENOMEM;
+        goto fail;
+    }
+    if ((rc = start_pool(f, err)))
+        goto fail;
+    *out = f;
+    return MKV_OK;
+fail:
+    mkv_forward_free(f);
+    return rc;
+}
+
+/* ------------------------------------------------------------ matmul jobs */
+
+/* y[r][0..out) = beta * y[r] + x[r] . W^T (+ bias) for r < rows. */
+typedef struct {
+    const float *x;
+    int ldx;
+    const float *w;   /* [out x in] */
+    int in, out;
+    float *y;
+    int ldy;
+    float beta;
+    const float *bias;
+} matmul;
+
+typedef struct {
+    matmul mm[3];
+    int n_mm;
+    int rows;
+    int tiles[3];
+} matmul_job;
+
+static void matmul_task(void *ctx, int task, int worker)
+{
+    matmul_job *job = ctx;
+    int i = 0;
+    while (task >= job->tiles[i])
+        task -= job->tiles[i++];
+    const matmul *mm = &job->mm[i];
+    int r0 = task * TILE_ROWS;
+    int nr = mm->out - r0 < TILE_ROWS ? mm->out - r0 : TILE_ROWS;
+    const float *w = mm->w + (size_t)r0 * (size_t)mm->in;
+    float *y = mm->y + r0;
+    if (job->rows == 1)
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, nr, mm->in, 1.0f, w, mm->in, mm->x, 1, mm->beta, y, 1);
+    else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, job->rows, nr, mm->in, 1.0f, mm->x,
+                    mm->ldx, w, mm->in, mm->beta, y, mm->ldy);
+    if (mm->bias)
+        for (int r = 0; r < job->rows; r++)
+            for (int j = 0; j < nr; j++)
+                y[(size_t)r * (size_t)mm->ldy + (size_t)j] += mm->bias[r0 + j];
+}
+
+static void run_matmuls(mkv_forward *f, matmul_job *job)
+{
+    int n_tasks = 0;
+    double work = 0.0;
+    for (int i = 0; i < job->n_mm; i++) {
+        job->tiles[i] = (job->mm[i].out + TILE_ROWS - 1) / TILE_ROWS;
+        n_tasks += job->tiles[i];
+        work += (double)job->rows * job->mm[i].in * job->mm[i].out;
+    }
+    pool_run(&f->pool, matmul_task, job, n_tasks, work);
+}
+
+static matmul mm_make(const float *x, int ldx, const float *w, int in, int out, float *y, int ldy,
+                      float beta, const float *bias)
+{
+    return (matmul){x, ldx, w, in, out, y, ldy, beta, bias};
+}
+
+/* ------------------------------------------------------------ layers */
+
+static void rmsnorm(float *out, const float *x, const float *weight, int n, float eps)
+{
+    double ss = 0.0;
+    for (int i = 0; i < n; i++)
+        ss += (double)x[i] * x[i];
+    float scale = (float)(1.0 / sqrt(ss / n + eps));
+    for (int i = 0; i < n; i++)
+        out[i] = x[i] * scale * weight[i];
+}
+
+void mkv_rope_angle(const mkv_model_config *cfg, int pos, int j, double *c, double *s)
+{
+    double inv_freq = pow(cfg->rope_theta, -2.0 * j / cfg->rope_dim);
+    if (cfg->has_rope_freq_factors)
+        inv_freq /= cfg->rope_freq_factors[j];
+    double angle = pos * inv_freq;
+    *c = cos(angle);
+    *s = sin(angle);
+}
+
+static void rope_tables(mkv_forward *f, int pos0, int n)
+{
+    int half = f->c.rope_dim / 2;
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; j < half; j++) {
+            double c, s;
+            mkv_rope_angle(&f->c, pos0 + i, j, &c, &s);
+            f->rope_cos[(size_t)i * half + j] = (float)c;
+            f->rope_sin[(size_t)i * half + j] = (float)s;
+        }
+    }
+}
+
+/* Rotate n_heads heads of head_dim channels, for token row i. */
+static void rope_apply(const mkv_forward *f, float *vec, int n_heads, int i)
+{
+    int half = f->c.rope_dim / 2;
+    const float *cs = f->rope_cos + (size_t)i * half, *sn = f->rope_sin + (size_t)i * half;
+    /* Pair j is (2j, 2j+1) interleaved or (j, j + rope_dim/2) split. */
+    int stride = f->c.rope_layout == MKV_ROPE_INTERLEAVED ? 2 : 1;
+    int second = f->c.rope_layout == MKV_ROPE_INTERLEAVED ? 1 : half;
+    for (int h = 0; h < n_heads; h++) {
+        float *v = vec + (size_t)h * f->c.head_dim;
+        for (int j = 0; j < half; j++) {
+            float *a = v + j * stride, *b = a + second;
+            float x0 = *a, x1 = *b;
+            *a = x0 * cs[j] - x1 * sn[j];
+            *b = x0 * sn[j] + x1 * cs[j];
+        }
+    }
+}
+
+typedef struct {
+    mkv_forward *f;
+    int layer, pos0, n;
+    int row_blocks;
+} attention_job;
+
+/* One query head over one block of up to ATT_ROWS query rows: scores
+ * against every cached key up to each row's own position (causal),
+ * softmax, weighted sum of values. */
+static void attention_task(void *ctx, int task, int worker)
+{
+    attention_job *job = ctx;
+    mkv_forward *f = job->f;
+    int hd = f->c.head_dim;
+    int h = task / job->row_blocks;
+    int r0 = (task % job->row_blocks) * ATT_ROWS;
+    int rows = job->n - r0 < ATT_ROWS ? job->n - r0 : ATT_ROWS;
+    int kvh = h / f->group;
+    int keys = job->pos0 + r0 + rows; /* the block's last row sees this many */
+    const float *K = cache_row(f, f->k_cache, job->layer, kvh, 0);
+    const float *V = cache_row(f, f->v_cache, job->layer, kvh, 0);
+    const float *q = f->q + (size_t)r0 * f->q_dim + (size_t)h * hd;
+    float *out = f->att + (size_t)r0 * f->q_dim + (size_t)h * hd;
+    float *s = f->scores + (size_t)worker * ATT_ROWS * f->max_seq;
+    float scale = (float)(1.0 / sqrt((double)hd));
+
+    if (rows == 1)
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, keys, hd, scale, K, hd, q, 1, 0.0f, s, 1);
+    else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, hd, scale, q, f->q_dim,
+                    K, hd, 0.0f, s, keys);
+    for (int r = 0; r < rows; r++) {
+        float *row = s + (size_t)r * keys;
+        int visible = job->pos0 + r0 + r + 1;
+        float max = row[0];
+        for (int t = 1; t < visible; t++)
+            if (row[t] > max)
+                max = row[t];
+        double sum = 0.0;
+        for (int t = 0; t < visible; t++) {
+            row[t] = expf(row[t] - max);
+            sum += row[t];
+        }
+        float inv = (float)(1.0 / sum);
+        for (int t = 0; t < visible; t++)
+            row[t] *= inv;
+        for (int t = visible; t < keys; t++)
+            row[t] = 0.0f;
+    }
+    if (rows == 1)
+        cblas_sgemv(CblasRowMajor, CblasTrans, keys, hd, 1.0f, V, hd, s, 1, 0.0f, out, 1);
+    else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, keys, 1.0f, s, keys,
+                    V, hd, 0.0f, out, f->q_dim);
+}
+
+static int layer_forward(mkv_forward *f, int l, int pos0, int n, mkv_error *err)
+{
+    const mkv_model_config *c = &f->c;
+    const mkv_layer_weights *w = &f->m->layers[l];
+    int dim = c->dim, hd = c->head_dim;
+
+    for (int i = 0; i < n; i++)
+        rmsnorm(f->xb + (size_t)i * dim, f->x + (size_t)i * dim, w->rms_att, dim, c->rms_eps);
+    matmul_job qkv = {{mm_make(f->xb, dim, w->wq, dim, f->q_dim, f->q, f->q_dim, 0.0f, w->bq),
+                       mm_make(f->xb, dim, w->wk, dim, f->kv_dim, f->k, f->kv_dim, 0.0f, w->bk),
+                       mm_make(f->xb, dim, w->wv, dim, f->kv_dim, f->v, f->kv_dim, 0.0f, w->bv)},
+                      3, n, {0}};
+    run_matmuls(f, &qkv);
+    if (f->capture)
+        memcpy(f->k_pre, f->k, (size_t)n * f->kv_dim * sizeof(float));
+    for (int i = 0; i < n; i++) {
+        rope_apply(f, f->q + (size_t)i * f->q_dim, c->n_heads, i);
+        rope_apply(f, f->k + (size_t)i * f->kv_dim, c->n_kv_heads, i);
+        for (int h = 0; h < c->n_kv_heads; h++) {
+            size_t src = (size_t)i * f->kv_dim + (size_t)h * hd;
+            memcpy(cache_row(f, f->k_cache, l, h, pos0 + i), f->k + src, (size_t)hd * sizeof(float));
+            memcpy(cache_row(f, f->v_cache, l, h, pos0 + i), f->v + src, (size_t)hd * sizeof(float));
+        }
+    }
+    if (f->capture) {
+        mkv_capture_batch b = {l, pos0, n, f->q, f->k, f->k_pre, f->v};
+        int rc = f->capture(f->capture_user, &b, err);
+        if (rc)
+            return rc;
+    }
+
+    attention_job att = {f, l, pos0, n, (n + ATT_ROWS - 1) / ATT_ROWS};
+    double att_work = 2.0 * n * (pos0 + n) * (double)hd * c->n_heads;
+    pool_run(&f->pool, attention_task, &att, c->n_heads * att.row_blocks, att_work);
+
+    matmul_job wo = {{mm_make(f->att, f->q_dim, w->wo, f->q_dim, dim, f->x, dim, 1.0f, NULL)}, 1, n, {0}};
+    run_matmuls(f, &wo);
+
+    for (int i = 0; i < n; i++)
+        rmsnorm(f->xb + (size_t)i * dim, f->x + (size_t)i * dim, w->rms_ffn, dim, c->rms_eps);
+    int hid = c->hidden_dim;
+    matmul_job up = {{mm_make(f->xb, dim, w->w1, dim, hid, f->h1, hid, 0.0f, NULL),
+                      mm_make(f->xb, dim, w->w3, dim, hid, f->h3, hid, 0.0f, NULL)},
+                     2, n, {0}};
+    run_matmuls(f, &up);
+    for (size_t i = 0; i < (size_t)n * hid; i++) {
+        float g = f->h1[i];
+        f->h1[i] = g / (1.0f + expf(-g)) * f->h3[i];
+    }
+    matmul_job down = {{mm_make(f->h1, hid, w->w2, hid, dim, f->x, dim, 1.0f, NULL)}, 1, n, {0}};
+    run_matmuls(f, &down);
+    return MKV_OK;
+}
+
+/* Logits for rows [first, first+count) of the chunk into out (rows of vocab). */
+static void classify(mkv_forward *f, int first, int count, float *out)
+{
+    const mkv_model_config *c = &f->c;
+    for (int i = 0; i < count; i++)
+        rmsnorm(f->xb + (size_t)i * c->dim, f->x + (size_t)(first + i) * c->dim, f->m->rms_final,
+                c->dim, c->rms_eps);
+    matmul_job job = {{mm_make(f->xb, c->dim, f->m->classifier, c->dim, c->vocab_size, out,
+                               c->vocab_size, 0.0f, NULL)}, 1, count, {0}};
+    run_matmuls(f, &job);
+}
+
+int mkv_forward_run(mkv_forward *f, const int32_t *tokens, size_t n, float *logits,
+                    mkv_logits_mode mode, mkv_error *err)
+{
+    const mkv_model_config *c = &f->c;
+    if (n == 0)
+        return mkv_fail(err, MKV_EUSAGE, "no tokens to run");
+    if ((mode != MKV_LOGITS_NONE) && !logits)
+        return mkv_fail(err, MKV_EUSAGE, "no buffer for the logits");
+    if (n > (size_t)(f->max_seq - f->pos))
+        return mkv_fail(err, MKV_EFORMAT,
+                        "%zu tokens at position %d exceed the context of %d tokens", n, f->pos, f->max_seq);
+    for (size_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= c->vocab_size)
+            return mkv_fail(err, MKV_EFORMAT, "token id %d at index %zu is outside the vocabulary of %d",
+                            (int)tokens[i], i, c->vocab_size);
+    int start_pos = f->pos;
+    for (size_t done = 0; done < n;) {
+        int count = n - done < (size_t)f->chunk ? (int)(n - done) : f->chunk;
+        for (int i = 0; i < count; i++)
+            memcpy(f->x + (size_t)i * c->dim, f->m->tok_embedding + (size_t)tokens[done + i] * c->dim,
+                   (size_t)c->dim * sizeof(float));
+        rope_tables(f, f->pos, count);
+        for (int l = 0; l < c->n_layers; l++) {
+            int rc = layer_forward(f, l, f->pos, count, err);
+            if (rc) {
+                f->pos = start_pos;
+                return rc;
+            }
+        }
+        if (mode == MKV_LOGITS_ALL)
+            classify(f, 0, count, logits + done * (size_t)c->vocab_size);
+        else if (mode == MKV_LOGITS_LAST && done + (size_t)count == n)
+            classify(f, count - 1, 1, logits);
+        f->pos += count;
+        done += (size_t)count;
+    }
+    return MKV_OK;
+}

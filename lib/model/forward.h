@@ -1,0 +1,88 @@
+/* fp32 CPU forward pass of a LLaMA-family decoder, with a KV cache.
+ *
+ * Tokens are processed in chunks: each chunk's projections are matrix-
+ * matrix products (CBLAS sgemm), so a long prompt costs a few large GEMMs
+ * per layer and memory bounded by the chunk, not the prompt.  Work is
+ * divided into tasks whose boundaries depend only on the model's shapes;
+ * threads take tasks, so the logits do not depend on the thread count.
+ *
+ * The KV cache is [layer][kv_head][pos][head_dim] float32, keys after RoPE;
+ * mkv_forward_k/_v give a head's [max_seq_len x head_dim] rows.
+ */
+#ifndef MKV_FORWARD_H
+#define MKV_FORWARD_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "core/mkv.h"
+#include "model/model.h"
+
+typedef struct mkv_forward mkv_forward;
+
+typedef struct {
+    int threads;      /* worker threads including the caller; <= 0 means 1 */
+    int chunk;        /* tokens per prefill chunk; <= 0 means 128 */
+    int max_seq_len;  /* KV cache length; <= 0 means the model's.  The cache
+                         takes 2 x n_layers x n_kv_heads x max_seq_len x
+                         head_dim floats: size it to the run (prompt plus
+                         generated tokens) for models with long contexts. */
+} mkv_forward_opts;
+
+/* What the capture hook sees, per layer, for the n tokens at positions
+ * pos0..pos0+n-1 of one chunk.  Rows are per token, heads contiguous:
+ * q [n][n_heads][head_dim], k/v [n][n_kv_heads][head_dim].  Pointers are
+ * valid only during the call. */
+typedef struct {
+    int layer;
+    int pos0, n;
+    const float *q;      /* after RoPE (and bias) */
+    const float *k;      /* after RoPE (and bias): what the cache holds */
+    const float *k_pre;  /* before RoPE, after bias */
+    const float *v;
+} mkv_capture_batch;
+
+/* Called once per layer and chunk, after RoPE and before attention, from
+ * the thread that called mkv_forward_run.  A non-zero return stops the
+ * forward pass with that status (the hook fills err). */
+typedef int (*mkv_capture_fn)(void *user, const mkv_capture_batch *batch, mkv_error *err);
+
+typedef enum {
+    MKV_LOGITS_NONE = 0,  /* prefill only */
+    MKV_LOGITS_LAST = 1,  /* logits of the last token: vocab_size floats */
+    MKV_LOGITS_ALL = 2    /* logits of every token: n x vocab_size floats */
+} mkv_logits_mode;
+
+/* opts may be NULL (defaults).  The model must outlive the forward state.
+ * With OpenBLAS this sets OpenBLAS to one thread (process-wide): the
+ * forward pass divides the work among its own threads. */
+int mkv_forward_create(const mkv_model *model, const mkv_forward_opts *opts, mkv_forward **out,
+                       mkv_error *err);
+void mkv_forward_free(mkv_forward *f);
+
+void mkv_forward_set_capture(mkv_forward *f, mkv_capture_fn fn, void *user);
+
+/* Run n tokens at positions pos..pos+n-1 (pos = mkv_forward_pos) and
+ * advance.  logits: see mode (NULL with MKV_LOGITS_NONE).  Token ids outside
+ * the vocabulary or running past the cache are MKV_EFORMAT errors, reported
+ * before any work; a failing hook leaves the position unchanged. */
+int mkv_forward_run(mkv_forward *f, const int32_t *tokens, size_t n, float *logits,
+                    mkv_logits_mode mode, mkv_error *err);
+
+int mkv_forward_pos(const mkv_forward *f);
+int mkv_forward_max_seq_len(const mkv_forward *f);
+/* Forget the cache: the next token is at position 0. */
+void mkv_forward_reset(mkv_forward *f);
+/* Rewind to position pos <= current (drops later cache entries). */
+int mkv_forward_rewind(mkv_forward *f, int pos, mkv_error *err);
+
+/* Cache rows of one layer and KV head: [max_seq_len][head_dim], rows
+ * 0..pos-1 valid.  K after RoPE. */
+const float *mkv_forward_k(const mkv_forward *f, int layer, int kv_head);
+const float *mkv_forward_v(const mkv_forward *f, int layer, int kv_head);
+
+/* Cosine and sine of RoPE pair j at position pos, computed in double:
+ * angle pos * theta^(-2j/rope_dim) / rope_freq_factors[j] (no divisor
+ * unless cfg->has_rope_freq_factors). */
+void mkv_rope_angle(const mkv_model_config *cfg, int pos, int j, double *c, double *s);
+
+#endif

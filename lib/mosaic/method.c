@@ -1,0 +1,1414 @@
+/* Method "mosaic": MosaicKV dynamic two-dimensional (sequence x channel)
+ * compression, DESIGN.md 5.1 and 5.2. The pieces (and the conventions for
+ * rotations, bitmaps, block keys and value order) are in lib/mosaic/mosaic.h;
+ * this file puts them together and is where the algorithm is described.
+ *
+ * COMPRESSION, per layer and KV head, K and V separately unless said:
+ *  1. The first `sink` and the last `recent` tokens stay dense (fp16).
+ *  2. The tokens between are cut into segments of `segment` tokens (S; the
+ *     last one shorter). K and V share the segmentation.
+ *  3. Per segment: Gram matrix C = X^T X (double), eigendecomposition,
+ *     R = eigenvectors by eigenvalue, largest first, sign fixed (largest
+ *     component positive), rounded to fp16. Keys are post-RoPE, so
+ *     q.k = (qR).(kR) up to that rounding. `rotate=off`: no rotation.
+ *  4. Block keys (keys): per block of `block` tokens (B, blocks start at
+ *     the segment start) a row over the first kd = ceil(keydim x d)
+ *     rotated channels: the first m = `bound` of them as the block's
+ *     minimum and maximum, the others as its mean (lib/mosaic/mosaic.h). An
+ *     unrotated segment uses kd = d raw channels and m = 0. With
+ *     strategy dynamic or ratio and observation queries, a segment's m is
+ *     `bound` or 0, whichever captures more exact attention on them: per
+ *     query position seeing the segment, its visible blocks ranked by
+ *     the score of step 2 of ATTENTION are taken until they cover the
+ *     position's budget fraction of the segment's visible tokens; the
+ *     exact softmax mass (within the segment's visible tokens) they hold,
+ *     averaged over the G heads and the positions, decides (ties: 0).
+ *  5. Strategy (rotate, r, g, d') of each tensor of a segment:
+ *       fixed:   rotation as `rotate`; r = ceil(keep x d) elements per
+ *                vector (the baselines' rule); g = `group`; d' = the fewest
+ *                leading rotated channels holding `energy` of the
+ *                eigen-energy, at least r, rounded up to a multiple of 8,
+ *                at most d (d' = d without rotation);
+ *       dynamic, ratio: the candidates of mkv_mosaic_candidates (r from
+ *                d/32 to d, g 1, 2, 4, d' d/4 .. d; values also unrotated;
+ *                keys of a rotated segment stay rotated; candidates that
+ *                another beats on both bytes and energy dropped), each
+ *                with its bytes and its loss: with observation queries,
+ *                the attention-output error it adds on them
+ *                (mkv_mosaic_evaluate: the tokens the attention rule
+ *                below selects for each query, this tensor of this
+ *                segment packed, everything else exact; relative L2 error
+ *                minus the selection's own, averaged over the query
+ *                vectors that see the segment); without, the fraction of
+ *                energy dropped. Then
+ *         dynamic: per tensor and segment, the fewest bytes whose loss
+ *                <= `threshold`, else the lowest loss (the paper's rule;
+ *                the ratio follows from the data);
+ *         ratio:   over all tensors and segments of the head at once, the
+ *                least summed loss within logical/`ratio` physical bytes
+ *                once the dense rows and the tables are paid
+ *                (mkv_mosaic_allocate; the head lands at or just above
+ *                `ratio`).
+ *       Observation queries: every query head of the dump at up to 64/G
+ *       positions spread evenly over its queries (first and last
+ *       included). `rotate=off` leaves out the rotated candidates; `keep`,
+ *       `group` and `energy` apply to fixed only.
+ *  6. Per vector x~ = x R: keep the r/g groups of g adjacent channels among
+ *     the first d' with the largest energy (g = 1: the r largest |x~|);
+ *     values fp16 in channel order, bitmap of d'/g bits (none when r = d').
+ *
+ * STORED ARRAYS (group /layers/NN/HH of the compressed dump; X is k or v;
+ * flat arrays concatenate the segments in order; a segment's offsets
+ * follow from the tables, so none are stored; an array with no element is
+ * absent):
+ *   X/dense      float16 [sink_n + recent_n][d]  tokens 0..sink_n-1 then
+ *                T-recent_n..T-1 (sink_n = min(sink, T), recent_n =
+ *                min(recent, T - sink_n))
+ *   X/strategy   int32 [nseg][7]   start, length, rotate, r, g, d',
+ *                pervector (1; 0 only for uniform2d)
+ *   k/blockdims  int32 [nseg][2]   keydim, bound of the block keys
+ *   X/loss       float32 [nseg][2] energy dropped, output error added (NaN:
+ *                not measured; it may be < 0 where packing happens to help)
+ *   X/values     float16 [sum len*r]
+ *   X/bitmap     uint8 [sum len*ceil(d'/g/8)]  (segments with r < d')
+ *   k/blockkeys  float16 [sum ceil(len/B)*(keydim+bound)]
+ *   X/rotation   float16 [sum d*cols]  (rotated segments; [d][cols] each,
+ *                cols = max(d', keydim) for keys, d' for values)
+ * Every byte attention needs is one of these, so physical_bytes counts
+ * it. At d = 128, keep 0.25, d' = 64, keydim 64, bound 2, B = 8, S = 2048
+ * one token costs K 64 + 8 + 16.5, V 64 + 8 bytes, rotations
+ * 2*128*64*2/2048 = 16: 176.5 of 512 dense bytes (2.9x).
+ *
+ * DEFAULTS: keep 0.25, block 8, budget 0.1, sink 4, recent 64 (the
+ * paper's); segment 2048; strategy ratio with ratio 3 (the paper's memory
+ * saving, met per head whatever the data); keydim 0.5 and bound 2, the
+ * best block keys per byte on real SmolLM2 keys (2029 and 4263-token
+ * captures): min/max on the two leading rotated channels lifts the
+ * attention recall of the selection from 0.76 to 0.81, and half the
+ * channels leave bytes to the values; threshold 0.1 makes the dynamic
+ * rule land near 3x on those captures (less on synthetic dumps, whose
+ * attention is harder to select).
+ *
+ * ATTENTION for the G query heads of a KV head at position p (tokens
+ * 0..p), the semantics the GPU kernels copy:
+ *  1. Budget k = mkv_budget_tokens(budget, p + 1) tokens. Sink and recent
+ *     tokens <= p are always attended and count towards it.
+ *  2. For every segment starting <= p: q~_h = q_h R_k over its stored
+ *     columns, once per head; for every block starting <= p its score
+ *     s_b = agg_h mkv_mosaic_block_score(q~_h, row_b) * scale, agg = max
+ *     or sum over the G heads.
+ *  3. Blocks in descending score (ties: the earlier block) are added whole
+ *     (tokens > p left out) while the attended count is below k.
+ *  4. Scores of attended compressed tokens: q~_h . k~ over the kept
+ *     positions only (rebuilt from the bitmap), times scale. Values are
+ *     accumulated in the segment's rotated V space by an online softmax per
+ *     segment and head (unnormalised: max m_s, sum l_s, acc_s); acc_s is
+ *     rotated back once, acc_s R_v^T, and merged into the head's state with
+ *     the dense tokens (attended exactly, original space) by the
+ *     flash-decoding rule: m = max m_s, l = sum l_s e^(m_s - m), acc = sum
+ *     acc_s e^(m_s - m); out = acc / l. Accumulation is in double.
+ *  5. Bytes read: per segment starting <= p its rows of both strategy
+ *     tables and of k/blockdims, its R_k and the block keys of its blocks
+ *     starting <= p; R_v of segments with attended tokens; values and
+ *     bitmaps (K and V) of attended compressed tokens; dense K and V of
+ *     attended sink/recent tokens. */
+#include "config.h"
+#include "mosaic/mosaic.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/attn.h"
+#include "methods/baseline.h"
+#include "core/half.h"
+#include "core/tensor.h"
+
+/* Query vectors the dynamic search measures losses on. */
+#define OBS_MAX 64
+
+static const mkv_param_spec mosaic_params[] = {
+    {"sink", MKV_PARAM_INT, "4", 0, 1e9, NULL, "tokens kept dense at the start (attention sinks)"},
+    {"recent", MKV_PARAM_INT, "64", 0, 1e9, NULL, "most recent tokens kept dense"},
+    {"segment", MKV_PARAM_INT, "2048", 1, 1e9, NULL,
+     "tokens per segment S (one rotation and one strategy each)"},
+    {"block", MKV_PARAM_INT, "8", 1, 1e6, NULL, "tokens per block key B (the selection unit)"},
+    {"keydim", MKV_PARAM_DOUBLE, "0.5", 0, 1, NULL,
+     "fraction of head_dim the block keys span: the first ceil(keydim x head_dim) rotated channels"},
+    {"bound", MKV_PARAM_INT, "2", 0, 1024, NULL,
+     "leading block-key channels stored as min and max (a bound on q.k) instead of the mean"},
+    {"keep", MKV_PARAM_DOUBLE, "0.25", 0, 1, NULL,
+     "fixed: fraction of head_dim kept per vector, r = ceil(keep x head_dim) elements"},
+    {"group", MKV_PARAM_INT, "1", 1, 4, NULL,
+     "fixed: channels per selection group g (1, 2 or 4 adjacent rotated channels)"},
+    {"energy", MKV_PARAM_DOUBLE, "0.95", 0, 1, NULL,
+     "fixed: fraction of eigen-energy the d' kept rotated channels hold"},
+    {"rotate", MKV_PARAM_STRING, "on", 0, 0, "on off",
+     "per-segment SVD rotation (dynamic: values may go without where it pays; off: never)"},
+    {"strategy", MKV_PARAM_STRING, "ratio", 0, 0, "fixed dynamic ratio",
+     "per-segment strategies: fixed (keep, group, energy), dynamic (threshold rule) or ratio (byte budget)"},
+    {"threshold", MKV_PARAM_DOUBLE, "0.1", 0, 1, NULL,
+     "dynamic: largest loss per segment and tensor (output error added; without queries, energy dropped)"},
+    {"ratio", MKV_PARAM_DOUBLE, "3", 1, 1e6, NULL,
+     "ratio: physical compression per head, logical/physical bytes, the least loss within it"},
+    {"budget", MKV_PARAM_DOUBLE, "0.1", 0, 1e15, NULL,
+     "tokens attended per step: fraction (<= 1) of the context or a count (> 1)"},
+    {"agg", MKV_PARAM_STRING, "max", 0, 0, "max sum", "block score over the G query heads: max or sum"},
+    {NULL, 0, NULL, 0, 0, NULL, NULL},
+};
+
+/* ---------------------------------------------------------------- parameters */
+
+int mkv_mosaic_kept(double keep, int d)
+{
+    int r = (int)ceil(keep * d - 1e-9);
+    return r < 1 ? 1 : r > d ? d : r;
+}
+
+int mkv_mosaic_check_common(const mkv_params *p, const mkv_dump_meta *m, mkv_error *err)
+{
+    int d = m->head_dim;
+    int64_t block = mkv_params_int(p, "block"), segment = mkv_params_int(p, "segment");
+    int rc;
+    if (d < 1 || d > MKV_MOSAIC_MAX_D)
+        return mkv_fail(err, MKV_EUSAGE, "head_dim %d is out of range for mosaic (1..%d)", d,
+                        MKV_MOSAIC_MAX_D);
+    if ((rc = mkv_bl_check_min("sink", mkv_params_int(p, "sink"), 0, err)) ||
+        (rc = mkv_bl_check_min("recent", mkv_params_int(p, "recent"), 0, err)) ||
+        (rc = mkv_bl_check_min("block", block, 1, err)) ||
+        (rc = mkv_bl_check_min("segment", segment, 1, err)) ||
+        (rc = mkv_bl_check_min("bound", mkv_params_int(p, "bound"), 0, err)) ||
+        (rc = mkv_bl_check_fraction("keydim", mkv_params_double(p, "keydim"), err)) ||
+        (rc = mkv_bl_check_fraction("keep", mkv_params_double(p, "keep"), err)) ||
+        (rc = mkv_bl_check_budget("budget", mkv_params_double(p, "budget"), m->n_tokens, err)))
+        return rc;
+    if (segment < block)
+        return mkv_fail(err, MKV_EUSAGE, "segment=%lld tokens is smaller than block=%lld tokens: a "
+                        "segment holds whole blocks", (long long)segment, (long long)block);
+    int kd = mkv_mosaic_kept(mkv_params_double(p, "keydim"), d);
+    if (mkv_params_int(p, "bound") > kd)
+        return mkv_fail(err, MKV_EUSAGE, "bound=%lld is larger than the %d block-key channels "
+                        "(keydim=%g of head_dim %d)", (long long)mkv_params_int(p, "bound"), kd,
+                        mkv_params_double(p, "keydim"), d);
+    return MKV_OK;
+}
+
+static int mosaic_check(const mkv_params *p, const mkv_dump_meta *m, mkv_error *err)
+{
+    int rc = mkv_mosaic_check_common(p, m, err);
+    if (rc != MKV_OK)
+        return rc;
+    int d = m->head_dim;
+    int64_t g = mkv_params_int(p, "group");
+    double keep = mkv_params_double(p, "keep"), threshold = mkv_params_double(p, "threshold");
+    int fixed = strcmp(mkv_params_str(p, "strategy"), "fixed") == 0;
+    if ((rc = mkv_bl_check_fraction("energy", mkv_params_double(p, "energy"), err)) != MKV_OK)
+        return rc;
+    if (g != 1 && g != 2 && g != 4)
+        return mkv_fail(err, MKV_EUSAGE, "group=%lld is out of range: 1, 2 or 4 channels", (long long)g);
+    if (!(threshold >= 0 && threshold <= 1))
+        return mkv_fail(err, MKV_EUSAGE, "threshold=%g is out of range: a loss in [0, 1] is required",
+                        threshold);
+    if (!fixed)
+        return MKV_OK;
+    int r = mkv_mosaic_kept(keep, d);
+    if (r % g)
+        return mkv_fail(err, MKV_EUSAGE, "group=%lld does not divide r = %d elements kept per vector "
+                        "(keep=%g of head_dim %d)", (long long)g, r, keep, d);
+    /* d' is a multiple of 8 or d itself */
+    if (d % g)
+        return mkv_fail(err, MKV_EUSAGE, "group=%lld does not divide head_dim %d, which d' may reach",
+                        (long long)g, d);
+    return MKV_OK;
+}
+
+void mkv_mosaic_config_common(const mkv_params *p, int d, mkv_mosaic_config *c)
+{
+    memset(c, 0, sizeof *c);
+    c->sink = mkv_params_int(p, "sink");
+    c->recent = mkv_params_int(p, "recent");
+    c->segment = mkv_params_int(p, "segment");
+    c->block = (int)mkv_params_int(p, "block");
+    c->keydim = mkv_mosaic_kept(mkv_params_double(p, "keydim"), d);
+    c->bound = (int)mkv_params_int(p, "bound");
+    c->rotate = 1;
+    c->attn.budget = mkv_params_double(p, "budget");
+    c->attn.agg_sum = strcmp(mkv_params_str(p, "agg"), "sum") == 0;
+}
+
+static void config_from(const mkv_params *p, int d, mkv_mosaic_config *c)
+{
+    mkv_mosaic_config_common(p, d, c);
+    c->dynamic = strcmp(mkv_params_str(p, "strategy"), "fixed") != 0;
+    c->rotate = strcmp(mkv_params_str(p, "rotate"), "on") == 0;
+    c->r = mkv_mosaic_kept(mkv_params_double(p, "keep"), d);
+    c->g = (int)mkv_params_int(p, "group");
+    c->energy = mkv_params_double(p, "energy");
+    c->threshold = mkv_params_double(p, "threshold");
+    c->ratio = strcmp(mkv_params_str(p, "strategy"), "ratio") == 0 ? mkv_params_double(p, "ratio") : 0;
+    c->pervector = 1;
+}
+
+/* ---------------------------------------------------------------- compression */
+
+/* A growing flat array of one element type. */
+typedef struct {
+    void *p;
+    int64_t n, cap;
+    size_t elem;
+} flat;
+
+/* Room for `more` (>= 0) elements at the end of f; returns their address
+ * (never NULL on success, even for none). */
+static void *flat_extend(flat *f, int64_t more, const char *what, mkv_error *err)
+{
+    if (!f->p || f->n + more > f->cap) {
+        int64_t cap = f->cap ? f->cap : 1024;
+        while (cap < f->n + more)
+            cap *= 2;
+        void *p = mkv_alloc((size_t)cap, f->elem, what, err);
+        if (!p)
+            return NULL;
+        if (f->n)
+            memcpy(p, f->p, (size_t)f->n * f->elem);
+        mkv_free(f->p);
+        f->p = p;
+        f->cap = cap;
+    }
+    void *at = (char *)f->p + (size_t)f->n * f->elem;
+    f->n += more;
+    return at;
+}
+
+/* What the observation queries see of the whole head. Query vector j =
+ * position i = j / G, head j % G. */
+typedef struct {
+    int64_t npos, nq;
+    int G, d;
+    float *q;          /* [nq][d] */
+    int64_t *pos;      /* [npos] */
+    uint8_t *sel;      /* [npos][T] tokens the attention rule attends */
+    double *m, *l;     /* [nq] over the selected tokens, exact keys: max scaled score, sum e^(s-m) */
+    double *acc;       /* [nq][d] sum e^(s-m) v over them */
+    double *exact;     /* [nq][d] exact attention output over tokens 0..pos */
+    double *err0;      /* [nq] relative error of acc / l against exact */
+} head_obs;
+
+static void head_obs_free(head_obs *o)
+{
+    mkv_free(o->q);
+    mkv_free(o->pos);
+    mkv_free(o->sel);
+    mkv_free(o->m);   /* l, err0, acc and exact live in its block */
+    memset(o, 0, sizeof *o);
+}
+
+/* Observation queries: every head at up to OBS_MAX / G positions spread
+ * evenly over the dump's W queries (first and last included). */
+static int pick_obs(const mkv_head_kv *in, head_obs *o, mkv_error *err)
+{
+    memset(o, 0, sizeof *o);
+    o->G = in->G;
+    o->d = in->d;
+    if (in->W <= 0 || !in->q)
+        return MKV_OK;
+    int64_t nw = OBS_MAX / in->G;
+    if (nw < 1)
+        nw = 1;
+    if (nw > in->W)
+        nw = in->W;
+    int64_t n = nw * in->G;
+    o->q = mkv_alloc((size_t)n * (size_t)in->d, sizeof *o->q, "observation queries", err);
+    o->pos = o->q ? mkv_alloc((size_t)nw, sizeof *o->pos, "observation query positions", err) : NULL;
+    if (!o->pos) {
+        head_obs_free(o);
+        return err ? err->code : MKV_ENOMEM;
+    }
+    for (int64_t i = 0; i < nw; i++) {
+        int64_t w = nw == 1 ? in->W - 1 : (i * (in->W - 1) + (nw - 1) / 2) / (nw - 1);
+        for (int h = 0; h < in->G; h++)
+            memcpy(o->q + (i * in->G + h) * in->d,
+                   in->q + ((size_t)h * (size_t)in->W + (size_t)w) * (size_t)in->d,
+                   sizeof(float) * (size_t)in->d);
+        o->pos[i] = in->query_pos[w];
+        if (o->pos[i] < 0 || o->pos[i] >= in->T) {
+            int64_t bad = o->pos[i];
+            head_obs_free(o);
+            return mkv_fail(err, MKV_EFORMAT, "query %lld is at position %lld, outside the %lld tokens",
+                            (long long)w, (long long)bad, (long long)in->T);
+        }
+    }
+    o->npos = nw;
+    o->nq = n;
+    return MKV_OK;
+}
+
+/* q . k in double: four running sums (channels j mod 4), added in a fixed
+ * order, so the additions do not wait on each other and the result does
+ * not depend on anything but the inputs. */
+static double dot_fd(const float *a, const float *b, int d)
+{
+    double s[4] = {0, 0, 0, 0};
+    int j = 0;
+    for (; j + 4 <= d; j += 4)
+        for (int u = 0; u < 4; u++)
+            s[u] += (double)a[j + u] * b[j + u];
+    for (; j < d; j++)
+        s[0] += (double)a[j] * b[j];
+    return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+/* Exact outputs and the selected-set states of o's queries; sel from the
+ * skeleton head hs (keys' rotations and block keys final). */
+static int observe(const mkv_head_kv *in, const mkv_mosaic_head *hs, const mkv_mosaic_attn_opts *ao,
+                   head_obs *o, mkv_error *err)
+{
+    int d = in->d, G = in->G;
+    int64_t T = in->T, nq = o->nq;
+    double scale = 1 / sqrt((double)d);
+    o->sel = mkv_calloc((size_t)o->npos * (size_t)T, 1, "selections", err);
+    o->m = o->sel ? mkv_alloc((size_t)nq * (size_t)(2 * d + 3), sizeof *o->m, "observations", err) : NULL;
+    double *sc = o->m ? mkv_alloc((size_t)T, sizeof *sc, "scores", err) : NULL;
+    double *qt = sc ? mkv_alloc((size_t)(hs->k.nseg ? hs->k.nseg : 1) * (size_t)G * (size_t)d, sizeof *qt,
+                                "rotated queries", err) : NULL;
+    if (!qt) {
+        mkv_free(sc);
+        return err ? err->code : MKV_ENOMEM;
+    }
+    /* one block: m, l, err0 [nq], acc, exact [nq][d] */
+    o->l = o->m + nq;
+    o->err0 = o->m + 2 * nq;
+    o->acc = o->m + 3 * nq;
+    o->exact = o->acc + (size_t)nq * d;
+    double *ex = o->exact;
+    for (int64_t i = 0; i < o->npos; i++) {
+        int64_t p = o->pos[i];
+        uint8_t *sel = o->sel + i * T;
+        if (mkv_mosaic_select_tokens(hs, ao, o->q + i * G * d, G, p, scale, qt, sel) < 0) {
+            mkv_free(sc);
+            mkv_free(qt);
+            return mkv_fail(err, MKV_ENOMEM, "out of memory selecting blocks");
+        }
+        for (int h = 0; h < G; h++) {
+            int64_t j = i * G + h;
+            const float *q = o->q + j * d;
+            double mx = -INFINITY, ms = -INFINITY, l = 0, ls = 0, *e = ex + j * d, *a = o->acc + j * d;
+            for (int64_t t = 0; t <= p; t++) {
+                sc[t] = dot_fd(q, in->k + t * d, d) * scale;
+                mx = sc[t] > mx ? sc[t] : mx;
+                if (sel[t])
+                    ms = sc[t] > ms ? sc[t] : ms;
+            }
+            for (int c = 0; c < d; c++)
+                e[c] = a[c] = 0;
+            for (int64_t t = 0; t <= p; t++) {
+                double w = exp(sc[t] - mx);
+                l += w;
+                for (int c = 0; c < d; c++)
+                    e[c] += w * in->v[t * d + c];
+                if (sel[t]) {
+                    double ws = exp(sc[t] - ms);
+                    ls += ws;
+                    for (int c = 0; c < d; c++)
+                        a[c] += ws * in->v[t * d + c];
+                }
+            }
+            double num = 0, den = 0;
+            for (int c = 0; c < d; c++) {
+                e[c] /= l;
+                num += (a[c] / ls - e[c]) * (a[c] / ls - e[c]);
+                den += e[c] * e[c];
+            }
+            o->m[j] = ms;
+            o->l[j] = ls;
+            o->err0[j] = den > 0 ? sqrt(num / den) : sqrt(num);
+        }
+    }
+    mkv_free(sc);
+    mkv_free(qt);
+    return MKV_OK;
+}
+
+/* The view of segment [start, start + len) for mkv_mosaic_evaluate: the
+ * query vectors whose position >= start, their selected tokens of the
+ * segment with exact weights, and the rest of their states. */
+typedef struct {
+    mkv_mosaic_segobs v;
+    double *buf;     /* q, exact, err0, m, l_rest, acc_rest */
+    int64_t *first;
+    int32_t *tok;
+    double *w;
+} seg_view;
+
+static void seg_view_free(seg_view *s)
+{
+    mkv_free(s->buf);
+    mkv_free(s->first);
+    mkv_free(s->tok);
+    mkv_free(s->w);
+    memset(s, 0, sizeof *s);
+}
+
+static int seg_view_make(const head_obs *o, const mkv_head_kv *in, int64_t start, int64_t len, seg_view *s,
+                         mkv_error *err)
+{
+    memset(s, 0, sizeof *s);
+    int d = in->d, G = o->G;
+    int64_t T = in->T, nq = 0, npairs = 0;
+    for (int64_t i = 0; i < o->npos; i++)
+        if (o->pos[i] >= start) {
+            nq += G;
+            for (int64_t t = start; t < start + len && t <= o->pos[i]; t++)
+                npairs += (int64_t)G * o->sel[i * T + t];
+        }
+    s->v.nq = nq;
+    s->v.d = d;
+    s->v.scale = 1 / sqrt((double)d);
+    s->v.keys = in->k + start * d;
+    s->v.values = in->v + start * d;
+    if (nq == 0)
+        return MKV_OK;
+    size_t nd = (size_t)nq * (size_t)d;
+    if (!(s->buf = mkv_alloc(3 * nd + 3 * (size_t)nq, sizeof *s->buf, "observations", err)) ||
+        !(s->first = mkv_alloc((size_t)nq + 1, sizeof *s->first, "observations", err)) ||
+        !(s->tok = mkv_alloc((size_t)(npairs ? npairs : 1), sizeof *s->tok, "observations", err)) ||
+        !(s->w = mkv_alloc((size_t)(npairs ? npairs : 1), sizeof *s->w, "observations", err))) {
+        seg_view_free(s);
+        return err ? err->code : MKV_ENOMEM;
+    }
+    double *q = s->buf, *exact = q + nd, *acc_rest = exact + nd, *err0 = acc_rest + nd, *m = err0 + nq,
+           *l_rest = m + nq;
+    int64_t j = 0, k = 0;
+    for (int64_t i = 0; i < o->npos; i++) {
+        if (o->pos[i] < start)
+            continue;
+        for (int h = 0; h < G; h++, j++) {
+            int64_t jo = i * G + h;
+            const float *qv = o->q + jo * d;
+            for (int c = 0; c < d; c++) {
+                q[j * d + c] = qv[c];
+                exact[j * d + c] = o->exact[jo * d + c];
+                acc_rest[j * d + c] = o->acc[jo * d + c];
+            }
+            err0[j] = o->err0[jo];
+            m[j] = o->m[jo];
+            l_rest[j] = o->l[jo];
+            s->first[j] = k;
+            for (int64_t t = start; t < start + len && t <= o->pos[i]; t++) {
+                if (!o->sel[i * T + t])
+                    continue;
+                double w = exp(dot_fd(qv, in->k + t * d, d) * s->v.scale - m[j]);
+                s->tok[k] = (int32_t)(t - start);
+                s->w[k++] = w;
+                l_rest[j] -= w;
+                for (int c = 0; c < d; c++)
+                    acc_rest[j * d + c] -= w * in->v[t * d + c];
+            }
+            /* rounding may leave a hair below zero when the segment holds
+             * everything selected */
+            l_rest[j] = l_rest[j] > 0 ? l_rest[j] : 0;
+        }
+    }
+    s->first[nq] = k;
+    s->v.q = q;
+    s->v.exact = exact;
+    s->v.err0 = err0;
+    s->v.m = m;
+    s->v.l_rest = l_rest;
+    s->v.acc_rest = acc_rest;
+    s->v.first = s->first;
+    s->v.tok = s->tok;
+    s->v.w = s->w;
+    return MKV_OK;
+}
+
+/* A scored block: segment, block within it, aggregated score. */
+typedef struct {
+    double score;
+    int64_t seg, block, order;
+} scored_block;
+
+/* Descending score, ties: the earlier block. */
+static int by_score(const void *a, const void *b)
+{
+    const scored_block *x = a, *y = b;
+    if (x->score != y->score)
+        return x->score > y->score ? -1 : 1;
+    return (x->order > y->order) - (x->order < y->order);
+}
+
+/* The exact attention weights, within the segment [start, start + len),
+ * of every observation query vector that sees it: mass [nq][len], each
+ * query's visible tokens summing to 1 (the others 0). */
+static void segment_mass(const head_obs *o, const mkv_head_kv *in, int64_t start, int64_t len, double *mass)
+{
+    int d = in->d;
+    double scale = 1 / sqrt((double)d);
+    for (int64_t j = 0; j < o->nq; j++) {
+        int64_t p = o->pos[j / o->G], vis = p + 1 < start + len ? p + 1 - start : len;
+        double *w = mass + j * len, mx = -INFINITY, all = 0;
+        for (int64_t t = 0; t < len; t++) {
+            w[t] = t < vis ? dot_fd(o->q + j * d, in->k + (start + t) * d, d) * scale : -INFINITY;
+            mx = w[t] > mx ? w[t] : mx;
+        }
+        for (int64_t t = 0; t < len; t++) {
+            w[t] = t < vis ? exp(w[t] - mx) : 0;
+            all += w[t];
+        }
+        for (int64_t t = 0; t < vis; t++)
+            w[t] /= all;
+    }
+}
+
+/* Step 4 of COMPRESSION for block-key rows bk (keydim + bound wide) of the
+ * segment [start, start + len): the exact attention mass (segment_mass)
+ * its top blocks hold, summed over the query positions that see it and
+ * averaged over their G heads. R: the segment's key rotation (d x d);
+ * blk [nblocks], taken [len], qt [d]: scratch. */
+static double bound_recall(const head_obs *o, const mkv_head_kv *in, const mkv_mosaic_attn_opts *ao, int64_t start,
+                           int64_t len, int B, const double *R, int keydim, int bound, const float *bk,
+                           const double *mass, scored_block *blk, uint8_t *taken, double *qt)
+{
+    int d = in->d, G = o->G;
+    double scale = 1 / sqrt((double)d), total = 0;
+    for (int64_t i = 0; i < o->npos; i++) {
+        int64_t p = o->pos[i];
+        if (p < start)
+            continue;
+        int64_t vis = (p + 1 < start + len ? p + 1 : start + len) - start, nbv = (vis + B - 1) / B;
+        int64_t want = (int64_t)ceil((double)vis * (double)mkv_budget_tokens(ao->budget, p + 1) /
+                                     (double)(p + 1) - 1e-9);
+        for (int h = 0; h < G; h++) {
+            const float *q = o->q + (i * G + h) * d;
+            for (int c = 0; c < keydim; c++) {
+                double s = 0;
+                for (int j = 0; j < d; j++)
+                    s += (double)q[j] * R[j * d + c];
+                qt[c] = s;
+            }
+            for (int64_t b = 0; b < nbv; b++) {
+                double s = mkv_mosaic_block_score(qt, bk + b * (keydim + bound), keydim, bound) * scale;
+                if (h == 0)
+                    blk[b] = (scored_block){.score = s, .block = b, .order = b};
+                else
+                    blk[b].score = ao->agg_sum ? blk[b].score + s : s > blk[b].score ? s : blk[b].score;
+            }
+        }
+        qsort(blk, (size_t)nbv, sizeof *blk, by_score);
+        memset(taken, 0, (size_t)vis);
+        for (int64_t k = 0, got = 0; k < nbv && got < want; k++)
+            for (int64_t t = blk[k].block * B; t < (blk[k].block + 1) * B && t < vis; t++, got++)
+                taken[t] = 1;
+        for (int h = 0; h < G; h++) {
+            const double *w = mass + (i * G + h) * len;
+            for (int64_t t = 0; t < vis; t++)
+                total += taken[t] ? w[t] / G : 0;
+        }
+    }
+    return total;
+}
+
+/* The fixed strategy of one segment (evals: the segment's eigenvalues). */
+static void fixed_strategy(const mkv_mosaic_config *c, int d, const double *evals, mkv_mosaic_strategy *s)
+{
+    s->rotate = c->rotate;
+    s->r = c->r;
+    s->g = c->pervector ? c->g : 1;
+    s->pervector = c->pervector;
+    if (!c->rotate)
+        s->dprime = d;
+    else if (!c->pervector)
+        s->dprime = c->r;   /* uniform2d: the first r rotated channels, nothing more */
+    else
+        s->dprime = mkv_mosaic_dprime_for_energy(evals, d, c->energy, c->r);
+}
+
+/* Everything a head's compression works with besides the head itself. */
+typedef struct {
+    int64_t nseg;
+    double *R;        /* [2][nseg][d][d] rotations of K and V (fp16-rounded), when rotating */
+    double *evals;    /* [2][nseg][d] */
+    head_obs obs;
+    mkv_mosaic_candidate **cand;   /* [2 nseg] (dynamic) */
+    int *ncand, *pick;
+} compress_work;
+
+static void compress_work_free(compress_work *w)
+{
+    mkv_free(w->R);
+    mkv_free(w->evals);
+    head_obs_free(&w->obs);
+    for (int64_t i = 0; w->cand && i < 2 * w->nseg; i++)
+        mkv_free(w->cand[i]);
+    mkv_free(w->cand);
+    mkv_free(w->ncand);
+    mkv_free(w->pick);
+    memset(w, 0, sizeof *w);
+}
+
+static const double *rot_of(const compress_work *w, int which, int64_t i, int d)
+{
+    return w->R ? w->R + ((size_t)which * (size_t)w->nseg + (size_t)i) * (size_t)d * (size_t)d : NULL;
+}
+
+/* Step 4: the keys' block-key shape per segment (h->k.seg keydim and
+ * bound), and the skeleton head hs the attention rule can select from
+ * (keys with every rotated column, d' = d, and their block keys). */
+static int key_skeleton(const mkv_mosaic_config *c, const mkv_head_kv *in, mkv_mosaic_head *h,
+                        const compress_work *w, mkv_mosaic_head *hs, mkv_error *err)
+{
+    int d = h->d, B = c->block;
+    int64_t nseg = h->k.nseg, first = h->sink_n, last = h->T - h->recent_n, nblk = 0;
+    *hs = (mkv_mosaic_head){.d = d, .G = h->G, .block = B, .T = h->T, .sink_n = h->sink_n,
+                            .recent_n = h->recent_n};
+    hs->k.nseg = nseg;
+    for (int64_t i = 0; i < nseg; i++)
+        nblk += mkv_mosaic_nblocks(h->k.seg[i].len, B);
+    int kd = c->rotate ? c->keydim : d, bound = c->rotate ? c->bound : 0;
+    int choose = c->dynamic && w->obs.nq > 0 && bound > 0;
+    size_t seglen = (size_t)(c->segment < last - first ? c->segment : last - first);
+    double *xt = NULL, *qt = NULL, *mass = NULL;
+    scored_block *blk = NULL;
+    uint8_t *taken = NULL;
+    float *alt = NULL;
+    int rc = MKV_OK;
+    if (!(hs->k.seg = mkv_calloc((size_t)(nseg ? nseg : 1), sizeof *hs->k.seg, "strategies", err)) ||
+        !(hs->k.blockkeys = mkv_alloc((size_t)(nblk ? nblk : 1) * (size_t)(kd + bound), sizeof(float),
+                                      "block keys", err)) ||
+        !(hs->k.rotation = mkv_alloc((size_t)(nseg && c->rotate ? nseg : 1) * (size_t)d * (size_t)d,
+                                     sizeof(float), "rotations", err)) ||
+        !(xt = mkv_alloc((seglen ? seglen : 1) * (size_t)kd, sizeof *xt, "rotated keys", err)) ||
+        (choose && (!(qt = mkv_alloc((size_t)d, sizeof *qt, "rotated queries", err)) ||
+                    !(mass = mkv_alloc((size_t)w->obs.nq * seglen, sizeof *mass, "attention weights", err)) ||
+                    !(blk = mkv_alloc(seglen / (size_t)B + 1, sizeof *blk, "block scores", err)) ||
+                    !(taken = mkv_alloc(seglen + 1, 1, "taken tokens", err)) ||
+                    !(alt = mkv_alloc((seglen / (size_t)B + 1) * (size_t)kd, sizeof *alt, "block keys", err)))))
+        rc = err ? err->code : MKV_ENOMEM;
+    for (int64_t i = 0, off = 0; i < nseg && rc == MKV_OK; i++) {
+        mkv_mosaic_strategy *ks = &h->k.seg[i];
+        const double *R = rot_of(w, 0, i, d);
+        ks->keydim = kd;
+        ks->bound = bound;
+        mkv_mosaic_rotate(in->k + ks->start * d, ks->len, d, R, d, kd, xt);
+        float *bk = hs->k.blockkeys + off;
+        mkv_mosaic_block_keys(xt, ks->len, kd, kd, bound, B, bk);
+        if (choose) {
+            mkv_mosaic_block_keys(xt, ks->len, kd, kd, 0, B, alt);
+            segment_mass(&w->obs, in, ks->start, ks->len, mass);
+            double with = bound_recall(&w->obs, in, &c->attn, ks->start, ks->len, B, R, kd, bound, bk, mass,
+                                       blk, taken, qt);
+            double without = bound_recall(&w->obs, in, &c->attn, ks->start, ks->len, B, R, kd, 0, alt, mass,
+                                          blk, taken, qt);
+            if (without >= with) {
+                ks->bound = 0;
+                memcpy(bk, alt, sizeof *alt * (size_t)mkv_mosaic_nblocks(ks->len, B) * (size_t)kd);
+            }
+        }
+        off += mkv_mosaic_nblocks(ks->len, B) * mkv_mosaic_block_width(ks);
+        hs->k.seg[i] = (mkv_mosaic_strategy){.start = ks->start, .len = ks->len, .rotate = c->rotate, .r = d,
+                                             .g = 1, .dprime = d, .pervector = 1, .keydim = kd,
+                                             .bound = ks->bound};
+        for (size_t j = 0; R && j < (size_t)d * (size_t)d; j++)
+            hs->k.rotation[(size_t)i * d * d + j] = (float)R[j];
+    }
+    mkv_free(xt);
+    mkv_free(qt);
+    mkv_free(mass);
+    mkv_free(blk);
+    mkv_free(taken);
+    mkv_free(alt);
+    if (rc == MKV_OK)
+        rc = mkv_mosaic_layout(&hs->k, d, B, first, last, err);
+    return rc;
+}
+
+/* Step 5 for segment i: the strategies of K and V, or (ratio rule) their
+ * candidates left in w. */
+static int segment_strategies(const mkv_mosaic_config *c, const mkv_head_kv *in, mkv_mosaic_head *h,
+                              compress_work *w, int64_t i, mkv_error *err)
+{
+    int d = h->d;
+    seg_view sv;
+    const mkv_mosaic_strategy *sk = &h->k.seg[i];
+    int rc = MKV_OK;
+    memset(&sv, 0, sizeof sv);
+    if (w->obs.nq > 0)
+        rc = seg_view_make(&w->obs, in, sk->start, sk->len, &sv, err);
+    for (int which = 0; which < 2 && rc == MKV_OK; which++) {
+        mkv_mosaic_tensor *t = which ? &h->v : &h->k;
+        mkv_mosaic_strategy *s = &t->seg[i];
+        const float *X = (which ? in->v : in->k) + s->start * d;
+        const double *R = rot_of(w, which, i, d);
+        mkv_mosaic_search_opts o = {.d = d, .block = which ? 0 : c->block, .keydim = which ? 0 : s->keydim,
+                                    .bound = which ? 0 : s->bound, .allow_rotate = c->rotate,
+                                    .obs = w->obs.nq > 0 ? &sv.v : NULL};
+        mkv_mosaic_candidate one, *chosen = &one;
+        if (c->dynamic) {
+            int64_t item = 2 * i + which;
+            rc = mkv_mosaic_candidates(&o, X, s->start, s->len, R, &w->cand[item], &w->ncand[item], err);
+            if (rc != MKV_OK || c->ratio > 0)
+                continue;   /* the ratio rule chooses once every segment has its candidates */
+            chosen = &w->cand[item][mkv_mosaic_pick(w->cand[item], w->ncand[item], c->threshold)];
+        } else {
+            one.s = *s;
+            fixed_strategy(c, d, w->evals + ((size_t)which * (size_t)w->nseg + (size_t)i) * (size_t)d, &one.s);
+            rc = mkv_mosaic_evaluate(&o, X, R, &one, 1, err);
+        }
+        if (rc == MKV_OK) {
+            *s = chosen->s;
+            t->loss[i * 2] = (float)chosen->energy;
+            t->loss[i * 2 + 1] = chosen->measured ? (float)chosen->output : NAN;
+        }
+    }
+    seg_view_free(&sv);
+    return rc;
+}
+
+/* The ratio rule: all tensors of all segments within the head's byte
+ * budget once the dense rows and the tables are paid. */
+static void ratio_strategies(const mkv_mosaic_config *c, mkv_mosaic_head *h, compress_work *w)
+{
+    int64_t nseg = w->nseg, nd = h->sink_n + h->recent_n;
+    uint64_t logical = 2 * (uint64_t)h->T * (uint64_t)h->d * 2;
+    uint64_t fixed = 2 * (uint64_t)nd * (uint64_t)h->d * 2 +
+                     (uint64_t)nseg * (2 * (MKV_MOSAIC_TABLE_COLS + MKV_MOSAIC_LOSS_COLS) + MKV_MOSAIC_BLOCKDIM_COLS) * 4;
+    uint64_t target = (uint64_t)floor((double)logical / c->ratio);
+    mkv_mosaic_allocate(w->cand, w->ncand, (int)(2 * nseg), target > fixed ? target - fixed : 0, w->pick);
+    for (int64_t item = 0; item < 2 * nseg; item++) {
+        mkv_mosaic_tensor *t = item % 2 ? &h->v : &h->k;
+        const mkv_mosaic_candidate *ch = &w->cand[item][w->pick[item]];
+        int64_t i = item / 2;
+        t->seg[i] = ch->s;
+        t->loss[i * 2] = (float)ch->energy;
+        t->loss[i * 2 + 1] = ch->measured ? (float)ch->output : NAN;
+    }
+}
+
+/* Step 6: the packed arrays of t from its strategies. */
+static int encode_tensor(const mkv_mosaic_head *h, const float *data, int is_key, const compress_work *w,
+                         mkv_mosaic_tensor *t, mkv_error *err)
+{
+    int d = h->d, block = is_key ? h->block : 0;
+    flat values = {.elem = sizeof(float)}, bitmap = {.elem = 1}, keys = {.elem = sizeof(float)},
+         rot = {.elem = sizeof(float)};
+    int rc = MKV_OK;
+    for (int64_t i = 0; i < t->nseg && rc == MKV_OK; i++) {
+        const mkv_mosaic_strategy *s = &t->seg[i];
+        mkv_mosaic_bytes b;
+        mkv_mosaic_strategy_bytes(s, d, block, &b);
+        float *pv, *pk, *pr;
+        uint8_t *pb;
+        if (!(pv = flat_extend(&values, (int64_t)b.values / 2, "packed values", err)) ||
+            !(pb = flat_extend(&bitmap, (int64_t)b.bitmap, "bitmaps", err)) ||
+            !(pk = flat_extend(&keys, (int64_t)b.blockkeys / 2, "block keys", err)) ||
+            !(pr = flat_extend(&rot, (int64_t)b.rotation / 2, "rotations", err))) {
+            rc = err ? err->code : MKV_ENOMEM;
+            break;
+        }
+        rc = mkv_mosaic_encode(s, data + s->start * d, d, rot_of(w, !is_key, i, d), block, pv,
+                               b.bitmap ? pb : NULL, pk, pr, err);
+    }
+    t->values = values.p;
+    t->bitmap = bitmap.p;
+    t->blockkeys = keys.p;
+    t->rotation = rot.p;
+    if (rc == MKV_OK)
+        rc = mkv_mosaic_layout(t, d, block, h->sink_n, h->T - h->recent_n, err);
+    return rc;
+}
+
+/* Steps 1-2: dense rows, the segments of both tensors (start and length),
+ * their loss tables; the arrays of w sized for them. */
+static int head_init(const mkv_mosaic_config *c, const mkv_head_kv *in, mkv_mosaic_head *h, compress_work *w,
+                     mkv_error *err)
+{
+    int d = in->d;
+    h->d = d;
+    h->G = in->G;
+    h->block = c->block;
+    h->T = in->T;
+    h->sink_n = c->sink < in->T ? c->sink : in->T;
+    h->recent_n = c->recent < in->T - h->sink_n ? c->recent : in->T - h->sink_n;
+    int64_t nd = h->sink_n + h->recent_n, first = h->sink_n, last = h->T - h->recent_n;
+    int64_t nseg = last > first ? (last - first + c->segment - 1) / c->segment : 0, ns = nseg ? nseg : 1;
+    w->nseg = h->k.nseg = h->v.nseg = nseg;
+    size_t dd = (size_t)d * (size_t)d;
+    if (!(h->dense_k = mkv_alloc((size_t)(nd ? nd : 1) * (size_t)d, sizeof(float), "dense keys", err)) ||
+        !(h->dense_v = mkv_alloc((size_t)(nd ? nd : 1) * (size_t)d, sizeof(float), "dense values", err)) ||
+        !(h->k.seg = mkv_calloc((size_t)ns, sizeof *h->k.seg, "strategies", err)) ||
+        !(h->v.seg = mkv_calloc((size_t)ns, sizeof *h->v.seg, "strategies", err)) ||
+        !(h->k.loss = mkv_calloc((size_t)ns * MKV_MOSAIC_LOSS_COLS, sizeof *h->k.loss, "losses", err)) ||
+        !(h->v.loss = mkv_calloc((size_t)ns * MKV_MOSAIC_LOSS_COLS, sizeof *h->v.loss, "losses", err)) ||
+        !(w->evals = mkv_alloc(2 * (size_t)ns * (size_t)d, sizeof *w->evals, "eigenvalues", err)) ||
+        (c->rotate && !(w->R = mkv_alloc(2 * (size_t)ns * dd, sizeof *w->R, "rotations", err))) ||
+        (c->dynamic && (!(w->cand = mkv_calloc(2 * (size_t)ns, sizeof *w->cand, "candidates", err)) ||
+                        !(w->ncand = mkv_calloc(2 * (size_t)ns, sizeof *w->ncand, "candidates", err)) ||
+                        !(w->pick = mkv_calloc(2 * (size_t)ns, sizeof *w->pick, "candidates", err)))))
+        return err ? err->code : MKV_ENOMEM;
+    for (int64_t i = 0; i < nd; i++) {
+        int64_t t = i < h->sink_n ? i : in->T - h->recent_n + (i - h->sink_n);
+        for (int j = 0; j < d; j++) {
+            h->dense_k[i * d + j] = mkv_f16_to_f32(mkv_f32_to_f16(in->k[t * d + j]));
+            h->dense_v[i * d + j] = mkv_f16_to_f32(mkv_f32_to_f16(in->v[t * d + j]));
+        }
+    }
+    for (int64_t i = 0; i < nseg; i++) {
+        int64_t start = first + i * c->segment, len = last - start < c->segment ? last - start : c->segment;
+        h->k.seg[i] = h->v.seg[i] = (mkv_mosaic_strategy){.start = start, .len = len};
+    }
+    return MKV_OK;
+}
+
+/* Step 3: rotations (rounded to fp16: every use sees the stored matrix)
+ * and eigenvalues of every segment and tensor. */
+static int rotations(const mkv_mosaic_config *c, const mkv_head_kv *in, const mkv_mosaic_head *h,
+                     compress_work *w, mkv_error *err)
+{
+    int d = h->d;
+    for (int which = 0; which < 2 && c->rotate; which++)
+        for (int64_t i = 0; i < w->nseg; i++) {
+            const mkv_mosaic_strategy *s = &(which ? &h->v : &h->k)->seg[i];
+            double *R = (double *)rot_of(w, which, i, d);
+            int rc = mkv_mosaic_rotation((which ? in->v : in->k) + s->start * d, s->len, d, R,
+                                         w->evals + ((size_t)which * (size_t)w->nseg + (size_t)i) * (size_t)d,
+                                         err);
+            if (rc != MKV_OK)
+                return rc;
+            mkv_mosaic_round_f16(R, (size_t)d * (size_t)d);
+        }
+    return MKV_OK;
+}
+
+int mkv_mosaic_compress(const mkv_mosaic_config *c, const mkv_head_kv *in, mkv_mosaic_head *h,
+                        mkv_error *err)
+{
+    memset(h, 0, sizeof *h);
+    int d = in->d;
+    if (d < 1 || d > MKV_MOSAIC_MAX_D || in->T < 1 || in->G < 1)
+        return mkv_fail(err, MKV_EUSAGE, "mosaic: cannot compress %lld tokens of head_dim %d",
+                        (long long)in->T, d);
+    if (in->T > INT32_MAX)
+        return mkv_fail(err, MKV_EUNSUP, "mosaic: %lld tokens do not fit the int32 strategy table",
+                        (long long)in->T);
+    if (c->block < 1 || c->segment < c->block || (c->rotate && (c->keydim < 1 || c->keydim > d)) ||
+        c->bound < 0 || (c->rotate && c->bound > c->keydim))
+        return mkv_fail(err, MKV_EUSAGE, "mosaic: block %d, segment %lld, keydim %d, bound %d do not fit "
+                        "head_dim %d", c->block, (long long)c->segment, c->keydim, c->bound, d);
+    int rc;
+    size_t n = (size_t)in->T * (size_t)d;
+    if ((rc = mkv_bl_check_f16_range(in->k, n, "key", in->layer, in->head, err)) ||
+        (rc = mkv_bl_check_f16_range(in->v, n, "value", in->layer, in->head, err)))
+        return rc;
+    compress_work w;
+    mkv_mosaic_head hs;
+    memset(&w, 0, sizeof w);
+    memset(&hs, 0, sizeof hs);
+    if ((rc = head_init(c, in, h, &w, err)) == MKV_OK && (rc = rotations(c, in, h, &w, err)) == MKV_OK &&
+        (rc = pick_obs(in, &w.obs, err)) == MKV_OK && (rc = key_skeleton(c, in, h, &w, &hs, err)) == MKV_OK &&
+        w.obs.nq > 0)
+        rc = observe(in, &hs, &c->attn, &w.obs, err);
+    mkv_mosaic_head_free(&hs);
+    for (int64_t i = 0; i < w.nseg && rc == MKV_OK; i++)
+        rc = segment_strategies(c, in, h, &w, i, err);
+    if (rc == MKV_OK && c->dynamic && c->ratio > 0)
+        ratio_strategies(c, h, &w);
+    if (rc == MKV_OK)
+        rc = encode_tensor(h, in->k, 1, &w, &h->k, err);
+    if (rc == MKV_OK)
+        rc = encode_tensor(h, in->v, 0, &w, &h->v, err);
+    compress_work_free(&w);
+    if (rc != MKV_OK) {
+        mkv_error_prefix(err, "layer %d, KV head %d", in->layer, in->head);
+        mkv_mosaic_head_free(h);
+    }
+    return rc;
+}
+
+/* ---------------------------------------------------------------- storage */
+
+static int put_flat(mkv_cdump_writer *w, int layer, int head, const char *name, mkv_el_type type,
+                    int64_t n, const void *data, mkv_error *err)
+{
+    if (n == 0)
+        return MKV_OK;
+    return mkv_cdump_put(w, layer, head, name, type, 1, &n, data, err);
+}
+
+static int store_tensor(const mkv_mosaic_tensor *t, const mkv_mosaic_head *h, char x,
+                        mkv_cdump_writer *w, int layer, int head, mkv_error *err)
+{
+    char name[32];
+    int rc = MKV_OK;
+    if (t->nseg > 0) {
+        int32_t *table = mkv_alloc((size_t)t->nseg * MKV_MOSAIC_TABLE_COLS, sizeof *table,
+                                   "the strategy table", err);
+        if (!table)
+            return err ? err->code : MKV_ENOMEM;
+        for (int64_t i = 0; i < t->nseg; i++) {
+            const mkv_mosaic_strategy *s = &t->seg[i];
+            int32_t row[MKV_MOSAIC_TABLE_COLS] = {(int32_t)s->start, (int32_t)s->len, s->rotate, s->r,
+                                                  s->g, s->dprime, s->pervector};
+            memcpy(table + i * MKV_MOSAIC_TABLE_COLS, row, sizeof row);
+        }
+        snprintf(name, sizeof name, "%c/strategy", x);
+        rc = mkv_bl_put2(w, layer, head, name, MKV_EL_I32, t->nseg, MKV_MOSAIC_TABLE_COLS, table, err);
+        mkv_free(table);
+        snprintf(name, sizeof name, "%c/loss", x);
+        if (rc == MKV_OK)
+            rc = mkv_bl_put2(w, layer, head, name, MKV_EL_F32, t->nseg, MKV_MOSAIC_LOSS_COLS, t->loss,
+                             err);
+    }
+    if (rc == MKV_OK && x == 'k' && t->nseg > 0) {
+        int32_t *dims = mkv_alloc((size_t)t->nseg * MKV_MOSAIC_BLOCKDIM_COLS, sizeof *dims,
+                                  "the block-key table", err);
+        if (!dims)
+            return err ? err->code : MKV_ENOMEM;
+        for (int64_t i = 0; i < t->nseg; i++) {
+            dims[i * MKV_MOSAIC_BLOCKDIM_COLS] = t->seg[i].keydim;
+            dims[i * MKV_MOSAIC_BLOCKDIM_COLS + 1] = t->seg[i].bound;
+        }
+        rc = mkv_bl_put2(w, layer, head, "k/blockdims", MKV_EL_I32, t->nseg, MKV_MOSAIC_BLOCKDIM_COLS, dims,
+                         err);
+        mkv_free(dims);
+    }
+    snprintf(name, sizeof name, "%c/dense", x);
+    if (rc == MKV_OK)
+        rc = mkv_bl_put2(w, layer, head, name, MKV_EL_F16, h->sink_n + h->recent_n, h->d,
+                         x == 'k' ? h->dense_k : h->dense_v, err);
+    snprintf(name, sizeof name, "%c/values", x);
+    if (rc == MKV_OK)
+        rc = put_flat(w, layer, head, name, MKV_EL_F16, t->n_values, t->values, err);
+    snprintf(name, sizeof name, "%c/bitmap", x);
+    if (rc == MKV_OK)
+        rc = put_flat(w, layer, head, name, MKV_EL_U8, t->n_bitmap, t->bitmap, err);
+    snprintf(name, sizeof name, "%c/blockkeys", x);
+    if (rc == MKV_OK)
+        rc = put_flat(w, layer, head, name, MKV_EL_F16, t->n_blockkeys, t->blockkeys, err);
+    snprintf(name, sizeof name, "%c/rotation", x);
+    if (rc == MKV_OK)
+        rc = put_flat(w, layer, head, name, MKV_EL_F16, t->n_rotation, t->rotation, err);
+    return rc;
+}
+
+int mkv_mosaic_store(const mkv_mosaic_head *h, mkv_cdump_writer *w, int layer, int head, mkv_error *err)
+{
+    int rc = store_tensor(&h->k, h, 'k', w, layer, head, err);
+    return rc ? rc : store_tensor(&h->v, h, 'v', w, layer, head, err);
+}
+
+/* Read a flat array of n elements (absent when n = 0). */
+static int get_flat(mkv_cdump *c, int layer, int head, const char *name, mkv_el_type type, int64_t n,
+                    void **out, mkv_error *err)
+{
+    *out = NULL;
+    if (n == 0) {
+        if (mkv_bl_has(c, layer, head, name))
+            return mkv_fail(err, MKV_EFORMAT, "layer %d, KV head %d: '%s' should be absent "
+                            "(the strategy table gives it no element)", layer, head, name);
+        return MKV_OK;
+    }
+    return mkv_bl_get(c, layer, head, name, type, 1, &n, out, err);
+}
+
+static int load_tensor(mkv_cdump *c, int layer, int head, char x, mkv_mosaic_head *h,
+                       mkv_mosaic_tensor *t, mkv_error *err)
+{
+    char name[32];
+    int64_t dims[3] = {0, 0, 0};
+    int block = x == 'k' ? h->block : 0;
+    int64_t first = h->sink_n, last = h->T - h->recent_n;
+    snprintf(name, sizeof name, "%c/strategy", x);
+    int rank = mkv_cdump_shape(c, layer, head, name, dims);
+    int rc = MKV_OK;
+    t->nseg = rank ? dims[0] : 0;
+    if (rank && (rank != 2 || dims[1] != MKV_MOSAIC_TABLE_COLS || dims[0] < 1))
+        return mkv_fail(err, MKV_EFORMAT, "layer %d, KV head %d: '%s' is not an [nseg][%d] table",
+                        layer, head, name, MKV_MOSAIC_TABLE_COLS);
+    t->seg = mkv_calloc((size_t)(t->nseg ? t->nseg : 1), sizeof *t->seg, "strategies", err);
+    if (!t->seg)
+        return err ? err->code : MKV_ENOMEM;
+    if (t->nseg > 0) {
+        int32_t *table = NULL;
+        int64_t tdims[2] = {t->nseg, MKV_MOSAIC_TABLE_COLS}, ldims[2] = {t->nseg, MKV_MOSAIC_LOSS_COLS};
+        rc = mkv_bl_get(c, layer, head, name, MKV_EL_I32, 2, tdims, (void **)&table, err);
+        if (rc != MKV_OK)
+            return rc;
+        for (int64_t i = 0; i < t->nseg; i++) {
+            const int32_t *row = table + i * MKV_MOSAIC_TABLE_COLS;
+            t->seg[i] = (mkv_mosaic_strategy){.start = row[0], .len = row[1], .rotate = row[2],
+                                              .r = row[3], .g = row[4], .dprime = row[5],
+                                              .pervector = row[6]};
+        }
+        mkv_free(table);
+        snprintf(name, sizeof name, "%c/loss", x);
+        rc = mkv_bl_get(c, layer, head, name, MKV_EL_F32, 2, ldims, (void **)&t->loss, err);
+        if (rc == MKV_OK && x == 'k') {
+            int32_t *bd = NULL;
+            int64_t bdims[2] = {t->nseg, MKV_MOSAIC_BLOCKDIM_COLS};
+            rc = mkv_bl_get(c, layer, head, "k/blockdims", MKV_EL_I32, 2, bdims, (void **)&bd, err);
+            for (int64_t i = 0; rc == MKV_OK && i < t->nseg; i++) {
+                t->seg[i].keydim = bd[i * MKV_MOSAIC_BLOCKDIM_COLS];
+                t->seg[i].bound = bd[i * MKV_MOSAIC_BLOCKDIM_COLS + 1];
+            }
+            mkv_free(bd);
+        }
+    } else if (last > first) {
+        return mkv_fail(err, MKV_EFORMAT, "layer %d, KV head %d: '%s' is missing", layer, head, name);
+    }
+    if (rc == MKV_OK && (rc = mkv_mosaic_layout(t, h->d, block, first, last, err)) != MKV_OK)
+        mkv_error_prefix(err, "layer %d, KV head %d: %c", layer, head, x);
+    snprintf(name, sizeof name, "%c/values", x);
+    if (rc == MKV_OK)
+        rc = get_flat(c, layer, head, name, MKV_EL_F16, t->n_values, (void **)&t->values, err);
+    snprintf(name, sizeof name, "%c/bitmap", x);
+    if (rc == MKV_OK)
+        rc = get_flat(c, layer, head, name, MKV_EL_U8, t->n_bitmap, (void **)&t->bitmap, err);
+    snprintf(name, sizeof name, "%c/blockkeys", x);
+    if (rc == MKV_OK)
+        rc = get_flat(c, layer, head, name, MKV_EL_F16, t->n_blockkeys, (void **)&t->blockkeys, err);
+    snprintf(name, sizeof name, "%c/rotation", x);
+    if (rc == MKV_OK)
+        rc = get_flat(c, layer, head, name, MKV_EL_F16, t->n_rotation, (void **)&t->rotation, err);
+    int64_t nd = h->sink_n + h->recent_n, ddims[2] = {nd, h->d};
+    float **dense = x == 'k' ? &h->dense_k : &h->dense_v;
+    snprintf(name, sizeof name, "%c/dense", x);
+    if (rc == MKV_OK && nd > 0)
+        rc = mkv_bl_get(c, layer, head, name, MKV_EL_F16, 2, ddims, (void **)dense, err);
+    return rc;
+}
+
+int mkv_mosaic_load(mkv_cdump *c, int layer, int head, int block, int64_t sink, int64_t recent,
+                    mkv_mosaic_head *h, mkv_error *err)
+{
+    memset(h, 0, sizeof *h);
+    mkv_bl_shape(c, &h->T, &h->d, &h->G);
+    h->block = block;
+    h->sink_n = sink < h->T ? sink : h->T;
+    h->recent_n = recent < h->T - h->sink_n ? recent : h->T - h->sink_n;
+    int rc = MKV_OK;
+    if (h->d < 1 || h->d > MKV_MOSAIC_MAX_D)
+        rc = mkv_fail(err, MKV_EFORMAT, "head_dim %d is out of range for mosaic", h->d);
+    if (rc == MKV_OK)
+        rc = load_tensor(c, layer, head, 'k', h, &h->k, err);
+    if (rc == MKV_OK)
+        rc = load_tensor(c, layer, head, 'v', h, &h->v, err);
+    if (rc == MKV_OK && h->k.nseg != h->v.nseg)
+        rc = mkv_fail(err, MKV_EFORMAT, "layer %d, KV head %d: keys have %lld segments, values %lld",
+                      layer, head, (long long)h->k.nseg, (long long)h->v.nseg);
+    for (int64_t i = 0; rc == MKV_OK && i < h->k.nseg; i++)
+        if (h->k.seg[i].start != h->v.seg[i].start || h->k.seg[i].len != h->v.seg[i].len)
+            rc = mkv_fail(err, MKV_EFORMAT, "layer %d, KV head %d: segment %lld differs between "
+                          "keys and values", layer, head, (long long)i);
+    if (rc != MKV_OK)
+        mkv_mosaic_head_free(h);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- attention */
+
+/* Token held by row i of the dense arrays (sink rows, then recent rows). */
+static int64_t dense_token(const mkv_mosaic_head *h, int64_t i)
+{
+    return i < h->sink_n ? i : h->T - h->recent_n + (i - h->sink_n);
+}
+
+/* Last token (exclusive) of block b of segment s, cut at p + 1. */
+static int64_t block_end(const mkv_mosaic_strategy *s, int64_t b, int B, int64_t p)
+{
+    int64_t t1 = s->start + (b + 1) * B;
+    if (t1 > s->start + s->len)
+        t1 = s->start + s->len;
+    return t1 < p + 1 ? t1 : p + 1;
+}
+
+/* Segments starting <= p, and their blocks starting <= p. */
+static int64_t visible(const mkv_mosaic_tensor *K, int B, int64_t p, int64_t *nblk)
+{
+    int64_t nsc = 0;
+    *nblk = 0;
+    for (; nsc < K->nseg && K->seg[nsc].start <= p; nsc++) {
+        int64_t nb = mkv_mosaic_nblocks(K->seg[nsc].len, B), upto = (p - K->seg[nsc].start) / B + 1;
+        *nblk += upto < nb ? upto : nb;
+    }
+    return nsc;
+}
+
+/* q~ [G][d] = q R_k over the stored columns of segment si (q itself when
+ * not rotated). */
+static void rotate_queries(const mkv_mosaic_head *h, int64_t si, const float *q, int G, double *qt)
+{
+    const mkv_mosaic_tensor *K = &h->k;
+    const mkv_mosaic_strategy *ks = &K->seg[si];
+    int d = h->d, cols = ks->rotate ? mkv_mosaic_rotation_cols(ks) : d;
+    const float *Rk = ks->rotate ? K->rotation + K->off_rotation[si] : NULL;
+    for (int g = 0; g < G; g++) {
+        const float *qg = q + (size_t)g * d;
+        for (int c = 0; c < cols; c++) {
+            double s = 0;
+            if (Rk)
+                for (int j = 0; j < d; j++)
+                    s += (double)qg[j] * Rk[(size_t)j * cols + c];
+            else
+                s = qg[c];
+            qt[(size_t)g * d + c] = s;
+        }
+    }
+}
+
+int64_t mkv_mosaic_select_tokens(const mkv_mosaic_head *h, const mkv_mosaic_attn_opts *o, const float *q,
+                                 int G, int64_t p, double scale, double *qt, uint8_t *att)
+{
+    const mkv_mosaic_tensor *K = &h->k;
+    int d = h->d, B = h->block;
+    int64_t budget = mkv_budget_tokens(o->budget, p + 1), count = 0, nblk;
+    for (int64_t i = 0; i < h->sink_n + h->recent_n; i++) {
+        int64_t t = dense_token(h, i);
+        if (t <= p) {
+            att[t] = 1;
+            count++;
+        }
+    }
+    int64_t nsc = visible(K, B, p, &nblk), n = 0;
+    scored_block *blk = malloc(sizeof *blk * (size_t)(nblk ? nblk : 1));
+    if (!blk)
+        return -1;
+    for (int64_t si = 0; si < nsc; si++) {
+        const mkv_mosaic_strategy *ks = &K->seg[si];
+        double *qs = qt + (size_t)si * G * d;
+        rotate_queries(h, si, q, G, qs);
+        int64_t nb = mkv_mosaic_nblocks(ks->len, B), upto = (p - ks->start) / B + 1;
+        int w = mkv_mosaic_block_width(ks);
+        for (int64_t b = 0; b < (upto < nb ? upto : nb); b++) {
+            const float *row = K->blockkeys + K->off_blockkeys[si] + b * w;
+            double agg = 0;
+            for (int g = 0; g < G; g++) {
+                double s = mkv_mosaic_block_score(qs + (size_t)g * d, row, ks->keydim, ks->bound) * scale;
+                agg = g == 0 ? s : o->agg_sum ? agg + s : s > agg ? s : agg;
+            }
+            blk[n] = (scored_block){.score = agg, .seg = si, .block = b, .order = n};
+            n++;
+        }
+    }
+    qsort(blk, (size_t)n, sizeof *blk, by_score);
+    for (int64_t i = 0; i < n && count < budget; i++) {
+        const mkv_mosaic_strategy *s = &K->seg[blk[i].seg];
+        for (int64_t t = s->start + blk[i].block * B; t < block_end(s, blk[i].block, B, p); t++) {
+            att[t] = 1;
+            count++;
+        }
+    }
+    free(blk);
+    return count;
+}
+
+/* Working memory of one attention step. */
+typedef struct {
+    double *qt;           /* [nsc][G][d] rotated queries */
+    mkv_osm *tot, *seg;   /* [G] per head: all tokens (original space), one segment (rotated) */
+    double *acc;          /* [G][d] accumulators of tot */
+    double *sacc;         /* [G][d] accumulators of seg */
+    double *back;         /* [d] one segment's accumulator rotated back */
+} attend_work;
+
+static void work_free(attend_work *w)
+{
+    mkv_free(w->qt);
+    mkv_free(w->tot);
+    mkv_free(w->seg);
+    mkv_free(w->acc);
+    mkv_free(w->sacc);
+    mkv_free(w->back);
+}
+
+static int work_alloc(attend_work *w, int64_t nsc, int G, int d, mkv_error *err)
+{
+    memset(w, 0, sizeof *w);
+    size_t gd = (size_t)G * (size_t)d;
+    if (!(w->qt = mkv_alloc((size_t)(nsc ? nsc : 1) * gd, sizeof *w->qt, "rotated queries", err)) ||
+        !(w->tot = mkv_alloc((size_t)G, sizeof *w->tot, "softmax states", err)) ||
+        !(w->seg = mkv_alloc((size_t)G, sizeof *w->seg, "softmax states", err)) ||
+        !(w->acc = mkv_alloc(gd, sizeof *w->acc, "accumulators", err)) ||
+        !(w->sacc = mkv_alloc(gd, sizeof *w->sacc, "accumulators", err)) ||
+        !(w->back = mkv_alloc((size_t)d, sizeof *w->back, "accumulators", err))) {
+        work_free(w);
+        return err ? err->code : MKV_ENOMEM;
+    }
+    return MKV_OK;
+}
+
+/* Attend the selected compressed tokens (att) of segment si, <= p, and
+ * merge into the heads' states w->tot; returns the tokens attended. */
+static int64_t attend_segment(const mkv_mosaic_head *h, int64_t si, const double *qt, const uint8_t *att,
+                              const mkv_attend_query *q, attend_work *w, mkv_attend_result *res)
+{
+    const mkv_mosaic_strategy *ks = &h->k.seg[si], *vs = &h->v.seg[si];
+    int d = h->d, G = q->G, kbb = mkv_mosaic_bitmap_bytes(ks), vbb = mkv_mosaic_bitmap_bytes(vs);
+    int64_t n = 0, end = ks->start + ks->len < q->pos + 1 ? ks->start + ks->len : q->pos + 1;
+    for (int g = 0; g < G; g++)
+        mkv_osm_init(&w->seg[g], w->sacc + (size_t)g * d, d);
+    int kpos[MKV_MOSAIC_MAX_D], vpos[MKV_MOSAIC_MAX_D];
+    for (int64_t t = ks->start; t < end; t++) {
+        if (!att[t])
+            continue;
+        int64_t i = t - ks->start;
+        const float *kv = h->k.values + h->k.off_values[si] + i * ks->r;
+        const float *vv = h->v.values + h->v.off_values[si] + i * vs->r;
+        mkv_mosaic_positions(kbb ? h->k.bitmap + h->k.off_bitmap[si] + i * kbb : NULL, ks, kpos);
+        mkv_mosaic_positions(vbb ? h->v.bitmap + h->v.off_bitmap[si] + i * vbb : NULL, vs, vpos);
+        for (int g = 0; g < G; g++) {
+            const double *qg = qt + (size_t)g * d;
+            double dot = 0;
+            for (int j = 0; j < ks->r; j++)
+                dot += qg[kpos[j]] * kv[j];
+            mkv_osm_add_sparse(&w->seg[g], dot * q->scale, vv, vpos, vs->r);
+        }
+        res->bytes_read += (uint64_t)(ks->r + vs->r) * 2 + (uint64_t)(kbb + vbb);
+        n++;
+    }
+    if (n == 0)
+        return 0;
+    const float *Rv = vs->rotate ? h->v.rotation + h->v.off_rotation[si] : NULL;
+    if (Rv)
+        res->bytes_read += (uint64_t)d * (uint64_t)vs->dprime * 2;
+    for (int g = 0; g < G; g++) {
+        /* o = o~ R_v^T once per segment: linear, so valid unnormalised */
+        const double *a = w->seg[g].acc;
+        for (int j = 0; j < d; j++) {
+            double s = 0;
+            if (Rv)
+                for (int c = 0; c < vs->dprime; c++)
+                    s += a[c] * Rv[(size_t)j * vs->dprime + c];
+            else
+                s = a[j];
+            w->back[j] = s;
+        }
+        mkv_osm back = w->seg[g];
+        back.acc = w->back;
+        mkv_osm_merge(&w->tot[g], &back);
+    }
+    return n;
+}
+
+int mkv_mosaic_attend(const mkv_mosaic_head *h, const mkv_mosaic_attn_opts *o,
+                      const mkv_attend_query *q, mkv_attend_result *res, mkv_error *err)
+{
+    int rc = mkv_bl_check_query(q, h->T, h->d, h->G, err);
+    if (rc != MKV_OK)
+        return rc;
+    int d = h->d, G = q->G, B = h->block;
+    int64_t p = q->pos, nblk;
+    const mkv_mosaic_tensor *K = &h->k;
+    int64_t nsc = visible(K, B, p, &nblk);
+    attend_work w;
+    if ((rc = work_alloc(&w, nsc, G, d, err)) != MKV_OK)
+        return rc;
+    if (mkv_mosaic_select_tokens(h, o, q->q, G, p, q->scale, w.qt, res->attended) < 0) {
+        work_free(&w);
+        return mkv_fail(err, MKV_ENOMEM, "out of memory selecting blocks");
+    }
+    res->bytes_read = 0;
+    for (int g = 0; g < G; g++)
+        mkv_osm_init(&w.tot[g], w.acc + (size_t)g * d, d);
+
+    /* dense sink and recent tokens: always, exactly */
+    for (int64_t i = 0; i < h->sink_n + h->recent_n; i++) {
+        int64_t t = dense_token(h, i);
+        if (t > p)
+            continue;
+        const float *kd = h->dense_k + i * d, *vd = h->dense_v + i * d;
+        for (int g = 0; g < G; g++) {
+            double s = 0;
+            for (int j = 0; j < d; j++)
+                s += (double)q->q[(size_t)g * d + j] * kd[j];
+            mkv_osm_add(&w.tot[g], s * q->scale, vd);
+        }
+        res->bytes_read += (uint64_t)d * 2 * 2;
+    }
+
+    /* per visible segment: table rows, R_k, block keys; then its attended tokens */
+    for (int64_t si = 0; si < nsc; si++) {
+        const mkv_mosaic_strategy *ks = &K->seg[si];
+        int64_t nb = mkv_mosaic_nblocks(ks->len, B), upto = (p - ks->start) / B + 1;
+        res->bytes_read += (2 * MKV_MOSAIC_TABLE_COLS + MKV_MOSAIC_BLOCKDIM_COLS) * 4 +
+                           (uint64_t)d * (uint64_t)mkv_mosaic_rotation_cols(ks) * 2 +
+                           (uint64_t)(upto < nb ? upto : nb) * (uint64_t)mkv_mosaic_block_width(ks) * 2;
+        attend_segment(h, si, w.qt + (size_t)si * G * d, res->attended, q, &w, res);
+    }
+    for (int g = 0; g < G; g++)
+        mkv_osm_finish(&w.tot[g], res->out + (size_t)g * d);
+    work_free(&w);
+    return MKV_OK;
+}
+
+/* ---------------------------------------------------------------- method hooks */
+
+typedef struct {
+    mkv_mosaic_head h;
+    mkv_mosaic_attn_opts o;
+} mosaic_state;
+
+int mkv_mosaic_method_load(const mkv_params *p, mkv_cdump *c, int layer, int head, void **state,
+                           mkv_error *err)
+{
+    mosaic_state *s = mkv_calloc(1, sizeof *s, "a mosaic state", err);
+    if (!s)
+        return err ? err->code : MKV_ENOMEM;
+    s->o.budget = mkv_params_double(p, "budget");
+    s->o.agg_sum = strcmp(mkv_params_str(p, "agg"), "sum") == 0;
+    int rc = mkv_mosaic_load(c, layer, head, (int)mkv_params_int(p, "block"), mkv_params_int(p, "sink"),
+                             mkv_params_int(p, "recent"), &s->h, err);
+    if (rc != MKV_OK) {
+        mkv_free(s);
+        return rc;
+    }
+    *state = s;
+    return MKV_OK;
+}
+
+int mkv_mosaic_method_attend(void *state, const mkv_attend_query *q, mkv_attend_result *r,
+                             mkv_error *err)
+{
+    mosaic_state *s = state;
+    return mkv_mosaic_attend(&s->h, &s->o, q, r, err);
+}
+
+void mkv_mosaic_method_free(void *state)
+{
+    mosaic_state *s = state;
+    if (!s)
+        return;
+    mkv_mosaic_head_free(&s->h);
+    mkv_free(s);
+}
+
+int mkv_mosaic_compress_store(const mkv_mosaic_config *c, const mkv_head_kv *in, mkv_cdump_writer *w,
+                              mkv_error *err)
+{
+    mkv_mosaic_head h;
+    int rc = mkv_mosaic_compress(c, in, &h, err);
+    if (rc != MKV_OK)
+        return rc;
+    rc = mkv_mosaic_store(&h, w, in->layer, in->head, err);
+    mkv_mosaic_head_free(&h);
+    return rc;
+}
+
+static int mosaic_compress(const mkv_params *p, const mkv_head_kv *in, mkv_cdump_writer *w,
+                           mkv_error *err)
+{
+    mkv_mosaic_config c;
+    config_from(p, in->d, &c);
+    return mkv_mosaic_compress_store(&c, in, w, err);
+}
+
+const mkv_method mkv_method_mosaic = {
+    .name = "mosaic",
+    .summary = "MosaicKV: per-segment rotation and strategy, per-vector top elements, packed",
+    .params = mosaic_params,
+    .check = mosaic_check,
+    .compress = mosaic_compress,
+    .load = mkv_mosaic_method_load,
+    .attend = mkv_mosaic_method_attend,
+    .free_state = mkv_mosaic_method_free,
+};

@@ -1,0 +1,887 @@
+/* MosaicKV pieces: see mosaic.h for the conventions (rotation layout,
+ * bitmap bit order, value order, block keys) and lib/mosaic/method.c for
+ * how they make the method. */
+#include "config.h"
+#include "mosaic/mosaic.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/blas.h"
+#include "core/eigen.h"
+#include "core/half.h"
+#include "core/tensor.h"
+
+#define F16_MAX 65504.0
+
+/* Doubles of rows converted per BLAS call in mkv_mosaic_rotate (on the stack). */
+#define ROTATE_CHUNK_DOUBLES 8192
+
+static double f16r(double x) { return (double)mkv_f16_to_f32(mkv_f32_to_f16((float)x)); }
+
+/* ---------------------------------------------------------------- bytes */
+
+int mkv_mosaic_bitmap_bytes(const mkv_mosaic_strategy *s)
+{
+    if (!s->pervector || s->r >= s->dprime)
+        return 0;
+    return (s->dprime / s->g + 7) / 8;
+}
+
+int64_t mkv_mosaic_nblocks(int64_t len, int B) { return (len + B - 1) / B; }
+
+int mkv_mosaic_rotation_cols(const mkv_mosaic_strategy *s)
+{
+    if (!s->rotate)
+        return 0;
+    return s->keydim > s->dprime ? s->keydim : s->dprime;
+}
+
+int mkv_mosaic_block_width(const mkv_mosaic_strategy *s) { return s->keydim + s->bound; }
+
+void mkv_mosaic_strategy_bytes(const mkv_mosaic_strategy *s, int d, int block, mkv_mosaic_bytes *b)
+{
+    uint64_t len = (uint64_t)s->len;
+    b->values = len * (uint64_t)s->r * 2;
+    b->bitmap = len * (uint64_t)mkv_mosaic_bitmap_bytes(s);
+    b->blockkeys = block > 0 ? (uint64_t)mkv_mosaic_nblocks(s->len, block) *
+                                   (uint64_t)mkv_mosaic_block_width(s) * 2 : 0;
+    b->rotation = (uint64_t)d * (uint64_t)mkv_mosaic_rotation_cols(s) * 2;
+    b->total = b->values + b->bitmap + b->blockkeys + b->rotation;
+}
+
+/* ---------------------------------------------------------------- rotation */
+
+int mkv_mosaic_rotation_from_gram(const double *C, int d, double *R, double *evals, mkv_error *err)
+{
+    return mkv_eigh(C, d, evals, R, err);
+}
+
+void mkv_mosaic_round_f16(double *R, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        R[i] = f16r(R[i]);
+}
+
+int mkv_mosaic_rotation(const float *X, int64_t n, int d, double *R, double *evals, mkv_error *err)
+{
+    double *C = mkv_calloc((size_t)d * (size_t)d, sizeof *C, "a segment's Gram matrix", err);
+    if (!C)
+        return err ? err->code : MKV_ENOMEM;
+    int rc = mkv_gram_add(C, X, n, d, err);
+    if (rc == MKV_OK)
+        rc = mkv_mosaic_rotation_from_gram(C, d, R, evals, err);
+    mkv_free(C);
+    return rc;
+}
+
+int mkv_mosaic_dprime_for_energy(const double *evals, int d, double energy, int r)
+{
+    double total = 0;
+    for (int i = 0; i < d; i++)
+        total += evals[i] > 0 ? evals[i] : 0;
+    int k = d;
+    if (total > 0) {
+        /* relative slack so that energy = 1 is reached despite rounding */
+        double want = energy * total * (1 - 1e-12), cum = 0;
+        for (int i = 0; i < d; i++) {
+            cum += evals[i] > 0 ? evals[i] : 0;
+            if (cum >= want) {
+                k = i + 1;
+                break;
+            }
+        }
+    }
+    if (k < r)
+        k = r;
+    k = (k + 7) / 8 * 8;
+    return k > d ? d : k;
+}
+
+void mkv_mosaic_rotate(const float *X, int64_t n, int d, const double *R, int ldr, int dprime,
+                       double *out)
+{
+    if (!R) {
+        for (int64_t t = 0; t < n; t++)
+            for (int c = 0; c < dprime; c++)
+                out[t * dprime + c] = X[t * d + c];
+        return;
+    }
+    double buf[ROTATE_CHUNK_DOUBLES];
+    /* rows per chunk so that their double copy fits buf (d <= MKV_MOSAIC_MAX_D) */
+    int64_t rows_per = ROTATE_CHUNK_DOUBLES / d;
+    for (int64_t t0 = 0; t0 < n; t0 += rows_per) {
+        int rows = (int)(n - t0 < rows_per ? n - t0 : rows_per);
+        for (size_t i = 0; i < (size_t)rows * (size_t)d; i++)
+            buf[i] = X[(size_t)t0 * (size_t)d + i];
+        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, dprime, d, 1.0, buf, d, R, ldr,
+                    0.0, out + t0 * dprime, dprime);
+    }
+}
+
+/* ---------------------------------------------------------------- selection */
+
+typedef struct {
+    double e;   /* group energy */
+    int i;      /* group index */
+} group;
+
+/* a is kept before b: more energy, or the lower group on a tie. */
+static int before(const group *a, const group *b)
+{
+    /* no short-circuit: branch-free in the sort's inner loop */
+    return (a->e > b->e) | ((a->e == b->e) & (a->i < b->i));
+}
+
+/* Stable bottom-up merge sort, best group first (deterministic, no
+ * allocation: n <= MKV_MOSAIC_MAX_D). */
+static void sort_groups(group *a, int n)
+{
+    group tmp[MKV_MOSAIC_MAX_D], *src = a, *dst = tmp;
+    for (int width = 1; width < n; width *= 2) {
+        for (int lo = 0; lo < n; lo += 2 * width) {
+            int mid = lo + width < n ? lo + width : n, hi = lo + 2 * width < n ? lo + 2 * width : n;
+            int i = lo, j = mid, k = lo;
+            while (i < mid && j < hi) {
+                int take_j = before(&src[j], &src[i]);
+                dst[k++] = *(take_j ? &src[j] : &src[i]);
+                j += take_j;
+                i += !take_j;
+            }
+            while (i < mid)
+                dst[k++] = src[i++];
+            while (j < hi)
+                dst[k++] = src[j++];
+        }
+        group *t = src;
+        src = dst;
+        dst = t;
+    }
+    if (src != a)
+        memcpy(a, src, sizeof *a * (size_t)n);
+}
+
+/* Group energies of the first ng groups of g channels of xt, sorted best first. */
+static void ranked_groups(const double *xt, int ng, int g, group *out)
+{
+    for (int i = 0; i < ng; i++) {
+        double e = 0;
+        for (int c = i * g; c < i * g + g; c++)
+            e += xt[c] * xt[c];
+        out[i].e = e;
+        out[i].i = i;
+    }
+    sort_groups(out, ng);
+}
+
+double mkv_mosaic_select(const double *xt, const mkv_mosaic_strategy *s, int *pos, uint8_t *bitmap)
+{
+    double kept = 0;
+    int nbytes = mkv_mosaic_bitmap_bytes(s);
+    if (nbytes == 0) {
+        for (int c = 0; c < s->r; c++) {
+            pos[c] = c;
+            kept += xt[c] * xt[c];
+        }
+        return kept;
+    }
+    int g = s->g, ng = s->dprime / g, k = s->r / g;
+    group grp[MKV_MOSAIC_MAX_D];
+    ranked_groups(xt, ng, g, grp);
+    uint8_t bits[MKV_MOSAIC_MAX_D / 8] = {0};
+    for (int j = 0; j < k; j++) {
+        bits[grp[j].i >> 3] |= (uint8_t)(1u << (grp[j].i & 7));
+        kept += grp[j].e;
+    }
+    if (bitmap)
+        memcpy(bitmap, bits, (size_t)nbytes);
+    mkv_mosaic_positions(bits, s, pos);
+    return kept;
+}
+
+int mkv_mosaic_positions(const uint8_t *bitmap, const mkv_mosaic_strategy *s, int *pos)
+{
+    if (mkv_mosaic_bitmap_bytes(s) == 0) {
+        for (int c = 0; c < s->r; c++)
+            pos[c] = c;
+        return s->r;
+    }
+    int n = 0, g = s->g, ng = s->dprime / g;
+    for (int i = 0; i < ng && n < s->r; i++)
+        if (bitmap[i >> 3] >> (i & 7) & 1)
+            for (int c = 0; c < g; c++)
+                pos[n++] = i * g + c;
+    return n;
+}
+
+void mkv_mosaic_block_keys(const double *xt, int64_t n, int ldx, int keydim, int bound, int B, float *out)
+{
+    int64_t nb = mkv_mosaic_nblocks(n, B);
+    int w = keydim + bound;
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t t0 = b * B, t1 = t0 + B < n ? t0 + B : n;
+        float *row = out + b * w;
+        for (int c = 0; c < keydim; c++) {
+            double sum = 0, lo = INFINITY, hi = -INFINITY;
+            for (int64_t t = t0; t < t1; t++) {
+                double x = xt[t * ldx + c];
+                sum += x;
+                lo = x < lo ? x : lo;
+                hi = x > hi ? x : hi;
+            }
+            if (c < bound) {
+                row[c] = (float)f16r(lo);
+                row[bound + c] = (float)f16r(hi);
+            } else {
+                row[bound + c] = (float)f16r(sum / (double)(t1 - t0));
+            }
+        }
+    }
+}
+
+double mkv_mosaic_block_score(const double *qt, const float *row, int keydim, int bound)
+{
+    double s = 0;
+    for (int c = 0; c < bound; c++) {
+        double a = qt[c] * row[c], b = qt[c] * row[bound + c];
+        s += a > b ? a : b;
+    }
+    for (int c = bound; c < keydim; c++)
+        s += qt[c] * row[bound + c];
+    return s;
+}
+
+int mkv_mosaic_encode(const mkv_mosaic_strategy *s, const float *X, int d, const double *R, int block,
+                      float *values, uint8_t *bitmap, float *blockkeys, float *rotation,
+                      mkv_error *err)
+{
+    /* rotated channels the values and the block keys need */
+    int dp = s->dprime, nbytes = mkv_mosaic_bitmap_bytes(s);
+    int w = block > 0 && s->keydim > dp ? s->keydim : dp;
+    double *xt = mkv_alloc((size_t)s->len * (size_t)w, sizeof *xt, "rotated vectors", err);
+    if (!xt)
+        return err ? err->code : MKV_ENOMEM;
+    mkv_mosaic_rotate(X, s->len, d, s->rotate ? R : NULL, d, w, xt);
+    int pos[MKV_MOSAIC_MAX_D];
+    for (int64_t t = 0; t < s->len; t++) {
+        const double *x = xt + t * w;
+        mkv_mosaic_select(x, s, pos, nbytes ? bitmap + t * nbytes : NULL);
+        for (int i = 0; i < s->r; i++) {
+            if (!(fabs(x[pos[i]]) <= F16_MAX)) {
+                mkv_free(xt);
+                return mkv_fail(err, MKV_EFORMAT, "token %lld: rotated value %g does not fit "
+                                "float16 (|x| <= 65504)", (long long)(s->start + t), x[pos[i]]);
+            }
+            values[t * s->r + i] = (float)f16r(x[pos[i]]);
+        }
+    }
+    if (block > 0)
+        mkv_mosaic_block_keys(xt, s->len, w, s->keydim, s->bound, block, blockkeys);
+    int cols = mkv_mosaic_rotation_cols(s);
+    for (int j = 0; j < d && s->rotate; j++)
+        for (int c = 0; c < cols; c++)
+            rotation[j * cols + c] = (float)R[j * d + c];
+    mkv_free(xt);
+    return MKV_OK;
+}
+
+/* ---------------------------------------------------------------- losses */
+
+/* The candidate grid (mkv_mosaic_candidates). */
+#define N_GROUP_SIZES 3
+#define N_R_FRACTIONS 16
+#define N_DPRIME_FRACTIONS 4
+#define MAX_CANDIDATES (2 * N_GROUP_SIZES * N_DPRIME_FRACTIONS * N_R_FRACTIONS)
+static const int group_sizes[N_GROUP_SIZES] = {1, 2, 4};
+static const double r_fractions[N_R_FRACTIONS] = {1.0 / 32, 2.0 / 32,  3.0 / 32,  4.0 / 32,
+                                                  5.0 / 32, 6.0 / 32,  7.0 / 32,  8.0 / 32,
+                                                  10.0 / 32, 12.0 / 32, 14.0 / 32, 16.0 / 32,
+                                                  20.0 / 32, 24.0 / 32, 28.0 / 32, 1.0};
+static const double dprime_fractions[N_DPRIME_FRACTIONS] = {0.25, 0.5, 0.75, 1.0};
+
+static int group_index(int g)
+{
+    int gi = 0;
+    while (gi < N_GROUP_SIZES - 1 && group_sizes[gi] != g)
+        gi++;
+    return gi;
+}
+
+/* One segment seen in one space (rotated by R, or raw): its vectors, the
+ * observation queries in that space and, per group size, the ranking of
+ * every vector's groups, which every candidate of the space shares (a
+ * candidate with d' keeps the first r/g of them that lie within d'). */
+typedef struct {
+    int64_t n;
+    int d;
+    const double *R;                  /* d x d, NULL: raw */
+    double *xt;                       /* [n][d] */
+    double etotal;                    /* sum of xt^2 */
+    double *qt;                       /* [nq][d] observation queries, NULL without */
+    int rank_d;                       /* channels the rankings cover: the widest d' of the candidates */
+    uint16_t *rank[N_GROUP_SIZES];    /* [n][rank_ng] group indices, best first; on first need */
+    int rank_ng[N_GROUP_SIZES];       /* groups ranked: those of the first rank_d channels */
+    /* with observation queries: */
+    double *x16;                      /* [n][d] xt rounded to fp16, as stored */
+    int64_t nu;                       /* distinct tokens the queries attend */
+    int32_t *utok;                    /* [nu] those tokens */
+    int32_t *prow;                    /* [pairs] the row of utok each pair's token is */
+    int *pcache;                      /* [nu][d] kept channels of those tokens (one strategy) */
+} seg_space;
+
+static void seg_space_free(seg_space *v)
+{
+    mkv_free(v->xt);
+    mkv_free(v->qt);
+    for (int i = 0; i < N_GROUP_SIZES; i++)
+        mkv_free(v->rank[i]);
+    mkv_free(v->x16);
+    mkv_free(v->utok);
+    mkv_free(v->prow);
+    mkv_free(v->pcache);
+    memset(v, 0, sizeof *v);
+}
+
+static int seg_space_init(seg_space *v, const float *X, int64_t n, int d, const double *R,
+                          const mkv_mosaic_segobs *obs, mkv_error *err)
+{
+    memset(v, 0, sizeof *v);
+    v->n = n;
+    v->d = d;
+    v->R = R;
+    v->xt = mkv_alloc((size_t)n * (size_t)d, sizeof *v->xt, "rotated vectors", err);
+    if (!v->xt)
+        return err ? err->code : MKV_ENOMEM;
+    mkv_mosaic_rotate(X, n, d, R, d, d, v->xt);
+    for (size_t i = 0; i < (size_t)n * (size_t)d; i++)
+        v->etotal += v->xt[i] * v->xt[i];
+    if (!obs || obs->nq == 0)
+        return MKV_OK;
+    int64_t npairs = obs->first[obs->nq];
+    size_t nd = (size_t)n * (size_t)d;
+    if (!(v->qt = mkv_alloc((size_t)obs->nq * (size_t)d, sizeof *v->qt, "rotated queries", err)) ||
+        !(v->x16 = mkv_alloc(nd, sizeof *v->x16, "rotated vectors", err)) ||
+        !(v->utok = mkv_alloc((size_t)n, sizeof *v->utok, "attended tokens", err)) ||
+        !(v->prow = mkv_alloc((size_t)(npairs ? npairs : 1), sizeof *v->prow, "attended tokens", err))) {
+        seg_space_free(v);
+        return err ? err->code : MKV_ENOMEM;
+    }
+    for (size_t i = 0; i < nd; i++)
+        v->x16[i] = f16r(v->xt[i]);
+    /* rows of the distinct attended tokens (utok doubles as the map
+     * token -> row while it is built) */
+    for (int64_t t = 0; t < n; t++)
+        v->utok[t] = -1;
+    for (int64_t i = 0; i < npairs; i++)
+        v->utok[obs->tok[i]] = 0;
+    for (int64_t t = 0; t < n; t++)
+        if (v->utok[t] == 0)
+            v->utok[t] = (int32_t)v->nu++;
+    for (int64_t i = 0; i < npairs; i++)
+        v->prow[i] = v->utok[obs->tok[i]];
+    for (int64_t t = 0; t < n; t++)
+        if (v->utok[t] >= 0)
+            v->utok[v->utok[t]] = (int32_t)t;   /* rows are numbered in token order: row <= t */
+    if (!(v->pcache = mkv_alloc((size_t)(v->nu ? v->nu : 1) * (size_t)d, sizeof *v->pcache, "kept channels",
+                                err))) {
+        seg_space_free(v);
+        return err ? err->code : MKV_ENOMEM;
+    }
+    for (int64_t j = 0; j < obs->nq; j++)
+        for (int c = 0; c < d; c++) {
+            double s = 0;
+            if (R)
+                for (int i = 0; i < d; i++)
+                    s += obs->q[j * d + i] * R[i * d + c];
+            else
+                s = obs->q[j * d + c];
+            v->qt[j * d + c] = s;
+        }
+    return MKV_OK;
+}
+
+/* The group ranking of group size g (index gi), computed once.  Only the
+ * groups within the first rank_d channels are ranked: a candidate keeps
+ * none beyond its d', and the ranking of a subset is the subset of the
+ * ranking (one strict order), so every candidate sees the same kept set. */
+static const uint16_t *space_rank(seg_space *v, int gi, mkv_error *err)
+{
+    if (v->rank[gi])
+        return v->rank[gi];
+    int g = group_sizes[gi], ng = (v->rank_d + g - 1) / g;
+    if (ng > v->d / g)
+        ng = v->d / g;
+    v->rank_ng[gi] = ng;
+    uint16_t *rank = mkv_alloc((size_t)v->n * (size_t)ng, sizeof *rank, "group rankings", err);
+    if (!rank)
+        return NULL;
+    group grp[MKV_MOSAIC_MAX_D];
+    for (int64_t t = 0; t < v->n; t++) {
+        ranked_groups(v->xt + t * v->d, ng, g, grp);
+        for (int j = 0; j < ng; j++)
+            rank[t * ng + j] = (uint16_t)grp[j].i;
+    }
+    v->rank[gi] = rank;
+    return rank;
+}
+
+/* Kept channels of token t under s (mkv_mosaic_select's choice, in
+ * ranking order), from a space_rank table of ng groups per token. */
+static int kept_positions(const uint16_t *rank, int ng, const mkv_mosaic_strategy *s, int64_t t, int *pos)
+{
+    if (mkv_mosaic_bitmap_bytes(s) == 0) {
+        for (int c = 0; c < s->r; c++)
+            pos[c] = c;
+        return s->r;
+    }
+    int g = s->g, lim = s->dprime / g, k = s->r / g, n = 0;
+    const uint16_t *rk = rank + t * ng;
+    for (int j = 0; j < ng && n < k * g; j++)
+        if (rk[j] < lim)
+            for (int c = 0; c < g; c++)
+                pos[n++] = rk[j] * g + c;
+    return n;
+}
+
+/* Relative output error, minus the selection's own, averaged over the
+ * observation queries, of s (keys when is_key, else values). */
+static double output_loss(seg_space *v, const uint16_t *rank, const mkv_mosaic_strategy *s, int is_key,
+                          const mkv_mosaic_segobs *obs)
+{
+    int d = v->d, r = s->r;
+    double total = 0, acc[MKV_MOSAIC_MAX_D], b[MKV_MOSAIC_MAX_D];
+    const int ng = v->rank_ng[group_index(s->g)];
+    for (int64_t u = 0; u < v->nu; u++)
+        kept_positions(rank, ng, s, v->utok[u], v->pcache + u * r);
+    for (int64_t j = 0; j < obs->nq; j++) {
+        const double *qt = v->qt + j * d, *ex = obs->exact + j * d;
+        int64_t p0 = obs->first[j], p1 = obs->first[j + 1];
+        if (p0 == p1)
+            continue;   /* nothing of the segment attended: err0 */
+        double l;
+        if (is_key) {
+            /* scores over the kept elements, added to the rest of the
+             * state by an online softmax */
+            double mx = obs->m[j];
+            l = obs->l_rest[j];
+            for (int c = 0; c < d; c++)
+                acc[c] = obs->acc_rest[j * d + c];
+            for (int64_t i = p0; i < p1; i++) {
+                const int *pos = v->pcache + (int64_t)v->prow[i] * r;
+                const double *x = v->x16 + (int64_t)obs->tok[i] * d;
+                const float *val = obs->values + (int64_t)obs->tok[i] * d;
+                double dot = 0;
+                for (int c = 0; c < r; c++)
+                    dot += qt[pos[c]] * x[pos[c]];
+                double sc = dot * obs->scale;
+                if (sc > mx) {
+                    double f = exp(mx - sc);
+                    l *= f;
+                    for (int c = 0; c < d; c++)
+                        acc[c] *= f;
+                    mx = sc;
+                }
+                double w = exp(sc - mx);
+                l += w;
+                for (int c = 0; c < d; c++)
+                    acc[c] += w * val[c];
+            }
+        } else {
+            /* values: sum w v~ over the kept elements in the segment's
+             * space, rotated back once */
+            l = obs->l_rest[j];
+            for (int c = 0; c < d; c++) {
+                acc[c] = obs->acc_rest[j * d + c];
+                b[c] = 0;
+            }
+            for (int64_t i = p0; i < p1; i++) {
+                const int *pos = v->pcache + (int64_t)v->prow[i] * r;
+                const double *x = v->x16 + (int64_t)obs->tok[i] * d;
+                l += obs->w[i];
+                for (int c = 0; c < r; c++)
+                    b[pos[c]] += obs->w[i] * x[pos[c]];
+            }
+            for (int c = 0; c < d; c++) {
+                double sum = 0;
+                if (v->R)
+                    for (int cc = 0; cc < s->dprime; cc++)
+                        sum += b[cc] * v->R[c * d + cc];
+                else
+                    sum = b[c];
+                acc[c] += sum;
+            }
+        }
+        double num = 0, den = 0;
+        for (int c = 0; c < d; c++) {
+            double o = acc[c] / l;
+            num += (o - ex[c]) * (o - ex[c]);
+            den += ex[c] * ex[c];
+        }
+        double e = den > 0 ? sqrt(num / den) : sqrt(num);
+        total += e - obs->err0[j];
+    }
+    return total / (double)obs->nq;
+}
+
+/* Bytes and energy loss of c in space v. */
+static int price_and_energy(seg_space *v, mkv_mosaic_candidate *c, int block, mkv_error *err)
+{
+    const uint16_t *rank = space_rank(v, group_index(c->s.g), err);
+    if (!rank)
+        return err ? err->code : MKV_ENOMEM;
+    mkv_mosaic_bytes b;
+    mkv_mosaic_strategy_bytes(&c->s, v->d, block, &b);
+    c->bytes = b.total;
+    int pos[MKV_MOSAIC_MAX_D];
+    const int ng = v->rank_ng[group_index(c->s.g)];
+    double kept = 0;
+    for (int64_t t = 0; t < v->n; t++) {
+        int np = kept_positions(rank, ng, &c->s, t, pos);
+        const double *x = v->xt + t * v->d;
+        for (int i = 0; i < np; i++)
+            kept += x[pos[i]] * x[pos[i]];
+    }
+    double loss = v->etotal > 0 ? 1 - kept / v->etotal : 0;
+    c->energy = loss > 0 ? loss : 0;
+    c->measured = 0;
+    c->output = -1;
+    return MKV_OK;
+}
+
+/* c[i] is dominated: another costs no more and drops no more energy, and
+ * is better in one of the two (ties of both: the earlier one stays). */
+static int dominated(const mkv_mosaic_candidate *c, int n, int i)
+{
+    for (int j = 0; j < n; j++) {
+        if (j == i || c[j].bytes > c[i].bytes || c[j].energy > c[i].energy)
+            continue;
+        if (c[j].bytes < c[i].bytes || c[j].energy < c[i].energy || j < i)
+            return 1;
+    }
+    return 0;
+}
+
+/* Prices and energies of c[0..*n); with prune, the dominated ones are
+ * dropped (*n shrinks); then the output errors of the rest. */
+static int evaluate_list(const mkv_mosaic_search_opts *o, const float *X, const double *R, mkv_mosaic_candidate *c,
+                         int *n, int prune, mkv_error *err)
+{
+    seg_space sp[2];   /* raw, rotated */
+    int have[2] = {0, 0}, widest[2] = {0, 0}, rc = MKV_OK;
+    for (int i = 0; i < *n; i++)
+        if (c[i].s.dprime > widest[c[i].s.rotate])
+            widest[c[i].s.rotate] = c[i].s.dprime;
+    for (int i = 0; i < *n && rc == MKV_OK; i++) {
+        int rot = c[i].s.rotate;
+        if (!have[rot]) {
+            rc = seg_space_init(&sp[rot], X, c[i].s.len, o->d, rot ? R : NULL, o->obs, err);
+            if (rc != MKV_OK)
+                break;
+            sp[rot].rank_d = widest[rot];
+            have[rot] = 1;
+        }
+        rc = price_and_energy(&sp[rot], &c[i], o->block, err);
+    }
+    if (rc == MKV_OK && prune) {
+        uint8_t drop[MAX_CANDIDATES];
+        int k = 0;
+        for (int i = 0; i < *n; i++)
+            drop[i] = (uint8_t)dominated(c, *n, i);
+        for (int i = 0; i < *n; i++)
+            if (!drop[i])
+                c[k++] = c[i];
+        *n = k;
+    }
+    for (int i = 0; i < *n && rc == MKV_OK && o->obs && o->obs->nq > 0; i++) {
+        seg_space *v = &sp[c[i].s.rotate];
+        const uint16_t *rank = space_rank(v, group_index(c[i].s.g), err);
+        if (!rank) {
+            rc = err ? err->code : MKV_ENOMEM;
+            break;
+        }
+        c[i].measured = 1;
+        c[i].output = output_loss(v, rank, &c[i].s, o->block > 0, o->obs);
+    }
+    for (int i = 0; i < 2; i++)
+        if (have[i])
+            seg_space_free(&sp[i]);
+    return rc;
+}
+
+double mkv_mosaic_candidate_loss(const mkv_mosaic_candidate *c) { return c->measured ? c->output : c->energy; }
+
+int mkv_mosaic_evaluate(const mkv_mosaic_search_opts *o, const float *X, const double *R,
+                        mkv_mosaic_candidate *c, int n, mkv_error *err)
+{
+    return evaluate_list(o, X, R, c, &n, 0, err);
+}
+
+/* ---------------------------------------------------------------- search */
+
+
+/* Distinct rounded values of fractions f of d, at least 1, ascending. */
+static int candidate_sizes(const double *f, int nf, int d, int *out)
+{
+    int n = 0;
+    for (int i = 0; i < nf; i++) {
+        int v = (int)lround(f[i] * d);
+        if (v < 1)
+            v = 1;
+        if (n == 0 || out[n - 1] != v)
+            out[n++] = v;
+    }
+    return n;
+}
+
+int mkv_mosaic_candidates(const mkv_mosaic_search_opts *o, const float *X, int64_t start, int64_t len,
+                          const double *R, mkv_mosaic_candidate **out, int *n, mkv_error *err)
+{
+    int d = o->d, is_key = o->block > 0, rs[N_R_FRACTIONS], dps[N_DPRIME_FRACTIONS];
+    int nr = candidate_sizes(r_fractions, N_R_FRACTIONS, d, rs);
+    int ndp = candidate_sizes(dprime_fractions, N_DPRIME_FRACTIONS, d, dps);
+    mkv_mosaic_candidate *c = mkv_alloc(MAX_CANDIDATES, sizeof *c, "strategy candidates", err);
+    if (!c)
+        return err ? err->code : MKV_ENOMEM;
+    int k = 0;
+    for (int rot = 1; rot >= 0; rot--) {
+        /* keys of a rotatable segment are rotated (their block keys live
+         * there); values try both */
+        if ((rot && !o->allow_rotate) || (!rot && is_key && o->allow_rotate))
+            continue;
+        for (int gi = 0; gi < N_GROUP_SIZES; gi++)
+            for (int di = 0; di < (rot ? ndp : 1); di++)
+                for (int ri = 0; ri < nr; ri++) {
+                    int g = group_sizes[gi], dp = rot ? dps[di] : d, r = rs[ri];
+                    if (r % g || dp % g || r > dp)
+                        continue;
+                    c[k++].s = (mkv_mosaic_strategy){
+                        .start = start, .len = len, .rotate = rot, .r = r, .g = g, .dprime = dp,
+                        .pervector = 1, .keydim = is_key ? (rot ? o->keydim : d) : 0,
+                        .bound = is_key && rot ? o->bound : 0};
+                }
+    }
+    int rc = k ? evaluate_list(o, X, R, c, &k, 1, err)
+               : mkv_fail(err, MKV_EUSAGE, "no strategy candidate fits head_dim %d", d);
+    if (rc != MKV_OK) {
+        mkv_free(c);
+        return rc;
+    }
+    *out = c;
+    *n = k;
+    return MKV_OK;
+}
+
+int mkv_mosaic_pick(const mkv_mosaic_candidate *c, int n, double threshold)
+{
+    int pick = -1;
+    for (int i = 0; i < n; i++) {
+        double l = mkv_mosaic_candidate_loss(&c[i]);
+        if (l > threshold)
+            continue;
+        if (pick < 0 || c[i].bytes < c[pick].bytes ||
+            (c[i].bytes == c[pick].bytes && l < mkv_mosaic_candidate_loss(&c[pick])))
+            pick = i;
+    }
+    if (pick >= 0)
+        return pick;
+    for (int i = 0; i < n; i++) {
+        double l = mkv_mosaic_candidate_loss(&c[i]), lp = pick < 0 ? 0 : mkv_mosaic_candidate_loss(&c[pick]);
+        if (pick < 0 || l < lp || (l == lp && c[i].bytes < c[pick].bytes))
+            pick = i;
+    }
+    return pick;
+}
+
+/* Choices minimising loss + price x bytes (ties: fewer bytes, then
+ * earlier); returns their bytes. */
+static uint64_t priced_choice(mkv_mosaic_candidate *const *cand, const int *ncand, int nitems, double price,
+                              int *pick)
+{
+    uint64_t total = 0;
+    for (int it = 0; it < nitems; it++) {
+        int best = 0;
+        double bv = INFINITY;
+        for (int i = 0; i < ncand[it]; i++) {
+            const mkv_mosaic_candidate *c = &cand[it][i];
+            double v = mkv_mosaic_candidate_loss(c) + price * (double)c->bytes;
+            if (v < bv || (v == bv && c->bytes < cand[it][best].bytes)) {
+                best = i;
+                bv = v;
+            }
+        }
+        pick[it] = best;
+        total += cand[it][best].bytes;
+    }
+    return total;
+}
+
+void mkv_mosaic_allocate(mkv_mosaic_candidate *const *cand, const int *ncand, int nitems, uint64_t budget,
+                         int *pick)
+{
+    uint64_t used = priced_choice(cand, ncand, nitems, 0, pick);
+    if (used > budget) {
+        /* a price high enough that only bytes count: the cheapest */
+        double hi = 1e-12;
+        while (priced_choice(cand, ncand, nitems, hi, pick) > budget && hi < 1e30)
+            hi *= 4;
+        double lo = hi / 4 < 1e-12 ? 0 : hi / 4;
+        for (int it = 0; it < 100; it++) {
+            double mid = 0.5 * (lo + hi);
+            if (mid <= lo || mid >= hi)
+                break;
+            if (priced_choice(cand, ncand, nitems, mid, pick) > budget)
+                lo = mid;
+            else
+                hi = mid;
+        }
+        used = priced_choice(cand, ncand, nitems, hi, pick);
+        if (used > budget)
+            return;   /* even the cheapest does not fit */
+    }
+    /* spend what is left: the upgrade saving the most loss per extra byte */
+    for (;;) {
+        int bi = -1, bc = -1;
+        double best = 0;
+        for (int it = 0; it < nitems; it++) {
+            const mkv_mosaic_candidate *cur = &cand[it][pick[it]];
+            double lcur = mkv_mosaic_candidate_loss(cur);
+            for (int i = 0; i < ncand[it]; i++) {
+                const mkv_mosaic_candidate *c = &cand[it][i];
+                double saved = lcur - mkv_mosaic_candidate_loss(c);
+                if (saved <= 0 || c->bytes > budget - used + cur->bytes)
+                    continue;
+                double gain = c->bytes <= cur->bytes ? INFINITY : saved / (double)(c->bytes - cur->bytes);
+                if (bi < 0 || gain > best) {
+                    bi = it;
+                    bc = i;
+                    best = gain;
+                }
+            }
+        }
+        if (bi < 0)
+            break;
+        used = used - cand[bi][pick[bi]].bytes + cand[bi][bc].bytes;
+        pick[bi] = bc;
+    }
+    /* then paired changes (one item gives bytes to another) while one
+     * lowers the summed loss within the budget, the largest drop first */
+    for (int round = 0; round < 16 * nitems + 16; round++) {
+        int bi = -1, ba = -1, bj = -1, bb = -1;
+        double best = -1e-12;
+        for (int i = 0; i < nitems; i++) {
+            const mkv_mosaic_candidate *ci = &cand[i][pick[i]];
+            for (int a = 0; a < ncand[i]; a++) {
+                const mkv_mosaic_candidate *x = &cand[i][a];
+                double di = mkv_mosaic_candidate_loss(x) - mkv_mosaic_candidate_loss(ci);
+                uint64_t after_i = used - ci->bytes + x->bytes;
+                for (int j = i + 1; j < nitems; j++) {
+                    const mkv_mosaic_candidate *cj = &cand[j][pick[j]];
+                    for (int b2 = 0; b2 < ncand[j]; b2++) {
+                        const mkv_mosaic_candidate *y = &cand[j][b2];
+                        double delta = di + mkv_mosaic_candidate_loss(y) - mkv_mosaic_candidate_loss(cj);
+                        if (delta < best && after_i - cj->bytes + y->bytes <= budget) {
+                            best = delta;
+                            bi = i;
+                            ba = a;
+                            bj = j;
+                            bb = b2;
+                        }
+                    }
+                }
+            }
+        }
+        if (bi < 0)
+            break;
+        used = used - cand[bi][pick[bi]].bytes + cand[bi][ba].bytes - cand[bj][pick[bj]].bytes + cand[bj][bb].bytes;
+        pick[bi] = ba;
+        pick[bj] = bb;
+    }
+}
+
+/* ---------------------------------------------------------------- head state */
+
+int mkv_mosaic_layout(mkv_mosaic_tensor *t, int d, int block, int64_t first, int64_t last,
+                      mkv_error *err)
+{
+    mkv_free(t->off_values);
+    t->off_values = NULL;
+    int64_t ns = t->nseg > 0 ? t->nseg : 1;
+    int64_t *off = mkv_alloc((size_t)ns * 4, sizeof *off, "segment offsets", err);
+    if (!off)
+        return err ? err->code : MKV_ENOMEM;
+    t->off_values = off;
+    t->off_bitmap = off + ns;
+    t->off_blockkeys = off + 2 * ns;
+    t->off_rotation = off + 3 * ns;
+    int64_t nv = 0, nb = 0, nk = 0, nr = 0, next = first;
+    for (int64_t i = 0; i < t->nseg; i++) {
+        const mkv_mosaic_strategy *s = &t->seg[i];
+        const char *bad = NULL;
+        if (s->start != next || s->len < 1 || s->start + s->len > last)
+            bad = "segments do not tile the compressed tokens";
+        else if (s->rotate != 0 && s->rotate != 1)
+            bad = "rotate must be 0 or 1";
+        else if (s->pervector != 0 && s->pervector != 1)
+            bad = "pervector must be 0 or 1";
+        else if (s->g != 1 && s->g != 2 && s->g != 4)
+            bad = "group size must be 1, 2 or 4";
+        else if (s->dprime < 1 || s->dprime > d || s->dprime % s->g)
+            bad = "d' must be a multiple of the group size, at most head_dim";
+        else if (s->r < 1 || s->r > s->dprime || s->r % s->g)
+            bad = "r must be a multiple of the group size, at most d'";
+        else if (!s->rotate && s->dprime != d)
+            bad = "an unrotated segment keeps d' = head_dim";
+        else if (block > 0 && (s->keydim < 1 || s->keydim > d || (!s->rotate && s->keydim != d)))
+            bad = "block keys span 1..head_dim channels, all of them when unrotated";
+        else if (block > 0 && (s->bound < 0 || s->bound > s->keydim || (!s->rotate && s->bound)))
+            bad = "bound channels must be 0..keydim, 0 when unrotated";
+        else if (block <= 0 && (s->keydim || s->bound))
+            bad = "values have no block keys";
+        if (bad)
+            return mkv_fail(err, MKV_EFORMAT, "strategy table row %lld (start %lld, length %lld, "
+                            "rotate %d, r %d, g %d, d' %d, keydim %d, bound %d): %s", (long long)i,
+                            (long long)s->start, (long long)s->len, s->rotate, s->r, s->g, s->dprime,
+                            s->keydim, s->bound, bad);
+        t->off_values[i] = nv;
+        t->off_bitmap[i] = nb;
+        t->off_blockkeys[i] = nk;
+        t->off_rotation[i] = nr;
+        nv += s->len * s->r;
+        nb += s->len * mkv_mosaic_bitmap_bytes(s);
+        nk += block > 0 ? mkv_mosaic_nblocks(s->len, block) * mkv_mosaic_block_width(s) : 0;
+        nr += (int64_t)d * mkv_mosaic_rotation_cols(s);
+        next = s->start + s->len;
+    }
+    if (next != last)
+        return mkv_fail(err, MKV_EFORMAT, "strategy table covers tokens %lld..%lld, not %lld..%lld",
+                        (long long)first, (long long)next, (long long)first, (long long)last);
+    t->n_values = nv;
+    t->n_bitmap = nb;
+    t->n_blockkeys = nk;
+    t->n_rotation = nr;
+    return MKV_OK;
+}
+
+static void tensor_free(mkv_mosaic_tensor *t)
+{
+    mkv_free(t->seg);
+    mkv_free(t->loss);
+    mkv_free(t->values);
+    mkv_free(t->bitmap);
+    mkv_free(t->blockkeys);
+    mkv_free(t->rotation);
+    mkv_free(t->off_values);
+    memset(t, 0, sizeof *t);
+}
+
+void mkv_mosaic_head_free(mkv_mosaic_head *h)
+{
+    if (!h)
+        return;
+    mkv_free(h->dense_k);
+    mkv_free(h->dense_v);
+    tensor_free(&h->k);
+    tensor_free(&h->v);
+    memset(h, 0, sizeof *h);
+}

@@ -1,0 +1,327 @@
+/* MosaicKV pieces (DESIGN.md section 5.1, 5.2): rotation, truncation by
+ * energy, per-vector selection, packing, block keys, strategy search and
+ * byte cost, plus the packed head state and its CPU attention. The
+ * methods "mosaic" and "uniform2d" (lib/mosaic/method.c, whose top comment
+ * is the algorithm's description, and lib/mosaic/uniform2d.c) are built
+ * from them; the GPU kernels and the dual buffer reuse them.
+ *
+ * Conventions every user of these pieces follows:
+ *   - A stored rotation R is d x cols row-major (cols = d' for values,
+ *     max(d', keydim) for keys): R[j * cols + c] is original channel j,
+ *     rotated channel c; column c is the eigenvector of the c-th largest
+ *     eigenvalue of the segment's Gram matrix X^T X. Rotated vectors are
+ *     x~ = x R (x~_c = sum_j x_j R[j][c]); outputs rotate back o = o~ R^T
+ *     (o_j = sum_c o~_c R[j][c]). Rotations are rounded to fp16 before they
+ *     are used for anything, so compression and attention see the same
+ *     matrix the file stores.
+ *   - A strategy (r, g, d') keeps per vector the r/g groups of g adjacent
+ *     rotated channels among the first d' with the largest energy
+ *     sum x~_c^2 (ties: the lower group), r/g of d'/g groups.
+ *   - Bitmap of one vector: d'/g bits, bit i = group i (channels
+ *     i*g .. i*g+g-1) kept, bit i at byte i/8, bit position i%8 (LSB
+ *     first), ceil(d'/g / 8) bytes per vector, pad bits zero. When every
+ *     group is kept (r = d') or the strategy is not per-vector (uniform2d:
+ *     the first r channels for every vector), no bitmap is stored.
+ *   - Values of one vector: the r kept x~_c, fp16, ascending channel
+ *     order. The k-th value sits at the channel of the k-th set bit (group
+ *     (k/g)-th set bit, offset k%g); equivalently channel c's value index is
+ *     g * popcount(bits below c's group) + c%g.
+ *   - Block keys (keys only): per block of B tokens of a segment (blocks
+ *     start at the segment start; the segment's last block may be shorter)
+ *     one row of keydim + bound fp16 values over the first keydim
+ *     channels of the segment's key space (rotated: the leading rotated
+ *     channels; unrotated: all d raw channels), all elements of the
+ *     block's keys, not only the kept ones:
+ *       [0, bound)                  minimum over the block of channel c
+ *       [bound, 2 bound)            maximum over the block of channel c - bound
+ *       [2 bound, keydim + bound)   mean over the block of channel c - bound
+ *     A query q~ scores the block with sum over c < bound of
+ *     max(q~_c min_c, q~_c max_c) (Quest's bound of q~.k over the block on
+ *     those channels) plus sum over bound <= c < keydim of q~_c mean_c.
+ *     The bound channels are the leading eigen-directions: on real keys a
+ *     large share of a block's spread in q~.k lives there, and a mean
+ *     hides it.
+ *   - Stored floats are fp16; in memory they are float32 holding exact fp16
+ *     values (the CPU reference); the GPU converts at load. */
+#ifndef MKV_MOSAIC_H
+#define MKV_MOSAIC_H
+
+#include <stdint.h>
+#include "io/cdump.h"
+#include "methods/method.h"
+#include "core/mkv.h"
+
+/* Largest head_dim the pieces handle (per-vector scratch lives on the stack). */
+#define MKV_MOSAIC_MAX_D 1024
+
+/* ---- strategy of one tensor (K or V) of one segment ---- */
+typedef struct {
+    int64_t start, len;   /* tokens [start, start + len) of the cache */
+    int rotate;           /* 1: rotation stored and applied; 0: R = identity, d' = d */
+    int r;                /* kept elements per vector (multiple of g, <= d') */
+    int g;                /* group size: 1, 2 or 4 */
+    int dprime;           /* rotated channels kept (multiple of g) */
+    int pervector;        /* 1: top groups per vector (bitmap); 0: first r channels */
+    int keydim;           /* keys: block-key channels (1..d; d when unrotated); values: 0 */
+    int bound;            /* keys: leading block-key channels stored as min and max
+                             (0..keydim; 0 when unrotated); values: 0 */
+} mkv_mosaic_strategy;
+
+/* Columns of the stored strategy table (int32 [nseg][7]), in this order:
+ * start, length, rotate, r, g, d', pervector. */
+#define MKV_MOSAIC_TABLE_COLS 7
+/* Columns of the stored block-key table of the keys (int32 [nseg][2]):
+ * keydim, bound. */
+#define MKV_MOSAIC_BLOCKDIM_COLS 2
+/* Columns of the stored loss table (float32 [nseg][2]): fraction of energy
+ * dropped, attention-output error the strategy adds on the observation
+ * queries (NaN when not measured; see mkv_mosaic_evaluate). */
+#define MKV_MOSAIC_LOSS_COLS 2
+
+/* Bitmap bytes per vector: ceil(d'/g / 8), 0 when no bitmap is stored. */
+int mkv_mosaic_bitmap_bytes(const mkv_mosaic_strategy *s);
+/* Blocks of B tokens covering len tokens. */
+int64_t mkv_mosaic_nblocks(int64_t len, int B);
+/* Stored columns of the segment's rotation: max(d', keydim) when rotated, else 0. */
+int mkv_mosaic_rotation_cols(const mkv_mosaic_strategy *s);
+/* fp16 values per block-key row: keydim + bound. */
+int mkv_mosaic_block_width(const mkv_mosaic_strategy *s);
+
+/* Bytes one segment of one tensor stores with strategy s, by array. */
+typedef struct {
+    uint64_t values;      /* len * r * 2 */
+    uint64_t bitmap;      /* len * bitmap_bytes */
+    uint64_t blockkeys;   /* keys: nblocks * (keydim + bound) * 2; values: 0 */
+    uint64_t rotation;    /* rotate: d * mkv_mosaic_rotation_cols * 2; else 0 */
+    uint64_t total;
+} mkv_mosaic_bytes;
+/* block = B for keys, 0 for values (no block keys). */
+void mkv_mosaic_strategy_bytes(const mkv_mosaic_strategy *s, int d, int block, mkv_mosaic_bytes *b);
+
+/* ---- rotation and truncation ---- */
+/* From a Gram matrix C (d x d, double; the dual buffer updates it as
+ * C += x x^T): R [d][d] (all d columns, orthonormal in double) and
+ * eigenvalues [d], descending. */
+int mkv_mosaic_rotation_from_gram(const double *C, int d, double *R, double *evals, mkv_error *err);
+/* The same from the rows X [n][d]. */
+int mkv_mosaic_rotation(const float *X, int64_t n, int d, double *R, double *evals, mkv_error *err);
+/* Round the n elements of a rotation to fp16, as the file stores it; the
+ * compressor does this before using R for anything. */
+void mkv_mosaic_round_f16(double *R, size_t n);
+/* d' for a cumulative eigen-energy fraction: the fewest leading channels
+ * holding >= energy of the trace, at least r, rounded up to a multiple of
+ * 8 (whole bytes of bitmap for g = 1, 16-byte rows of block keys), at most
+ * d. */
+int mkv_mosaic_dprime_for_energy(const double *evals, int d, double energy, int r);
+/* out [n][d'] = first d' channels of X R, in double (R = NULL: identity).
+ * R is d x ldr row-major (ldr >= d'). */
+void mkv_mosaic_rotate(const float *X, int64_t n, int d, const double *R, int ldr, int dprime,
+                       double *out);
+
+/* ---- per-vector selection and packing ---- */
+/* Select the kept channels of one rotated vector xt [d'] under s: pos [r]
+ * (ascending channels), bitmap (mkv_mosaic_bitmap_bytes bytes, may be NULL
+ * when none is stored). Returns the kept energy sum x~_c^2. */
+double mkv_mosaic_select(const double *xt, const mkv_mosaic_strategy *s, int *pos, uint8_t *bitmap);
+/* Rebuild the r positions of a vector from its bitmap (or the first r
+ * channels when s stores none); returns the number of positions (r for a
+ * well-formed bitmap). */
+int mkv_mosaic_positions(const uint8_t *bitmap, const mkv_mosaic_strategy *s, int *pos);
+/* Block keys of n rotated keys xt [n][ldx] over their first keydim
+ * channels, the first bound as min and max (rows as in the conventions
+ * above): out [nblocks][keydim + bound], fp16-rounded. */
+void mkv_mosaic_block_keys(const double *xt, int64_t n, int ldx, int keydim, int bound, int B, float *out);
+/* Unscaled score of one block-key row for a query q~ [keydim] in the
+ * segment's key space. */
+double mkv_mosaic_block_score(const double *qt, const float *row, int keydim, int bound);
+
+/* Encode one segment X [s->len][d] with strategy s and rotation R (d x d,
+ * fp16-rounded by mkv_mosaic_round_f16; ignored when s->rotate = 0) into values [len][r],
+ * bitmap [len][bitmap_bytes] (NULL when none), blockkeys [nblocks][keydim + bound]
+ * (block > 0, keys) and rotation [d][mkv_mosaic_rotation_cols] (s->rotate). */
+int mkv_mosaic_encode(const mkv_mosaic_strategy *s, const float *X, int d, const double *R, int block,
+                      float *values, uint8_t *bitmap, float *blockkeys, float *rotation,
+                      mkv_error *err);
+
+/* ---- losses and strategy search ---- */
+/* What the observation queries see of one segment when everything but
+ * one tensor of it is exact (built by the compressor, lib/mosaic/method.c):
+ * for each query vector that sees the segment, the exact attention output
+ * over tokens 0..pos, the state of its attention over the tokens the
+ * attention rule selects for it (exact keys and values) with the
+ * segment's part taken out, and the segment's selected tokens with their
+ * exact weights. */
+typedef struct {
+    int64_t nq;              /* query vectors whose position >= the segment's start */
+    int d;
+    double scale;            /* score scale 1/sqrt(d) */
+    const double *q;         /* [nq][d] */
+    const double *exact;     /* [nq][d] exact attention output over tokens 0..pos */
+    const double *err0;      /* [nq] relative output error with the segment exact */
+    const double *m;         /* [nq] the largest exact scaled score over the selected tokens */
+    const double *l_rest;    /* [nq] sum of e^(s - m) over the selected tokens outside the segment */
+    const double *acc_rest;  /* [nq][d] sum of e^(s - m) v over them */
+    const int64_t *first;    /* [nq + 1] the selected tokens of query j are pairs first[j]..first[j+1) */
+    const int32_t *tok;      /* [pairs] token, relative to the segment start */
+    const double *w;         /* [pairs] e^(s - m) with the exact key */
+    const float *keys, *values;   /* the segment's exact keys and values [len][d] */
+} mkv_mosaic_segobs;
+
+/* A strategy with its price and losses. */
+typedef struct {
+    mkv_mosaic_strategy s;
+    uint64_t bytes;          /* mkv_mosaic_strategy_bytes total */
+    double energy;           /* ||X - X^||^2 / ||X||^2, X^ the kept elements rotated back */
+    double output;           /* see mkv_mosaic_candidates; meaningful when measured */
+    int measured;            /* 1 when output was measured (observation queries see the segment) */
+} mkv_mosaic_candidate;
+
+/* The loss choices use: output when measured, else energy. */
+double mkv_mosaic_candidate_loss(const mkv_mosaic_candidate *c);
+
+typedef struct {
+    int d;
+    int block;               /* B for keys, 0 for values */
+    int keydim, bound;       /* keys: the segment's block keys (fixed before any choice) */
+    int allow_rotate;        /* 0: only rotation-free candidates */
+    const mkv_mosaic_segobs *obs;   /* NULL: energy only */
+} mkv_mosaic_search_opts;
+
+/* Losses of the n strategies c[i].s (start, len set; keys carry o's
+ * keydim and bound) on the segment X [len][d], R its fp16-rounded
+ * rotation (d x d; may be NULL when none is rotated): bytes, energy and,
+ * when o->obs has queries, output = the mean over those query vectors of
+ * ||o^ - o|| / ||o|| - err0, o the exact attention output and o^ the
+ * attention over the selected tokens with this tensor of the segment
+ * replaced by its packed form (scores q~.k~ over the kept elements,
+ * values (sparse v~) R^T) and everything else exact: the error the
+ * strategy adds to the selection's own. */
+int mkv_mosaic_evaluate(const mkv_mosaic_search_opts *o, const float *X, const double *R,
+                        mkv_mosaic_candidate *c, int n, mkv_error *err);
+
+/* Every candidate strategy of one segment X [len][d] starting at `start`,
+ * evaluated (*out allocated, *n of them):
+ *   r  in {1, 2, ..., 8, 10, 12, 14, 16, 20, 24, 28, 32} / 32 x d
+ *      (rounded, >= 1, distinct), g in {1, 2, 4}, g | r, g | d', r <= d';
+ *   rotated (allow_rotate): d' in {1/4, 1/2, 3/4, 1} x d;
+ *   unrotated (values always; keys only without allow_rotate): d' = d.
+ * Keys of a rotatable segment are always rotated: their block keys live in
+ * the rotated space. Candidates that another beats on bytes and energy
+ * (no more of either, less of one; ties: the earlier stays) are dropped
+ * before their output errors are measured. */
+int mkv_mosaic_candidates(const mkv_mosaic_search_opts *o, const float *X, int64_t start, int64_t len,
+                          const double *R, mkv_mosaic_candidate **out, int *n, mkv_error *err);
+
+/* The threshold rule: the candidate with the fewest bytes whose loss <=
+ * threshold (ties: lower loss, then earlier); when none qualifies, the
+ * lowest loss (ties: fewer bytes, then earlier). Returns its index. */
+int mkv_mosaic_pick(const mkv_mosaic_candidate *c, int n, double threshold);
+
+/* The byte-budget rule: one candidate per item (cand[i][0..ncand[i]))
+ * into pick[i], minimising the summed loss with the summed bytes <=
+ * budget: the choices at the smallest price per byte whose argmin of loss
+ * + price x bytes fits (bisection), then, while bytes remain, the upgrade
+ * with the largest loss saved per extra byte that fits, then changes of
+ * two items at once (one gives bytes to the other) while one lowers the
+ * summed loss, the largest drop first. When even the cheapest candidates
+ * do not fit, the cheapest. */
+void mkv_mosaic_allocate(mkv_mosaic_candidate *const *cand, const int *ncand, int nitems, uint64_t budget,
+                         int *pick);
+
+/* ---- packed head state (one layer x KV head) ---- */
+typedef struct {
+    int64_t nseg;
+    mkv_mosaic_strategy *seg;   /* [nseg] */
+    float *loss;                /* [nseg][2] */
+    float *values;              /* concatenated per segment [len][r] */
+    uint8_t *bitmap;            /* [len][bitmap_bytes] */
+    float *blockkeys;           /* keys only: [nblocks][keydim + bound] */
+    float *rotation;            /* rotated segments only: [d][mkv_mosaic_rotation_cols] */
+    /* element offsets of each segment's part of the arrays above (derived
+     * from the table by mkv_mosaic_layout, not stored) */
+    int64_t *off_values, *off_bitmap, *off_blockkeys, *off_rotation;
+    int64_t n_values, n_bitmap, n_blockkeys, n_rotation;
+} mkv_mosaic_tensor;
+
+typedef struct {
+    int d, G, block;
+    int64_t T;
+    int64_t sink_n, recent_n;   /* dense tokens [0, sink_n) and [T - recent_n, T) */
+    float *dense_k, *dense_v;   /* [sink_n + recent_n][d], fp16 values, sink first */
+    mkv_mosaic_tensor k, v;
+} mkv_mosaic_head;
+
+/* Offsets and totals of t from its strategy table (keys: block > 0).
+ * MKV_EFORMAT when the table is inconsistent (d' > d, g not dividing r,
+ * segments not contiguous, block-key shape out of range, ...). */
+int mkv_mosaic_layout(mkv_mosaic_tensor *t, int d, int block, int64_t first, int64_t last,
+                      mkv_error *err);
+void mkv_mosaic_head_free(mkv_mosaic_head *h);
+
+/* ---- head-level compression and attention (lib/mosaic/method.c) ---- */
+typedef struct {
+    double budget;          /* fraction <= 1 of p + 1, or a token count */
+    int agg_sum;            /* block scores over the G heads: 0 max, 1 sum */
+} mkv_mosaic_attn_opts;
+
+typedef struct {
+    int64_t sink, recent;   /* tokens kept dense */
+    int64_t segment;        /* S tokens per segment */
+    int block;              /* B tokens per block key */
+    int keydim;             /* block-key channels of rotated segments (1..d) */
+    int bound;              /* leading block-key channels stored as min and max (<= keydim) */
+    int dynamic;            /* 1: candidates per segment and tensor, threshold or ratio rule */
+    int rotate;             /* fixed: rotation on; dynamic: rotation allowed */
+    int r, g;               /* fixed strategy: kept elements per vector, group */
+    double energy;          /* fixed: d' by cumulative eigen-energy */
+    double threshold;       /* dynamic: loss threshold */
+    double ratio;           /* dynamic: > 0 replaces the threshold by a byte budget of
+                               logical / ratio bytes per head */
+    int pervector;          /* 0: uniform2d (first r rotated channels, d' = r) */
+    mkv_mosaic_attn_opts attn;   /* the attention the observation queries simulate */
+} mkv_mosaic_config;
+
+int mkv_mosaic_compress(const mkv_mosaic_config *c, const mkv_head_kv *in, mkv_mosaic_head *out,
+                        mkv_error *err);
+/* Arrays of a head in a compressed dump (names in lib/mosaic/method.c). */
+int mkv_mosaic_store(const mkv_mosaic_head *h, mkv_cdump_writer *w, int layer, int head,
+                     mkv_error *err);
+/* Compress one head (mkv_mosaic_compress) and store it: a method's
+ * compress step. */
+int mkv_mosaic_compress_store(const mkv_mosaic_config *c, const mkv_head_kv *in, mkv_cdump_writer *w,
+                              mkv_error *err);
+int mkv_mosaic_load(mkv_cdump *c, int layer, int head, int block, int64_t sink, int64_t recent,
+                    mkv_mosaic_head *h, mkv_error *err);
+/* Selection rule 2-3 of lib/mosaic/method.c for the G queries q [G][d] at
+ * position p: marks att[t] = 1 for the sink/recent tokens <= p and the
+ * tokens of the chosen blocks (att [T], zeroed by the caller); returns the
+ * number marked, or -1 when out of memory. qt [nseg][G][d] receives the
+ * rotated queries (q R_k over the segment's rotation columns) of the
+ * segments starting <= p. */
+int64_t mkv_mosaic_select_tokens(const mkv_mosaic_head *h, const mkv_mosaic_attn_opts *o, const float *q,
+                                 int G, int64_t p, double scale, double *qt, uint8_t *att);
+/* DESIGN.md 5.2 over the packed state: see lib/mosaic/method.c. */
+int mkv_mosaic_attend(const mkv_mosaic_head *h, const mkv_mosaic_attn_opts *o,
+                      const mkv_attend_query *q, mkv_attend_result *res, mkv_error *err);
+
+/* ---- what "mosaic" and "uniform2d" share (lib/mosaic/method.c) ---- */
+/* Elements kept per vector for a fraction of d: ceil(keep d), 1..d (the
+ * baselines' rule). */
+int mkv_mosaic_kept(double keep, int d);
+/* The compression settings every mosaic-family method shares (sink,
+ * recent, segment, block, keydim, bound, budget, agg) from p. */
+void mkv_mosaic_config_common(const mkv_params *p, int d, mkv_mosaic_config *c);
+/* Checks of sink, recent, segment, block, keydim, bound, keep, budget
+ * against a dump (MKV_EUSAGE naming the parameter). */
+int mkv_mosaic_check_common(const mkv_params *p, const mkv_dump_meta *m, mkv_error *err);
+/* mkv_method hooks over a packed head; the state also holds budget and agg. */
+int mkv_mosaic_method_load(const mkv_params *p, mkv_cdump *c, int layer, int head, void **state,
+                           mkv_error *err);
+int mkv_mosaic_method_attend(void *state, const mkv_attend_query *q, mkv_attend_result *r,
+                             mkv_error *err);
+void mkv_mosaic_method_free(void *state);
+
+extern const mkv_method mkv_method_mosaic;
+extern const mkv_method mkv_method_uniform2d;
+
+#endif

@@ -1,0 +1,52 @@
+/* Method "uniform2d": the ablation step between rotation and per-vector
+ * selection. Like "mosaic" with a fixed strategy (lib/mosaic/method.c:
+ * same segments, rotations, dense sink/recent, block keys, token selection
+ * and attention), but every vector keeps the same r = ceil(keep x
+ * head_dim) channels: the first r rotated ones (largest eigenvalues), one
+ * global truncation per segment, d' = r for keys and values. No bitmap is
+ * stored (strategy column pervector = 0); the key rotation keeps
+ * max(r, keydim) columns for the block keys. Stored arrays: those of
+ * "mosaic". */
+#include "config.h"
+#include "mosaic/mosaic.h"
+
+#include <string.h>
+
+static const mkv_param_spec uniform2d_params[] = {
+    {"sink", MKV_PARAM_INT, "4", 0, 1e9, NULL, "tokens kept dense at the start (attention sinks)"},
+    {"recent", MKV_PARAM_INT, "64", 0, 1e9, NULL, "most recent tokens kept dense"},
+    {"segment", MKV_PARAM_INT, "2048", 1, 1e9, NULL, "tokens per segment S (one rotation each)"},
+    {"block", MKV_PARAM_INT, "8", 1, 1e6, NULL, "tokens per block key B (the selection unit)"},
+    {"keydim", MKV_PARAM_DOUBLE, "0.5", 0, 1, NULL,
+     "fraction of head_dim the block keys span: the first ceil(keydim x head_dim) rotated channels"},
+    {"bound", MKV_PARAM_INT, "2", 0, 1024, NULL,
+     "leading block-key channels stored as min and max (a bound on q.k) instead of the mean"},
+    {"keep", MKV_PARAM_DOUBLE, "0.25", 0, 1, NULL,
+     "fraction of head_dim kept, the same r = ceil(keep x head_dim) rotated channels for every vector"},
+    {"budget", MKV_PARAM_DOUBLE, "0.1", 0, 1e15, NULL,
+     "tokens attended per step: fraction (<= 1) of the context or a count (> 1)"},
+    {"agg", MKV_PARAM_STRING, "max", 0, 0, "max sum", "block score over the G query heads: max or sum"},
+    {NULL, 0, NULL, 0, 0, NULL, NULL},
+};
+
+static int uniform2d_compress(const mkv_params *p, const mkv_head_kv *in, mkv_cdump_writer *w,
+                              mkv_error *err)
+{
+    mkv_mosaic_config c;
+    mkv_mosaic_config_common(p, in->d, &c);
+    c.r = mkv_mosaic_kept(mkv_params_double(p, "keep"), in->d);
+    c.g = 1;
+    c.pervector = 0;
+    return mkv_mosaic_compress_store(&c, in, w, err);
+}
+
+const mkv_method mkv_method_uniform2d = {
+    .name = "uniform2d",
+    .summary = "SVD rotation per segment + one channel truncation for all vectors (mosaic's ablation)",
+    .params = uniform2d_params,
+    .check = mkv_mosaic_check_common,
+    .compress = uniform2d_compress,
+    .load = mkv_mosaic_method_load,
+    .attend = mkv_mosaic_method_attend,
+    .free_state = mkv_mosaic_method_free,
+};

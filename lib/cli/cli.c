@@ -25,6 +25,12 @@ void mkv_common_init(mkv_common_opts *c)
     mkv_log_set_level(c->verbosity);
 }
 
+void mkv_renamed_option(const char *old, const char *new_spelling)
+{
+    mkv_usage_error("option '%s' is now '%s'; try '%s --help'", old, new_spelling, mkv_progname());
+    exit(2);
+}
+
 void mkv_common_usage(FILE *fp, unsigned set)
 {
     fputs("Common options:\n"

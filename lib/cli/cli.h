@@ -81,6 +81,10 @@ void mkv_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)))
         misuse(what);                                                          \
     }
 
+/* An option spelling the tools no longer take: "PROG: option 'OLD' is now
+ * 'NEW'; try 'PROG --help'" on stderr, exit 2. */
+void mkv_renamed_option(const char *old, const char *new_spelling) __attribute__((noreturn));
+
 /* Print "PROG: <err->msg>" to stderr. */
 void mkv_report(const mkv_error *err);
 

@@ -791,6 +791,111 @@ START_TEST(test_chunked_equals_stepwise)
 }
 END_TEST
 
+/* An external attention (here exact attention in double over a cache of
+ * its own, an independent implementation) that takes over from the pass's
+ * own after a prefill, with the pass's cache dropped, gives the logits of
+ * the pass that kept its own attention throughout. */
+typedef struct {
+    int n_layers, n_kv, G, d, max_seq;
+    double *k, *v;   /* [layer][kv_head][pos][d] */
+} exact_cache;
+
+static double *exact_row(const exact_cache *c, double *base, int layer, int h, int pos)
+{
+    return base + (((size_t)layer * c->n_kv + h) * c->max_seq + pos) * c->d;
+}
+
+static int exact_attention(void *user, const mkv_capture_batch *b, float *out, mkv_error *err)
+{
+    exact_cache *c = user;
+    int d = c->d, nh = c->n_kv * c->G;
+    for (int i = 0; i < b->n; i++)
+        for (int h = 0; h < c->n_kv; h++)
+            for (int j = 0; j < d; j++) {
+                exact_row(c, c->k, b->layer, h, b->pos0 + i)[j] = b->k[((size_t)i * c->n_kv + h) * d + j];
+                exact_row(c, c->v, b->layer, h, b->pos0 + i)[j] = b->v[((size_t)i * c->n_kv + h) * d + j];
+            }
+    double *w = malloc((size_t)c->max_seq * sizeof *w);
+    ck_assert(w);
+    for (int i = 0; i < b->n; i++) {
+        int keys = b->pos0 + i + 1;
+        for (int qh = 0; qh < nh; qh++) {
+            const float *q = b->q + ((size_t)i * nh + qh) * d;
+            int h = qh / c->G;
+            double max = -INFINITY, sum = 0;
+            for (int t = 0; t < keys; t++) {
+                const double *k = exact_row(c, c->k, b->layer, h, t);
+                double dot = 0;
+                for (int j = 0; j < d; j++)
+                    dot += (double)q[j] * k[j];
+                w[t] = dot / sqrt((double)d);
+                if (w[t] > max)
+                    max = w[t];
+            }
+            for (int t = 0; t < keys; t++)
+                sum += (w[t] = exp(w[t] - max));
+            for (int j = 0; j < d; j++) {
+                double acc = 0;
+                for (int t = 0; t < keys; t++)
+                    acc += w[t] * exact_row(c, c->v, b->layer, h, t)[j];
+                out[((size_t)i * nh + qh) * d + j] = (float)(acc / sum);
+            }
+        }
+    }
+    free(w);
+    (void)err;
+    return MKV_OK;
+}
+
+START_TEST(test_external_attention)
+{
+    mkv_model_config cfg;
+    synthetic_config(&cfg);
+    mkv_model *m = random_model(&cfg, 11);
+    const mkv_model_config *c = &m->cfg;
+    enum { PROMPT = 20, STEPS = 12 };
+    int32_t tokens[PROMPT + STEPS];
+    for (int i = 0; i < PROMPT + STEPS; i++)
+        tokens[i] = (int32_t)((i * 11 + 2) % c->vocab_size);
+    int V = c->vocab_size;
+    float *want = all_logits(m, tokens, PROMPT + STEPS, 1, 64);
+
+    exact_cache ec = {c->n_layers, c->n_kv_heads, c->n_heads / c->n_kv_heads, c->head_dim, PROMPT + STEPS,
+                      NULL, NULL};
+    size_t rows = (size_t)ec.n_layers * ec.n_kv * ec.max_seq * ec.d;
+    ec.k = calloc(rows, sizeof(double));
+    ec.v = calloc(rows, sizeof(double));
+    ck_assert(ec.k && ec.v);
+    mkv_forward *f = make_forward(m, 2, 8, PROMPT + STEPS);
+    mkv_error err;
+    float *logits = malloc((size_t)V * sizeof(float));
+    ck_assert_int_eq(mkv_forward_run(f, tokens, PROMPT, logits, MKV_LOGITS_LAST, &err), MKV_OK);
+    /* Hand the prefill's cache over, then decode through the hook alone. */
+    for (int l = 0; l < ec.n_layers; l++)
+        for (int h = 0; h < ec.n_kv; h++)
+            for (int t = 0; t < PROMPT; t++)
+                for (int j = 0; j < ec.d; j++) {
+                    exact_row(&ec, ec.k, l, h, t)[j] = mkv_forward_k(f, l, h)[(size_t)t * ec.d + j];
+                    exact_row(&ec, ec.v, l, h, t)[j] = mkv_forward_v(f, l, h)[(size_t)t * ec.d + j];
+                }
+    mkv_forward_drop_cache(f);
+    ck_assert_ptr_null(mkv_forward_k(f, 0, 0));
+    ck_assert_int_eq(mkv_forward_run(f, tokens + PROMPT, 1, logits, MKV_LOGITS_LAST, &err), MKV_EUSAGE);
+    mkv_forward_set_attention(f, exact_attention, &ec);
+    for (int i = PROMPT; i < PROMPT + STEPS; i++) {
+        ck_assert_int_eq(mkv_forward_run(f, &tokens[i], 1, logits, MKV_LOGITS_LAST, &err), MKV_OK);
+        double e = rel_error_f(logits, want + (size_t)i * V, (size_t)V);
+        ck_assert_msg(e < 1e-5, "step %d: logits differ by %.3g", i, e);
+    }
+    free(logits);
+    free(want);
+    free(ec.k);
+    free(ec.v);
+    mkv_forward_free(f);
+    mkv_model_free(m);
+}
+END_TEST
+
 START_TEST(test_corrupt_checkpoint)
 {
     mkv_model_config c;
@@ -1010,6 +1115,7 @@ int main(void)
     tcase_add_test(tc, test_synthetic_matches_reference);
     tcase_add_test(tc, test_threads_identical);
     tcase_add_test(tc, test_chunked_equals_stepwise);
+    tcase_add_test(tc, test_external_attention);
     tcase_add_test(tc, test_forward_errors);
     tcase_add_test(tc, test_sampler);
     if (have_models) {

@@ -135,6 +135,8 @@ struct mkv_forward {
     float *scores;                /* [threads][ATT_ROWS][max_seq] */
     mkv_capture_fn capture;
     void *capture_user;
+    mkv_attention_fn attention;
+    void *attention_user;
     pool pool;
     worker_arg *worker_args;
 };
@@ -147,12 +149,12 @@ static float *cache_row(const mkv_forward *f, float *cache, int layer, int kv_he
 
 const float *mkv_forward_k(const mkv_forward *f, int layer, int kv_head)
 {
-    return cache_row(f, f->k_cache, layer, kv_head, 0);
+    return f->k_cache ? cache_row(f, f->k_cache, layer, kv_head, 0) : NULL;
 }
 
 const float *mkv_forward_v(const mkv_forward *f, int layer, int kv_head)
 {
-    return cache_row(f, f->v_cache, layer, kv_head, 0);
+    return f->v_cache ? cache_row(f, f->v_cache, layer, kv_head, 0) : NULL;
 }
 
 int mkv_forward_pos(const mkv_forward *f) { return f->pos; }
@@ -171,6 +173,20 @@ void mkv_forward_set_capture(mkv_forward *f, mkv_capture_fn fn, void *user)
 {
     f->capture = fn;
     f->capture_user = user;
+}
+
+void mkv_forward_set_attention(mkv_forward *f, mkv_attention_fn fn, void *user)
+{
+    f->attention = fn;
+    f->attention_user = user;
+}
+
+void mkv_forward_drop_cache(mkv_forward *f)
+{
+    mkv_free(f->k_cache);
+    mkv_free(f->v_cache);
+    mkv_free(f->scores);
+    f->k_cache = f->v_cache = f->scores = NULL;
 }
 
 void mkv_forward_free(mkv_forward *f)
@@ -492,22 +508,30 @@ static int layer_forward(mkv_forward *f, int l, int pos0, int n, mkv_error *err)
     for (int i = 0; i < n; i++) {
         rope_apply(f, f->q + (size_t)i * f->q_dim, c->n_heads, i);
         rope_apply(f, f->k + (size_t)i * f->kv_dim, c->n_kv_heads, i);
+        if (f->attention)
+            continue;
         for (int h = 0; h < c->n_kv_heads; h++) {
             size_t src = (size_t)i * f->kv_dim + (size_t)h * hd;
             memcpy(cache_row(f, f->k_cache, l, h, pos0 + i), f->k + src, (size_t)hd * sizeof(float));
             memcpy(cache_row(f, f->v_cache, l, h, pos0 + i), f->v + src, (size_t)hd * sizeof(float));
         }
     }
+    mkv_capture_batch b = {l, pos0, n, f->q, f->k, f->k_pre, f->v};
     if (f->capture) {
-        mkv_capture_batch b = {l, pos0, n, f->q, f->k, f->k_pre, f->v};
         int rc = f->capture(f->capture_user, &b, err);
         if (rc)
             return rc;
     }
 
-    attention_job att = {f, l, pos0, n, (n + ATT_ROWS - 1) / ATT_ROWS};
-    double att_work = 2.0 * n * (pos0 + n) * (double)hd * c->n_heads;
-    pool_run(&f->pool, attention_task, &att, c->n_heads * att.row_blocks, att_work);
+    if (f->attention) {
+        int rc = f->attention(f->attention_user, &b, f->att, err);
+        if (rc)
+            return rc;
+    } else {
+        attention_job att = {f, l, pos0, n, (n + ATT_ROWS - 1) / ATT_ROWS};
+        double att_work = 2.0 * n * (pos0 + n) * (double)hd * c->n_heads;
+        pool_run(&f->pool, attention_task, &att, c->n_heads * att.row_blocks, att_work);
+    }
 
     matmul_job wo = {{mm_make(f->att, f->q_dim, w->wo, f->q_dim, dim, f->x, dim, 1.0f, NULL)}, 1, n, {0}};
     run_matmuls(f, &wo);
@@ -548,6 +572,8 @@ int mkv_forward_run(mkv_forward *f, const int32_t *tokens, size_t n, float *logi
         return mkv_fail(err, MKV_EUSAGE, "no tokens to run");
     if ((mode != MKV_LOGITS_NONE) && !logits)
         return mkv_fail(err, MKV_EUSAGE, "no buffer for the logits");
+    if (!f->attention && !f->k_cache)
+        return mkv_fail(err, MKV_EUSAGE, "the forward pass has no cache and no attention to run");
     if (n > (size_t)(f->max_seq - f->pos))
         return mkv_fail(err, MKV_EFORMAT,
                         "%zu tokens at position %d exceed the context of %d tokens", n, f->pos, f->max_seq);

@@ -46,6 +46,14 @@ typedef struct {
  * forward pass with that status (the hook fills err). */
 typedef int (*mkv_capture_fn)(void *user, const mkv_capture_batch *batch, mkv_error *err);
 
+/* An attention the caller provides (a compressed KV cache): called once per
+ * layer and chunk in place of the pass's own attention, with the chunk's
+ * batch as the capture hook sees it (q after RoPE; k and v what a cache
+ * would hold), writing the attention output out [n][n_heads][head_dim].
+ * While one is set the pass writes nothing to its own cache. A non-zero
+ * return stops the pass with that status (the function fills err). */
+typedef int (*mkv_attention_fn)(void *user, const mkv_capture_batch *batch, float *out, mkv_error *err);
+
 typedef enum {
     MKV_LOGITS_NONE = 0,  /* prefill only */
     MKV_LOGITS_LAST = 1,  /* logits of the last token: vocab_size floats */
@@ -60,6 +68,12 @@ int mkv_forward_create(const mkv_model *model, const mkv_forward_opts *opts, mkv
 void mkv_forward_free(mkv_forward *f);
 
 void mkv_forward_set_capture(mkv_forward *f, mkv_capture_fn fn, void *user);
+/* fn = NULL gives the attention back to the pass (its cache must exist). */
+void mkv_forward_set_attention(mkv_forward *f, mkv_attention_fn fn, void *user);
+/* Free the pass's own K/V cache, after a prefill whose cache the caller has
+ * taken over: from then on only an external attention can run, and
+ * mkv_forward_k/_v return NULL. */
+void mkv_forward_drop_cache(mkv_forward *f);
 
 /* Run n tokens at positions pos..pos+n-1 (pos = mkv_forward_pos) and
  * advance.  logits: see mode (NULL with MKV_LOGITS_NONE).  Token ids outside
@@ -76,7 +90,7 @@ void mkv_forward_reset(mkv_forward *f);
 int mkv_forward_rewind(mkv_forward *f, int pos, mkv_error *err);
 
 /* Cache rows of one layer and KV head: [max_seq_len][head_dim], rows
- * 0..pos-1 valid.  K after RoPE. */
+ * 0..pos-1 valid (written by the pass's own attention).  K after RoPE. */
 const float *mkv_forward_k(const mkv_forward *f, int layer, int kv_head);
 const float *mkv_forward_v(const mkv_forward *f, int layer, int kv_head);
 

@@ -1017,6 +1017,15 @@ START_TEST(import_vllm)
     import_bad(dir, &o, "both hold layer 3");
     snprintf(p, sizeof p, "%s/003.safetensors", dir);
     remove(p);
+    /* a layer number of eight or more digits is a layer, and beyond the limit */
+    write_vllm_layer(dir, "10000000.safetensors", 3, 0, "F16");
+    import_bad(dir, &o, "10000000.safetensors': layer 10000000 is beyond the limit of");
+    snprintf(p, sizeof p, "%s/10000000.safetensors", dir);
+    remove(p);
+    write_vllm_layer(dir, "123456789012345678901234567890.safetensors", 3, 0, "F16");
+    import_bad(dir, &o, "is beyond the limit of");
+    snprintf(p, sizeof p, "%s/123456789012345678901234567890.safetensors", dir);
+    remove(p);
 
     /* heads and channels merged: the options must say how to split */
     write_vllm_layer(dir, "3.safetensors", 3, 1, "F16");

@@ -9,6 +9,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -258,13 +259,15 @@ static int open_safetensors(source *s, const mkv_import_opts *o, mkv_error *err)
     return MKV_OK;
 }
 
-/* "<digits>.safetensors" -> layer number; -1 for other names. */
+/* "<digits>.safetensors" -> layer number (LONG_MAX for a number too large
+ * to hold, which the caller refuses as beyond the limit); -1 for other
+ * names. */
 static long vllm_layer_of(const char *name)
 {
     const char *p = name;
     long l = 0;
-    while (*p >= '0' && *p <= '9' && p - name < 7)
-        l = l * 10 + (*p++ - '0');
+    for (; *p >= '0' && *p <= '9'; p++)
+        l = l > (LONG_MAX - 9) / 10 ? LONG_MAX : l * 10 + (*p - '0');
     if (p == name || strcmp(p, ".safetensors") != 0)
         return -1;
     return l;

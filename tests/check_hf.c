@@ -1746,6 +1746,16 @@ START_TEST(test_tokenizer_errors)
                            "\"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": [[\"a\", \"b\"]]}}", MKV_EFORMAT,
                            "merged piece");
     expect_tokenizer_error("[]", MKV_EFORMAT, "not a JSON object");
+    /* an added token whose id model.vocab spells otherwise, or whose
+     * "special" is not a boolean */
+    snprintf(buf, sizeof buf, "{\"added_tokens\": [{\"id\": 1, \"content\": \"<s>\", \"special\": true}], "
+             "\"normalizer\": {\"type\": \"Replace\", \"pattern\": {\"String\": \" \"}, \"content\": \""
+             SPACE_MARK "\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": []}}");
+    expect_tokenizer_error(buf, MKV_EFORMAT, "added_tokens[0] '<s>' has id 1, which model.vocab gives to 'b'");
+    snprintf(buf, sizeof buf, "{\"added_tokens\": [{\"id\": 2, \"content\": \"<s>\", \"special\": \"yes\"}], "
+             "\"normalizer\": {\"type\": \"Replace\", \"pattern\": {\"String\": \" \"}, \"content\": \""
+             SPACE_MARK "\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": []}}");
+    expect_tokenizer_error(buf, MKV_EFORMAT, "added_tokens[0] '<s>': \"special\" must be true or false");
 }
 END_TEST
 

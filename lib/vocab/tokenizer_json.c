@@ -301,12 +301,24 @@ static int parse_vocab(tj_vocab *v, int vocab_size, mkv_error *err)
         v->type[id] = MKV_TOKEN_NORMAL;
         v->from_vocab[id] = 1;
     }
-    /* Added tokens take their id whatever model.vocab says of it. */
+    /* An added token either has an id of its own or the id model.vocab
+     * gives to the same text. */
     for (size_t i = 0; i < mkv_json_len(added); i++) {
         const mkv_json *a = mkv_json_at(added, i);
         read_id(mkv_json_get(a, "id"), &id);
-        v->text[id] = mkv_json_str(mkv_json_get(a, "content"), &v->len[id]);
-        v->type[id] = bool_member(a, "special", 0) ? MKV_TOKEN_CONTROL : MKV_TOKEN_USER_DEFINED;
+        size_t len;
+        const char *content = mkv_json_str(mkv_json_get(a, "content"), &len);
+        if (v->from_vocab[id] && (len != v->len[id] || memcmp(content, v->text[id], len) != 0))
+            return mkv_fail(err, MKV_EFORMAT, "'%s': added_tokens[%zu] '%s' has id %lld, which model.vocab gives to '%s'",
+                            v->path, i, content, (long long)id, v->text[id]);
+        const mkv_json *special = mkv_json_get(a, "special");
+        int is_special = 0;
+        if (special && mkv_json_type_of(special) != MKV_JSON_NULL && mkv_json_bool(special, &is_special) != 0)
+            return mkv_fail(err, MKV_EFORMAT, "'%s': added_tokens[%zu] '%s': \"special\" must be true or false",
+                            v->path, i, content);
+        v->text[id] = content;
+        v->len[id] = len;
+        v->type[id] = is_special ? MKV_TOKEN_CONTROL : MKV_TOKEN_USER_DEFINED;
     }
     for (int i = 0; i < v->n; i++) {
         if (!v->text[i]) {

@@ -10,7 +10,7 @@
  *   for m in full quest mosaic; do mkv-attend kv-$m.h5 --summary | tail -n 1; done
  *   mkv-attend kv-mosaic.h5 --device gpu --summary        # the GPU kernels (mosaic, uniform2d, quest, full)
  *   mkv-attend --bench -o bench.tsv                        # GPU benchmark, synthetic LLaMA-3.1-8B caches
- *   mkv-attend --bench --contexts 256K --batches 4 --budgets 0.1 --methods dense,quest,packed
+ *   mkv-attend --bench --contexts 256K --batches 4 --budgets 0.1 --methods full,mosaic -P keep=0.125
  */
 #include "config.h"
 
@@ -27,6 +27,7 @@
 #include "cli/cli.h"
 #include "core/log.h"
 #include "core/mkv.h"
+#include "gpu/bench_options.h"
 #include "gpu/evaluate_gpu.h"
 #include "gpu/gpu_packed.h"
 #include "methods/evaluate.h"
@@ -34,8 +35,9 @@
 #include "mkv_cuda.h"
 
 enum {
-    OPT_REFERENCE = MKV_OPT_FIRST_TOOL, OPT_SUMMARY, OPT_BUDGET, OPT_BENCH, OPT_CONTEXTS, OPT_BATCHES,
-    OPT_BUDGETS, OPT_KEEP, OPT_DPRIME, OPT_SEGMENT, OPT_BLOCK, OPT_RUNS, OPT_WARMUP, OPT_METHODS, OPT_CHECK_CPU
+    OPT_SUMMARY = MKV_OPT_FIRST_TOOL, OPT_BUDGET, OPT_BENCH, OPT_CONTEXTS, OPT_BATCHES, OPT_BUDGETS, OPT_RUNS,
+    OPT_WARMUP, OPT_METHODS, OPT_VARIANT, OPT_CHECK_CPU, OPT_OLD_KEEP, OPT_OLD_DPRIME, OPT_OLD_SEGMENT,
+    OPT_OLD_BLOCK
 };
 
 static const struct option longopts[] = {
@@ -46,22 +48,25 @@ static const struct option longopts[] = {
     {"reference", required_argument, NULL, 'r'},
     {"summary", no_argument, NULL, OPT_SUMMARY},
     {"budget", required_argument, NULL, OPT_BUDGET},
+    {"check-cpu", no_argument, NULL, OPT_CHECK_CPU},
     {"bench", no_argument, NULL, OPT_BENCH},
     {"contexts", required_argument, NULL, OPT_CONTEXTS},
     {"batches", required_argument, NULL, OPT_BATCHES},
     {"budgets", required_argument, NULL, OPT_BUDGETS},
-    {"keep", required_argument, NULL, OPT_KEEP},
-    {"dprime", required_argument, NULL, OPT_DPRIME},
-    {"segment", required_argument, NULL, OPT_SEGMENT},
-    {"block", required_argument, NULL, OPT_BLOCK},
+    {"methods", required_argument, NULL, OPT_METHODS},
+    {"variant", no_argument, NULL, OPT_VARIANT},
+    {"param", required_argument, NULL, 'P'},
     {"runs", required_argument, NULL, OPT_RUNS},
     {"warmup", required_argument, NULL, OPT_WARMUP},
-    {"methods", required_argument, NULL, OPT_METHODS},
-    {"check-cpu", no_argument, NULL, OPT_CHECK_CPU},
+    /* spellings that moved to -P, kept to say so */
+    {"keep", optional_argument, NULL, OPT_OLD_KEEP},
+    {"dprime", optional_argument, NULL, OPT_OLD_DPRIME},
+    {"segment", optional_argument, NULL, OPT_OLD_SEGMENT},
+    {"block", optional_argument, NULL, OPT_OLD_BLOCK},
     {NULL, 0, NULL, 0}};
 
 /* Leading ':' so a missing value is told apart from an unknown option. */
-#define SHORTOPTS ":" MKV_COMMON_SHORTOPTS "o:r:"
+#define SHORTOPTS ":" MKV_COMMON_SHORTOPTS "o:r:P:"
 
 static void usage(FILE *fp, int status)
 {
@@ -95,12 +100,15 @@ static void usage(FILE *fp, int status)
             "memory, as TSV (one row per configuration and method):\n"
             "      --contexts LIST  tokens per request (default 32K,128K,256K,512K,1M)\n"
             "      --batches LIST   requests per step (default 1,4,8)\n"
-            "      --budgets LIST   token budgets of quest and packed (default 0.0625,0.1,0.125,0.25)\n"
-            "      --methods LIST   of dense, dense-variant, quest, packed (default dense,quest,packed)\n"
-            "      --keep X         packed: fraction of head_dim kept per vector (default 0.25)\n"
-            "      --dprime N       packed: rotated channels d' (default 64)\n"
-            "      --segment N      packed: tokens per segment and rotation (default 4096)\n"
-            "      --block N        packed: tokens per block key (default 8)\n"
+            "      --budgets LIST   token budgets of quest and mosaic (default 0.0625,0.1,0.125,0.25)\n"
+            "      --methods LIST   of full, quest, mosaic (default full,quest,mosaic)\n"
+            "      --variant        also time the other build of the full (dense) kernel\n"
+            "  -P, --param KEY=VAL[,KEY=VAL...]\n"
+            "                       parameters of the methods, as mkv-compress names them:\n"
+            "                       mosaic: keep (default 0.25), keydim (d' = keydim x\n"
+            "                       head_dim, default 0.5), segment (default 4096), block\n"
+            "                       (1, 2, 4, 8 or 16, default 8); quest: page (default 16);\n"
+            "                       both: sink (default 4), recent (default 64)\n"
             "      --runs N         timed steps per measurement (default 30)\n"
             "      --warmup N       untimed steps first (default 5)\n"
             "  The shape is LLaMA-3.1-8B's: 32 query heads, 8 KV heads, head_dim 128, bf16.\n\n",
@@ -120,6 +128,8 @@ typedef struct {
     int check_cpu;
     int bench;
     mkv_bench_opts bo;
+    int variant;
+    mkv_bench_params bench_params;  /* -P */
     int bench_opt_seen;         /* a benchmark option was given (refused without --bench) */
     mkv_common_opts common;
 } attend_args;
@@ -160,38 +170,14 @@ static int parse_list(const char *arg, const char *name, int is_size, double lo,
     return n;
 }
 
-static unsigned parse_methods(const char *arg)
-{
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", arg);
-    unsigned m = 0;
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        if (!strcmp(tok, "dense"))
-            m |= MKV_BENCH_DENSE;
-        else if (!strcmp(tok, "dense-variant"))
-            m |= MKV_BENCH_DENSE_VARIANT;
-        else if (!strcmp(tok, "quest"))
-            m |= MKV_BENCH_QUEST;
-        else if (!strcmp(tok, "packed"))
-            m |= MKV_BENCH_PACKED;
-        else {
-            mkv_usage_error("invalid value '%s' for --methods: '%s' is not dense, dense-variant, quest or packed",
-                            arg, tok);
-            exit(2);
-        }
-    }
-    if (!m) {
-        mkv_usage_error("invalid value '%s' for --methods: empty list", arg);
-        exit(2);
-    }
-    return m;
-}
-
 static void parse_args(int argc, char **argv, attend_args *a)
 {
     memset(a, 0, sizeof *a);
     mkv_common_init(&a->common);
     mkv_bench_opts_default(&a->bo);
+    mkv_error perr;
+    if (mkv_bench_params_init(&a->bench_params, &a->bo, &perr))
+        misuse(perr.msg);
     opterr = 0;   /* bad_option prints the one-line message */
     int opt;
     double budget, list[MKV_BENCH_MAX_LIST];
@@ -228,11 +214,11 @@ static void parse_args(int argc, char **argv, attend_args *a)
             }
             a->budget = optarg;
             break;
-        case OPT_BENCH:
-            a->bench = 1;
-            break;
         case OPT_CHECK_CPU:
             a->check_cpu = 1;
+            break;
+        case OPT_BENCH:
+            a->bench = 1;
             break;
         case OPT_CONTEXTS:
             a->bo.n_contexts = parse_list(optarg, "contexts", 1, 1, INT32_MAX, list);
@@ -250,30 +236,41 @@ static void parse_args(int argc, char **argv, attend_args *a)
             a->bo.n_budgets = parse_list(optarg, "budgets", 0, 1e-9, 1e15, a->bo.budgets);
             a->bench_opt_seen = 1;
             break;
-        case OPT_KEEP:
-            if (mkv_parse_double(optarg, "keep", 1e-9, 1, &a->bo.keep))
+        case OPT_METHODS:
+            if (mkv_bench_parse_methods(optarg, &a->bo.methods, &perr)) {
+                mkv_usage_error("%s", perr.msg);
                 exit(2);
+            }
             a->bench_opt_seen = 1;
             break;
-        case OPT_DPRIME:
-        case OPT_SEGMENT:
-        case OPT_BLOCK:
+        case OPT_VARIANT:
+            a->variant = 1;
+            a->bench_opt_seen = 1;
+            break;
+        case 'P':
+            if (mkv_params_parse_list(&a->bench_params.params, optarg, &perr) < 0) {
+                mkv_usage_error("%s", perr.msg);
+                exit(2);
+            }
+            a->bench_opt_seen = 1;
+            break;
         case OPT_RUNS:
         case OPT_WARMUP: {
-            static const char *names[] = {"dprime", "segment", "block", "runs", "warmup"};
-            static const long lo[] = {1, 1, 1, 1, 0}, hi[] = {128, 1 << 30, 16, 10000, 10000};
-            int i = opt - OPT_DPRIME;
-            if (mkv_parse_int(optarg, names[i], lo[i], hi[i], &v))
+            int runs = opt == OPT_RUNS;
+            if (mkv_parse_int(optarg, runs ? "runs" : "warmup", runs ? 1 : 0, 10000, &v))
                 exit(2);
-            int *dst[] = {&a->bo.dprime, &a->bo.segment, &a->bo.block, &a->bo.runs, &a->bo.warmup};
-            *dst[i] = (int)v;
+            *(runs ? &a->bo.runs : &a->bo.warmup) = (int)v;
             a->bench_opt_seen = 1;
             break;
         }
-        case OPT_METHODS:
-            a->bo.methods = parse_methods(optarg);
-            a->bench_opt_seen = 1;
-            break;
+        case OPT_OLD_KEEP:
+            mkv_renamed_option("--keep", "-P keep");
+        case OPT_OLD_DPRIME:
+            mkv_renamed_option("--dprime", "-P keydim");
+        case OPT_OLD_SEGMENT:
+            mkv_renamed_option("--segment", "-P segment");
+        case OPT_OLD_BLOCK:
+            mkv_renamed_option("--block", "-P block");
         default: {
             int handled = mkv_common_option(&a->common, opt, optarg);
             if (handled < 0)
@@ -295,17 +292,15 @@ static void parse_args(int argc, char **argv, attend_args *a)
             misuse("--budget applies to a dump; --bench takes --budgets");
         if (a->reference || a->summary_only || a->check_cpu)
             misuse("-r, --summary and --check-cpu apply to a dump, not to --bench");
-        /* The packed caches' geometry; the benchmark checks it again for
-         * library callers, after the device is found. */
-        if (a->bo.block & (a->bo.block - 1))
-            misuse("--block must be a power of two (1, 2, 4, 8 or 16)");
-        if (a->bo.segment < a->bo.block)
-            misuse("--segment must be at least --block");
+        if (a->variant)
+            a->bo.methods |= MKV_BENCH_DENSE_VARIANT;
+        if (mkv_bench_params_apply(&a->bench_params, &a->bo, &perr))
+            misuse(perr.msg);
         return;
     }
     if (a->bench_opt_seen)
-        misuse("benchmark options (--contexts, --batches, --budgets, --methods, --keep, --dprime, --segment, "
-               "--block, --runs, --warmup) need --bench");
+        misuse("benchmark options (--contexts, --batches, --budgets, --methods, --variant, -P, --runs, "
+               "--warmup) need --bench");
     if (optind >= argc)
         misuse("missing COMPRESSED (a dump made by mkv-compress)");
     if (argc - optind > 1) {

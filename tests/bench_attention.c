@@ -99,12 +99,8 @@ int main(int argc, char **argv)
     mkv_bench_opts_default(&o);
     mkv_bench_params bp;
     mkv_error err = {0};
-    if (mkv_bench_params_init(&bp, &o, &err) != MKV_OK) {
-        fprintf(stderr, "bench_attention: %s\n", err.msg);
-        return 1;
-    }
-    const char *out_path = NULL;
-    int quiet = 0, variant = 0, c;
+    const char *out_path = NULL, *params[MKV_BENCH_MAX_LIST];
+    int quiet = 0, variant = 0, n_params = 0, c;
     char *items[MKV_BENCH_MAX_LIST];
     while ((c = getopt_long(argc, argv, "o:qhP:", longopts, NULL)) != -1) {
         switch (c) {
@@ -144,8 +140,9 @@ int main(int argc, char **argv)
                 refuse(err.msg);
             break;
         case 'P':
-            if (mkv_params_parse_list(&bp.params, optarg, &err) < 0)
-                refuse(err.msg);
+            if (n_params == MKV_BENCH_MAX_LIST)
+                misuse("too many -P options at", optarg);
+            params[n_params++] = optarg;
             break;
         case O_MEM: o.mem_fraction = atof(optarg); break;
         default:
@@ -157,6 +154,14 @@ int main(int argc, char **argv)
         misuse("unexpected argument", argv[optind]);
     if (variant)
         o.methods |= MKV_BENCH_DENSE_VARIANT;
+    /* after --head-dim, which the default of keydim is a fraction of */
+    if (mkv_bench_params_init(&bp, &o, &err) != MKV_OK) {
+        fprintf(stderr, "bench_attention: %s\n", err.msg);
+        return 1;
+    }
+    for (int i = 0; i < n_params; i++)
+        if (mkv_params_parse_list(&bp.params, params[i], &err) < 0)
+            refuse(err.msg);
     if (mkv_bench_params_apply(&bp, &o, &err) != MKV_OK)
         refuse(err.msg);
     FILE *tsv = stdout;

@@ -152,7 +152,7 @@ public:
     explicit dense_method(int minb)
         : minb_(minb), name_(minb == mkv_attn::ATTN_MINB ? "mkv" : "mkv-minb" + std::to_string(minb)) {}
     ~dense_method() override { mkv_cuda_dense_plan_free(plan_); }
-    const char *impl() const override { return "dense"; }
+    const char *impl() const override { return "full"; }
     const char *backend() const override { return name_.c_str(); }
     int setup(bench_case &c, mkv_error *err) override
     {
@@ -384,7 +384,7 @@ public:
         for (mkv_packed_plan *p : plans_)
             mkv_cuda_packed_plan_free(p);
     }
-    const char *impl() const override { return select_only_ ? "packed-select" : "packed"; }
+    const char *impl() const override { return select_only_ ? "mosaic-select" : "mosaic"; }
     const char *backend() const override { return "mkv"; }
     double budget() const override { return budget_; }
     int setup(bench_case &c, mkv_error *err) override

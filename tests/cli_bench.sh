@@ -16,8 +16,8 @@
 # the man page and against the synthetic shape (32 query heads, 8 KV heads,
 # head_dim 128, bf16): the documented header, one row per method with status
 # ok, times ordered, read_tbps = bytes_read / median_ms and frac_copy =
-# read_tbps / copy_tbps within the printed rounding, the dense kernel's
-# bytes exactly K + V of the cache, and Quest's and the packed kernel's
+# read_tbps / copy_tbps within the printed rounding, the full (dense)
+# kernel's bytes exactly K + V of the cache, and Quest's and mosaic's
 # bytes between what their token budget must read and the dense bytes.
 #
 # Environment: top_builddir, top_srcdir (set by `make check`; default .).
@@ -141,20 +141,58 @@ refuse "--budgets nan" 2 "$E: invalid value 'nan' for --budgets: not a number" -
 refuse "--budgets inf" 2 "$E: invalid value 'inf' for --budgets: not a number" --bench --budgets inf
 refuse "--budgets ''" 2 "$E: invalid value '' for --budgets: empty list" --bench --budgets ''
 refuse "--methods unknown" 2 \
-    "$E: invalid value 'dense,sdpa' for --methods: 'sdpa' is not dense, dense-variant, quest or packed" \
-    --bench --methods dense,sdpa
+    "$E: invalid value 'full,sdpa' for --methods: 'sdpa' is not a method (full, quest or mosaic)" \
+    --bench --methods full,sdpa
+refuse "--methods without a kernel" 2 \
+    "$E: invalid value 'kivi' for --methods: 'kivi' has no benchmark kernel (full, quest or mosaic)" \
+    --bench --methods kivi
+refuse "--methods dense (renamed)" 2 "$E: invalid value 'dense,quest' for --methods: 'dense' is now 'full'" \
+    --bench --methods dense,quest
+refuse "--methods packed (renamed)" 2 "$E: invalid value 'quest,packed' for --methods: 'packed' is now 'mosaic'" \
+    --bench --methods quest,packed
+refuse "--methods dense-variant (now an option)" 2 \
+    "$E: invalid value 'dense-variant' for --methods: 'dense-variant' is now '--variant'" \
+    --bench --methods dense-variant
 refuse "--methods ," 2 "$E: invalid value ',' for --methods: empty list" --bench --methods ,
 
 # ---------------------------------------------------------------- single values
-refuse "--keep 0" 2 "$E: invalid value '0' for --keep: must be in 1e-09..1" --bench --keep 0
-refuse "--keep 1.5" 2 "$E: invalid value '1.5' for --keep: must be in 1e-09..1" --bench --keep 1.5
-refuse "--keep x" 2 "$E: invalid value 'x' for --keep: not a number" --bench --keep x
-refuse "--dprime 0" 2 "$E: invalid value '0' for --dprime: must be in 1..128" --bench --dprime 0
-refuse "--dprime 129" 2 "$E: invalid value '129' for --dprime: must be in 1..128" --bench --dprime 129
-refuse "--segment 0" 2 "$E: invalid value '0' for --segment: must be in 1..1073741824" --bench --segment 0
-refuse "--block 0" 2 "$E: invalid value '0' for --block: must be in 1..16" --bench --block 0
-refuse "--block 32" 2 "$E: invalid value '32' for --block: must be in 1..16" --bench --block 32
-refuse "--block 8x" 2 "$E: invalid value '8x' for --block: not an integer" --bench --block 8x
+# -P: the registry's specs (lib/methods/params.c), then the limits of the benchmark's caches
+refuse "-P keep=0" 2 "$E: parameter 'keep' must be above 0 for the benchmark; $try" --bench -P keep=0
+refuse "-P keep=1.5" 2 "$E: invalid value '1.5' for parameter 'keep': must be in 0..1" --bench -P keep=1.5
+refuse "-P keep=x" 2 "$E: invalid value 'x' for parameter 'keep': not a number" --bench -P keep=x
+refuse "--param keydim=0" 2 "$E: parameter 'keydim' must be above 0 for the benchmark; $try" \
+    --bench --param keydim=0
+refuse "-P keydim=2" 2 "$E: invalid value '2' for parameter 'keydim': must be in 0..1" --bench -P keydim=2
+refuse "-P segment=0" 2 "$E: invalid value '0' for parameter 'segment': must be in 1..1000000000" \
+    --bench -P segment=0
+refuse "-P block=0" 2 "$E: invalid value '0' for parameter 'block': must be in 1..1000000" --bench -P block=0
+refuse "-P block=8x" 2 "$E: invalid value '8x' for parameter 'block': not an integer" --bench -P block=8x
+refuse "-P page=0" 2 "$E: invalid value '0' for parameter 'page': must be in 1..1048576" --bench -P page=0
+refuse "-P recent=-1" 2 "$E: invalid value '-1' for parameter 'recent': must be in 0..1000000000" \
+    --bench -P recent=-1
+refuse "-P sink=1.5" 2 "$E: invalid value '1.5' for parameter 'sink': not an integer" --bench -P sink=1.5
+refuse "-P of an unknown parameter" 2 \
+    "$E: unknown parameter 'dprime' (parameters: keep, keydim, segment, block, page, sink, recent)" \
+    --bench -P dprime=64
+refuse "-P budget (swept by --budgets)" 2 \
+    "$E: unknown parameter 'budget' (parameters: keep, keydim, segment, block, page, sink, recent)" \
+    --bench -P budget=0.1
+refuse "-P without '='" 2 "$E: invalid parameter 'keep': expected KEY=VALUE" --bench -P keep
+refuse "-P list, the bad entry second" 2 "$E: invalid value '2' for parameter 'keydim': must be in 0..1" \
+    --bench -P keep=0.5,keydim=2
+refuse "-P blank-separated list" 2 "$E: invalid value '-3' for parameter 'page': must be in 1..1048576" \
+    --bench -P 'keep=0.5 page=-3'
+refuse "-P repeated, the later one bad" 2 "$E: invalid value '0' for parameter 'block': must be in 1..1000000" \
+    --bench -P keep=0.5 -P block=0
+refuse "-P without its value" 2 "$E: option '-P' needs a value; $try" --bench -P
+# the separate flags of the packed caches moved to -P
+for old in keep:keep dprime:keydim segment:segment block:block; do
+    refuse "--${old%%:*} (renamed)" 2 "$E: option '--${old%%:*}' is now '-P ${old#*:}'; $try" --bench "--${old%%:*}" 8
+    refuse "--${old%%:*}=8 (renamed)" 2 "$E: option '--${old%%:*}' is now '-P ${old#*:}'; $try" --bench "--${old%%:*}=8"
+done
+refuse "--keep without --bench (renamed)" 2 "$E: option '--keep' is now '-P keep'; $try" kv.h5 --keep
+
+# ---------------------------------------------------------------- single values
 refuse "--runs 0" 2 "$E: invalid value '0' for --runs: must be in 1..10000" --bench --runs 0
 refuse "--runs 10001" 2 "$E: invalid value '10001' for --runs: must be in 1..10000" --bench --runs 10001
 refuse "--warmup -1" 2 "$E: invalid value '-1' for --warmup: must be in 0..10000" --bench --warmup -1
@@ -173,13 +211,16 @@ for opt in "-r ref.h5" --summary --check-cpu; do
     # shellcheck disable=SC2086 # -r and its value are two words
     refuse "--bench $opt" 2 "$E: -r, --summary and --check-cpu apply to a dump, not to --bench; $try" --bench $opt
 done
-refuse "--block 3 (not a power of two)" 2 "$E: --block must be a power of two (1, 2, 4, 8 or 16); $try" \
-    --bench --block 3 --contexts 4K --batches 1
-refuse "--segment 4 shorter than --block 8" 2 "$E: --segment must be at least --block; $try" \
-    --bench --segment 4 --contexts 4K --batches 1
-need_bench="$E: benchmark options (--contexts, --batches, --budgets, --methods, --keep, --dprime, --segment, --block, --runs, --warmup) need --bench; $try"
-for opt in "--contexts 32K" "--batches 4" "--budgets 0.1" "--methods dense" "--keep 0.5" "--dprime 64" \
-    "--segment 4096" "--block 8" "--runs 30" "--warmup 5"; do
+refuse "-P block=3 (not a power of two)" 2 "$E: parameter 'block' must be 1, 2, 4, 8 or 16 for the benchmark; $try" \
+    --bench -P block=3 --contexts 4K --batches 1
+refuse "-P block=32" 2 "$E: parameter 'block' must be 1, 2, 4, 8 or 16 for the benchmark; $try" --bench -P block=32
+refuse "-P segment=4 shorter than block 8" 2 "$E: parameter 'segment' must be at least 'block'; $try" \
+    --bench -P segment=4 --contexts 4K --batches 1
+refuse "-P segment=8,block=16" 2 "$E: parameter 'segment' must be at least 'block'; $try" \
+    --bench -P segment=8,block=16
+need_bench="$E: benchmark options (--contexts, --batches, --budgets, --methods, --variant, -P, --runs, --warmup) need --bench; $try"
+for opt in "--contexts 32K" "--batches 4" "--budgets 0.1" "--methods full" "--variant" "-P keep=0.5" \
+    "--param block=8" "--runs 30" "--warmup 5"; do
     # shellcheck disable=SC2086 # the option and its value are two words
     refuse "$opt without --bench" 2 "$need_bench" $opt
     # shellcheck disable=SC2086
@@ -199,7 +240,7 @@ fi
 # ---------------------------------------------------------------- --bench where it cannot run
 version=$("$A" --version) || fail "$E --version"
 cuda=$(printf '%s\n' "$version" | sed -n 's/^CUDA: //p')
-TINY="--contexts 4K --batches 1 --budgets 0.1 --methods dense,dense-variant,quest,packed --runs 5 --warmup 2"
+TINY="--contexts 4K --batches 1 --budgets 0.1 --methods full,quest,mosaic --variant --runs 5 --warmup 2"
 if [ "$cuda" = "no CUDA" ]; then
     no_cuda="$E: --bench: this build has no CUDA"
     refuse "--bench without CUDA" 1 "$no_cuda" --bench
@@ -305,7 +346,7 @@ if report=$(awk -F'\t' -v header="$header" -v ctx=4096 -v batch=1 -v budget=0.1 
     }
     {
         key = impl
-        if (impl == "dense" && backend != "mkv") key = backend ~ /^mkv-minb[0-9]+$/ ? "dense-variant" : "dense " backend
+        if (impl == "full" && backend != "mkv") key = backend ~ /^mkv-minb[0-9]+$/ ? "full-variant" : "full " backend
         else if (backend != "mkv") key = impl " " backend
         seen[key]++
         if ($col["status"] != "ok") bad("status " $col["status"])
@@ -313,7 +354,7 @@ if report=$(awk -F'\t' -v header="$header" -v ctx=4096 -v batch=1 -v budget=0.1 
             $col["n_kv_heads"] != 8 || $col["head_dim"] != 128 || $col["runs"] != runs)
             bad("configuration " $col["dtype"] " batch " $col["batch"] " context " $col["context"] " heads " \
                 $col["n_heads"] "/" $col["n_kv_heads"] " head_dim " $col["head_dim"] " runs " $col["runs"])
-        if ($col["budget"] != (impl == "dense" ? 1 : budget)) bad("budget " $col["budget"])
+        if ($col["budget"] != (impl == "full" ? 1 : budget)) bad("budget " $col["budget"])
         if (!($col["n_sets"] >= 1 && $col["n_sets"] <= 8)) bad("n_sets " $col["n_sets"])
         p10 = $col["p10_ms"]; p90 = $col["p90_ms"]; sel = $col["select_ms"]
         if (!isnum(m) || !isnum(p10) || !isnum(p90) || !(m > 0 && p10 <= m && m <= p90))
@@ -327,30 +368,30 @@ if report=$(awk -F'\t' -v header="$header" -v ctx=4096 -v batch=1 -v budget=0.1 
         # K and V of every token in bf16: what dense decode reads
         dense = 2 * 2 * batch * 8 * ctx * 128
         # the fewest tokens a budget attends, and the fewest bytes each of
-        # them holds: dense K + V (quest), r kept 16-bit values of K and V (packed)
+        # them holds: dense K + V (quest), r kept 16-bit values of K and V (mosaic)
         want_tokens = batch * 8 * budget * ctx
-        if (impl == "dense" && (bytes != dense || cache != dense))
+        if (impl == "full" && (bytes != dense || cache != dense))
             bad("bytes_read " bytes ", cache_bytes " cache ", expected K + V = " dense)
         if (impl == "quest" && !(bytes >= want_tokens * 2 * 128 * 2 && bytes < dense && cache > dense))
             bad("bytes_read " bytes " (expected " want_tokens * 512 "..." dense "), cache_bytes " cache " (expected > " dense ")")
-        if (impl == "packed" && !(bytes >= want_tokens * 2 * keep_r * 2 && bytes < dense))
+        if (impl == "mosaic" && !(bytes >= want_tokens * 2 * keep_r * 2 && bytes < dense))
             bad("bytes_read " bytes " (expected " want_tokens * 4 * keep_r "..." dense ")")
-        if (impl ~ /^packed/) {
+        if (impl ~ /^mosaic/) {
             if (!(cache >= batch * 8 * ctx * 2 * keep_r * 2 && cache < dense))
                 bad("cache_bytes " cache " (expected " batch * 8 * ctx * 4 * keep_r "..." dense ")")
             pbytes[impl] = bytes; pcache[impl] = cache
         }
     }
     END {
-        split("copy dense dense-variant quest packed packed-select", want, " ")
+        split("copy full full-variant quest mosaic mosaic-select", want, " ")
         for (i = 1; i in want; i++)
             if (seen[want[i]] != 1) { print want[i] ": " seen[want[i]] + 0 " rows, expected 1" > "/dev/stderr"; nbad++ }
-        for (k in seen) if (k !~ /^(copy|dense|dense-variant|quest|packed|packed-select)$/) {
+        for (k in seen) if (k !~ /^(copy|full|full-variant|quest|mosaic|mosaic-select)$/) {
             print "unexpected rows: " k > "/dev/stderr"; nbad++ }
-        if ("packed" in pbytes && "packed-select" in pbytes &&
-            !(pbytes["packed-select"] <= pbytes["packed"] && pcache["packed-select"] == pcache["packed"])) {
-            print "packed-select reads " pbytes["packed-select"] " bytes of cache " pcache["packed-select"] \
-                ", the whole step " pbytes["packed"] " of " pcache["packed"] > "/dev/stderr"; nbad++ }
+        if ("mosaic" in pbytes && "mosaic-select" in pbytes &&
+            !(pbytes["mosaic-select"] <= pbytes["mosaic"] && pcache["mosaic-select"] == pcache["mosaic"])) {
+            print "mosaic-select reads " pbytes["mosaic-select"] " bytes of cache " pcache["mosaic-select"] \
+                ", the whole step " pbytes["mosaic"] " of " pcache["mosaic"] > "/dev/stderr"; nbad++ }
         printf "%d rows checked", NR - 1
         exit nbad > 0
     }' run/bench.tsv 2>&1); then

@@ -4,6 +4,7 @@
 #include "io/dump_priv.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 #include "io/h5file.h"
 #include "core/half.h"
 #include "core/log.h"
+#include "core/tensor.h"
 
 /* ---------------------------------------------------------------- shared */
 
@@ -379,6 +381,23 @@ int mkv_dump_read_tokens(mkv_dump *d, int32_t *out, mkv_error *err)
     if (!d->meta.has_tokens)
         return mkv_fail(err, MKV_EFORMAT, "'%s' has no /tokens (source: %s)", d->path, d->meta.source);
     return read_int_1d(d, "/tokens", out, err);
+}
+
+int mkv_dump_read_finite(mkv_dump *d, int layer, char kind, int h0, int nh, int64_t t0, int64_t nt,
+                         float *out, mkv_error *err)
+{
+    int rc = mkv_dump_read(d, layer, kind, h0, nh, t0, nt, out, err);
+    if (rc != MKV_OK)
+        return rc;
+    const int hd = mkv_dump_meta_of(d)->head_dim;
+    int64_t bad = mkv_find_nonfinite(out, (size_t)nh * (size_t)nt * (size_t)hd);
+    if (bad < 0)
+        return MKV_OK;
+    float v = out[bad];
+    int64_t row = bad / hd;
+    return mkv_fail(err, MKV_EFORMAT, "'%s': /layers/%02d/%c: %s at [%d,%lld,%d]", mkv_dump_path(d),
+                    layer, kind, isnan(v) ? "NaN" : v > 0 ? "Inf" : "-Inf", h0 + (int)(row / nt),
+                    (long long)(t0 + row % nt), (int)(bad % hd));
 }
 
 int mkv_dump_read_query_pos(mkv_dump *d, int32_t *out, mkv_error *err)

@@ -952,12 +952,12 @@ static int store_tensor(const mkv_mosaic_tensor *t, const mkv_mosaic_head *h, ch
             memcpy(table + i * MKV_MOSAIC_TABLE_COLS, row, sizeof row);
         }
         snprintf(name, sizeof name, "%c/strategy", x);
-        rc = mkv_bl_put2(w, layer, head, name, MKV_EL_I32, t->nseg, MKV_MOSAIC_TABLE_COLS, table, err);
+        rc = mkv_cdump_put_rows(w, layer, head, name, MKV_EL_I32, t->nseg, MKV_MOSAIC_TABLE_COLS, table, err);
         mkv_free(table);
         snprintf(name, sizeof name, "%c/loss", x);
         if (rc == MKV_OK)
-            rc = mkv_bl_put2(w, layer, head, name, MKV_EL_F32, t->nseg, MKV_MOSAIC_LOSS_COLS, t->loss,
-                             err);
+            rc = mkv_cdump_put_rows(w, layer, head, name, MKV_EL_F32, t->nseg, MKV_MOSAIC_LOSS_COLS, t->loss,
+                                    err);
     }
     if (rc == MKV_OK && x == 'k' && t->nseg > 0) {
         int32_t *dims = mkv_alloc((size_t)t->nseg * MKV_MOSAIC_BLOCKDIM_COLS, sizeof *dims,
@@ -968,14 +968,14 @@ static int store_tensor(const mkv_mosaic_tensor *t, const mkv_mosaic_head *h, ch
             dims[i * MKV_MOSAIC_BLOCKDIM_COLS] = t->seg[i].keydim;
             dims[i * MKV_MOSAIC_BLOCKDIM_COLS + 1] = t->seg[i].bound;
         }
-        rc = mkv_bl_put2(w, layer, head, "k/blockdims", MKV_EL_I32, t->nseg, MKV_MOSAIC_BLOCKDIM_COLS, dims,
-                         err);
+        rc = mkv_cdump_put_rows(w, layer, head, "k/blockdims", MKV_EL_I32, t->nseg, MKV_MOSAIC_BLOCKDIM_COLS, dims,
+                                err);
         mkv_free(dims);
     }
     snprintf(name, sizeof name, "%c/dense", x);
     if (rc == MKV_OK)
-        rc = mkv_bl_put2(w, layer, head, name, MKV_EL_F16, h->sink_n + h->recent_n, h->d,
-                         x == 'k' ? h->dense_k : h->dense_v, err);
+        rc = mkv_cdump_put_rows(w, layer, head, name, MKV_EL_F16, h->sink_n + h->recent_n, h->d,
+                                x == 'k' ? h->dense_k : h->dense_v, err);
     snprintf(name, sizeof name, "%c/values", x);
     if (rc == MKV_OK)
         rc = put_flat(w, layer, head, name, MKV_EL_F16, t->n_values, t->values, err);
@@ -1003,12 +1003,12 @@ static int get_flat(mkv_cdump *c, int layer, int head, const char *name, mkv_el_
 {
     *out = NULL;
     if (n == 0) {
-        if (mkv_bl_has(c, layer, head, name))
+        if (mkv_cdump_has(c, layer, head, name))
             return mkv_fail(err, MKV_EFORMAT, "layer %d, KV head %d: '%s' should be absent "
                             "(the strategy table gives it no element)", layer, head, name);
         return MKV_OK;
     }
-    return mkv_bl_get(c, layer, head, name, type, 1, &n, out, err);
+    return mkv_cdump_get_shaped(c, layer, head, name, type, 1, &n, out, err);
 }
 
 static int load_tensor(mkv_cdump *c, int layer, int head, char x, mkv_mosaic_head *h,
@@ -1031,7 +1031,7 @@ static int load_tensor(mkv_cdump *c, int layer, int head, char x, mkv_mosaic_hea
     if (t->nseg > 0) {
         int32_t *table = NULL;
         int64_t tdims[2] = {t->nseg, MKV_MOSAIC_TABLE_COLS}, ldims[2] = {t->nseg, MKV_MOSAIC_LOSS_COLS};
-        rc = mkv_bl_get(c, layer, head, name, MKV_EL_I32, 2, tdims, (void **)&table, err);
+        rc = mkv_cdump_get_shaped(c, layer, head, name, MKV_EL_I32, 2, tdims, (void **)&table, err);
         if (rc != MKV_OK)
             return rc;
         for (int64_t i = 0; i < t->nseg; i++) {
@@ -1042,11 +1042,11 @@ static int load_tensor(mkv_cdump *c, int layer, int head, char x, mkv_mosaic_hea
         }
         mkv_free(table);
         snprintf(name, sizeof name, "%c/loss", x);
-        rc = mkv_bl_get(c, layer, head, name, MKV_EL_F32, 2, ldims, (void **)&t->loss, err);
+        rc = mkv_cdump_get_shaped(c, layer, head, name, MKV_EL_F32, 2, ldims, (void **)&t->loss, err);
         if (rc == MKV_OK && x == 'k') {
             int32_t *bd = NULL;
             int64_t bdims[2] = {t->nseg, MKV_MOSAIC_BLOCKDIM_COLS};
-            rc = mkv_bl_get(c, layer, head, "k/blockdims", MKV_EL_I32, 2, bdims, (void **)&bd, err);
+            rc = mkv_cdump_get_shaped(c, layer, head, "k/blockdims", MKV_EL_I32, 2, bdims, (void **)&bd, err);
             for (int64_t i = 0; rc == MKV_OK && i < t->nseg; i++) {
                 t->seg[i].keydim = bd[i * MKV_MOSAIC_BLOCKDIM_COLS];
                 t->seg[i].bound = bd[i * MKV_MOSAIC_BLOCKDIM_COLS + 1];
@@ -1074,7 +1074,7 @@ static int load_tensor(mkv_cdump *c, int layer, int head, char x, mkv_mosaic_hea
     float **dense = x == 'k' ? &h->dense_k : &h->dense_v;
     snprintf(name, sizeof name, "%c/dense", x);
     if (rc == MKV_OK && nd > 0)
-        rc = mkv_bl_get(c, layer, head, name, MKV_EL_F16, 2, ddims, (void **)dense, err);
+        rc = mkv_cdump_get_shaped(c, layer, head, name, MKV_EL_F16, 2, ddims, (void **)dense, err);
     return rc;
 }
 
@@ -1082,7 +1082,7 @@ int mkv_mosaic_load(mkv_cdump *c, int layer, int head, int block, int64_t sink, 
                     mkv_mosaic_head *h, mkv_error *err)
 {
     memset(h, 0, sizeof *h);
-    mkv_bl_shape(c, &h->T, &h->d, &h->G);
+    mkv_cdump_cache_shape(c, &h->T, &h->d, &h->G);
     h->block = block;
     h->sink_n = sink < h->T ? sink : h->T;
     h->recent_n = recent < h->T - h->sink_n ? recent : h->T - h->sink_n;

@@ -1,5 +1,5 @@
 /* The packed MosaicKV format (see packed.h): byte geometry, the in-memory
- * layout, store, load, and the conversion to the GPU
+ * layout, store, load with its checks, and the conversion to the GPU
  * records. */
 #include "config.h"
 #include "mosaic/packed.h"
@@ -226,6 +226,33 @@ static int get_flat(mkv_cdump *c, int layer, int head, const char *name, mkv_el_
     return mkv_cdump_get_shaped(c, layer, head, name, type, 1, &n, out, err);
 }
 
+/* Every bitmap of t holds exactly r/g set bits, all below d'/g (stored
+ * floats are finite already: mkv_cdump_get refuses NaN and Inf). */
+static int check_bitmaps(mkv_cdump *c, int layer, int head, char x, const mkv_mosaic_tensor *t, mkv_error *err)
+{
+    char name[32];
+    snprintf(name, sizeof name, "%c/bitmap", x);
+    for (int64_t i = 0; i < t->nseg; i++) {
+        const mkv_mosaic_strategy *s = &t->seg[i];
+        const int bb = mkv_mosaic_bitmap_bytes(s), ng = s->dprime / s->g;
+        for (int64_t j = 0; bb > 0 && j < s->len; j++) {
+            const uint8_t *bits = t->bitmap + t->off_bitmap[i] + j * bb;
+            int set = 0, past = 0;
+            for (int b = 0; b < bb * 8; b++)
+                if (bits[b >> 3] >> (b & 7) & 1) {
+                    set += b < ng;
+                    past += b >= ng;
+                }
+            if (set != s->r / s->g || past)
+                return bad_array(c, layer, head, name, err,
+                                 "token %lld (segment %lld) keeps %d of %d groups%s, the strategy keeps r/g = %d",
+                                 (long long)(s->start + j), (long long)i, set, ng,
+                                 past ? " and sets pad bits" : "", s->r / s->g);
+        }
+    }
+    return MKV_OK;
+}
+
 static int load_tensor(mkv_cdump *c, int layer, int head, char x, mkv_mosaic_head *h,
                        mkv_mosaic_tensor *t, mkv_error *err)
 {
@@ -290,7 +317,7 @@ static int load_tensor(mkv_cdump *c, int layer, int head, char x, mkv_mosaic_hea
     snprintf(name, sizeof name, "%c/dense", x);
     if (rc == MKV_OK && nd > 0)
         rc = mkv_cdump_get_shaped(c, layer, head, name, MKV_EL_F16, 2, ddims, (void **)dense, err);
-    return rc;
+    return rc == MKV_OK ? check_bitmaps(c, layer, head, x, t, err) : rc;
 }
 
 int mkv_mosaic_load(mkv_cdump *c, int layer, int head, int block, int64_t sink, int64_t recent,

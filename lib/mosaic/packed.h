@@ -1,7 +1,8 @@
 /* The packed MosaicKV format, in one place: what a compressed dump of the
  * methods "mosaic" and "uniform2d" stores per layer and KV head, the
- * in-memory layout of a head (mkv_mosaic_head), storing and loading it,
- * and its conversion to the GPU records of kernels/mkv_cuda.h. man/mosaickv.5 describes the
+ * in-memory layout of a head (mkv_mosaic_head), storing and loading it
+ * (the load checks everything the writer guarantees), and its conversion
+ * to the GPU records of kernels/mkv_cuda.h. man/mosaickv.5 describes the
  * same format for readers of the files.
  *
  * CONVENTIONS
@@ -62,7 +63,18 @@
  *   k/blockkeys  float16 [sum ceil(len/B)*(keydim+bound)]
  *   X/rotation   float16 [sum d*cols]  (rotated segments; [d][cols] each,
  *                cols = max(d', keydim) for keys, d' for values)
- * Every byte attention needs is one of these, so physical_bytes counts it. */
+ * Every byte attention needs is one of these, so physical_bytes counts it.
+ *
+ * WHAT THE WRITER GUARANTEES and mkv_mosaic_load checks (MKV_EFORMAT naming
+ * the file, layer, KV head and array otherwise): every array has the
+ * shape and type above, absent exactly when empty; the K and V strategy
+ * tables have the same segments, which tile tokens [sink_n, T - recent_n)
+ * in order; every row is a valid strategy (g in {1, 2, 4}, g | r, g | d',
+ * r <= d' <= d, d' = d unrotated, 1 <= keydim <= d and 0 <= bound <=
+ * keydim for keys, keydim = d and bound = 0 unrotated); every bitmap has
+ * exactly r/g set bits, all below d'/g; values, block keys, rotations and
+ * dense rows are finite (mkv_cdump_get refuses NaN and Inf, naming the
+ * file and the dataset's path). */
 #ifndef MKV_MOSAIC_PACKED_H
 #define MKV_MOSAIC_PACKED_H
 
@@ -155,8 +167,7 @@ int mkv_mosaic_store(const mkv_mosaic_head *h, mkv_cdump_writer *w, int layer, i
                      mkv_error *err);
 /* Read and check the arrays of (layer, head) for block keys of `block`
  * tokens and sink and recent dense tokens as recorded in the dump's
- * parameters. MKV_EFORMAT, naming the file, layer, KV head and array,
- * leaves h empty. */
+ * parameters. MKV_EFORMAT (see WHAT THE WRITER GUARANTEES) leaves h empty. */
 int mkv_mosaic_load(mkv_cdump *c, int layer, int head, int block, int64_t sink, int64_t recent,
                     mkv_mosaic_head *h, mkv_error *err);
 

@@ -59,9 +59,10 @@
  *     values fp16 in channel order, bitmap of d'/g bits (none when r = d').
  *
  * STORED ARRAYS: lib/mosaic/packed.h. Every byte attention needs is one of
- * them, so physical_bytes counts it. At d = 128, keep 0.25, d' = 64, keydim 64, bound 2, B = 8, S = 2048
- * one token costs K 64 + 8 + 16.5, V 64 + 8 bytes, rotations
- * 2*128*64*2/2048 = 16: 176.5 of 512 dense bytes (2.9x).
+ * them, so physical_bytes counts it. At d = 128, keep 0.25, d' = 64,
+ * keydim 64, bound 2, B = 8, S = 2048 one token costs K 64 + 8 + 16.5,
+ * V 64 + 8 bytes, rotations 2*128*64*2/2048 = 16: 176.5 of 512 dense bytes
+ * (2.9x).
  *
  * DEFAULTS: keep 0.25, block 8, budget 0.1, sink 4, recent 64 (the
  * paper's); segment 2048; strategy ratio with ratio 3 (the paper's memory

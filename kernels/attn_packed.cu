@@ -1096,6 +1096,11 @@ cudaError_t launch(K kernel, unsigned grid, unsigned block, size_t smem, cudaStr
 
 namespace mkv_packed {
 
+/* Sanity check of a layout before upload, so that no kernel reads outside
+ * a pool: the records of kernels/mkv_cuda.h as mkv_gpu_layout_build
+ * (lib/mosaic/packed.h, the definition of the packed format) or the
+ * benchmark builds them.  The stored format itself is checked when it is
+ * loaded (mkv_mosaic_load). */
 int check_layout(const mkv_packed_layout *l, mkv_error *err)
 {
     const char *what = "packed cache";

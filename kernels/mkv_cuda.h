@@ -161,7 +161,7 @@ int mkv_cuda_quest_selection(const mkv_quest_plan *p, int32_t *pages, int32_t *c
                              mkv_error *err);
 
 /* ------------------------------------------ packed MosaicKV attention (GPU)
- * DESIGN.md 5.2 over the packed format of lib/mosaic/method.c, computing
+ * DESIGN.md 5.2 over the packed format of lib/mosaic/packed.h, computing
  * what mkv_mosaic_attend computes (rules 1-4 of that file's top comment)
  * in float32 instead of double: the same budget, block scores and
  * selection (ties to the earlier block), attention over the kept elements
@@ -169,16 +169,17 @@ int mkv_cuda_quest_selection(const mkv_quest_plan *p, int32_t *pages, int32_t *c
  * back once per segment, flash-decoding split over the segments and
  * merged with the dense sink and recent tokens.
  *
- * GPU layout (lib/gpu/gpu_packed.c converts loaded heads into it, "conversion
- * happens at load, in one place"; the benchmark synthesises it).  A cache
+ * GPU layout (mkv_gpu_layout_build of lib/mosaic/packed.h, which defines the
+ * format, converts loaded heads into it, "conversion happens at load, in
+ * one place"; the benchmark synthesises it).  A cache
  * holds heads.  A head holds its dense rows (its sink tokens, then its
  * recent tokens: fp16 [rows][head_dim] in the dense pools) and a range of
  * the segment table, segments in token order.  Per segment and tensor
  * (K, V): dk (dv) rotated channels kept, d' padded with zero channels to a
  * multiple of 32 (K: the rotated channels the values or the block keys
  * use, whichever are more); rk (rv) values per vector; the rotation fp16
- * [head_dim][dk] (as lib/mosaic/mosaic.h stores it, zero columns past those);
- * K block keys fp16 [n_blocks][bk_width], each row (lib/mosaic/mosaic.h's)
+ * [head_dim][dk] (as lib/mosaic/packed.h stores it, zero columns past those);
+ * K block keys fp16 [n_blocks][bk_width], each row (lib/mosaic/packed.h's)
  * [min | max of the first kbound rotated channels | mean of channels
  * kbound .. kdim-1], zero-padded to bk_width (a multiple of 8).  A block
  * scores sum_c<kbound max(q~_c min_c, q~_c max_c) + sum q~_c mean_c, which
@@ -219,7 +220,7 @@ typedef struct {
     int32_t rec_bytes;         /* bytes of one record */
     int32_t kmask_off, vval_off, vmask_off;
     int32_t always;            /* 1: temporary region */
-    /* The stored strategies (lib/mosaic/mosaic.h), which a temporary region
+    /* The stored strategies (lib/mosaic/packed.h), which a temporary region
      * encodes new tokens with: d' before padding, group size, per-vector
      * selection (0: the first r channels). */
     int32_t dpk, dpv, gk, gv, pvk, pvv;
@@ -313,12 +314,12 @@ int mkv_cuda_packed_selection(const mkv_packed_plan *p, int request, int kv_head
  * The GPU half of the dual buffer (DESIGN.md 5.3): new tokens are packed
  * at once with a segment's strategy and rotation. */
 typedef struct {
-    int rotate, r, g, dprime, pervector;   /* as mkv_mosaic_strategy (lib/mosaic/mosaic.h) */
+    int rotate, r, g, dprime, pervector;   /* as mkv_mosaic_strategy (lib/mosaic/packed.h) */
 } mkv_cuda_strategy;
 
 /* mkv_mosaic_encode (lib/mosaic/mosaic.c) for n vectors X [n][d] (device, float32)
  * with the rotation R (device, fp16 [d][d'] as stored; ignored without
- * rotation), in lib/mosaic/mosaic.h's format: values fp16 [n][r]; bitmap
+ * rotation), in lib/mosaic/packed.h's format: values fp16 [n][r]; bitmap
  * [n][bitmap bytes] (NULL when the strategy stores none); block keys fp16
  * [ceil(n / block)][d'] when block > 0 and blockkeys is not NULL.  Rotated
  * vectors, group energies and block means are computed in double like the

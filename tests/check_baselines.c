@@ -546,7 +546,7 @@ START_TEST(kivi_two_bit_by_hand)
         ck_assert_float_eq(vs[i], 1);
         ck_assert_float_eq(vz[i], (float)i);
     }
-    ck_assert(!mkv_bl_has(cp.c, 0, 0, "k_residual"));
+    ck_assert(!mkv_cdump_has(cp.c, 0, 0, "k_residual"));
     /* 2 x 4 code bytes + 2 x 4 key and 2 x 4 value scale/zero halves */
     ck_assert_uint_eq(mkv_cdump_meta_of(cp.c)->physical_bytes, 8 + 16 + 16);
     free(ks);
@@ -587,7 +587,7 @@ static void kivi_case(int bits, int group, int residual)
         kr = read_f(&cp, "k_residual", (size_t)((T - nq) * d));
         vr = read_f(&cp, "v_residual", (size_t)((T - nq) * d));
     } else {
-        ck_assert(!mkv_bl_has(cp.c, 0, 0, "k_residual") && !mkv_bl_has(cp.c, 0, 0, "v_residual"));
+        ck_assert(!mkv_cdump_has(cp.c, 0, 0, "k_residual") && !mkv_cdump_has(cp.c, 0, 0, "v_residual"));
     }
     double *K = malloc(sizeof(double) * (size_t)(T * d)), *V = malloc(sizeof(double) * (size_t)(T * d));
     for (int64_t t = 0; t < nq; t++)

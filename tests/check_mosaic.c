@@ -1,11 +1,13 @@
 /* Unit tests of MosaicKV (lib/mosaic/mosaic.c, lib/mosaic/method.c,
- * lib/mosaic/uniform2d.c). References are hand-worked vectors and byte
+ * lib/mosaic/packed.c, lib/mosaic/uniform2d.c). References are hand-worked vectors and byte
  * counts written out below, and double-precision computations done here
  * from the stored arrays with this file's own decoding (bit loops, offsets
  * summed here), never the library's answer read back. */
 #include "config.h"
 
 #include <math.h>
+
+#include <hdf5.h>
 
 #include "core/attn.h"
 #include "io/cdump.h"
@@ -1429,37 +1431,46 @@ END_TEST
 
 /* ---------------------------------------------------------------- file round trip */
 
-START_TEST(cdump_round_trip_counts_bytes)
+/* Compress hd (1 layer, 1 KV head, G = 2, d = 32) with method m and the
+ * space-separated parameters into the compressed dump at path; p gets the
+ * parameters. */
+static void write_dump(const head_data *hd, const mkv_method *m, const char *params, mkv_params *p,
+                       const char *path)
 {
-    head_data hd;
-    head_data_make(&hd, 51, 500, 32, 2, 4);
-    const mkv_method *m = &mkv_method_mosaic;
-    mkv_params p;
-    mkv_params_init(&p, m->params);
     mkv_error err;
-    ck_assert_int_eq(mkv_params_parse(&p, "segment=128", &err), MKV_OK);
-    ck_assert_int_eq(mkv_params_parse(&p, "recent=16", &err), MKV_OK);
-    ck_assert_int_eq(mkv_params_parse(&p, "budget=0.25", &err), MKV_OK);
+    mkv_params_init(p, m->params);
+    ck_assert_msg(mkv_params_parse_list(p, params, &err) > 0, "%s", err.msg);
     mkv_cdump_meta meta;
     memset(&meta, 0, sizeof meta);
-    snprintf(meta.method, sizeof meta.method, "mosaic");
-    mkv_params_format(&p, meta.params, sizeof meta.params);
+    snprintf(meta.method, sizeof meta.method, "%s", m->name);
+    mkv_params_format(p, meta.params, sizeof meta.params);
     snprintf(meta.source, sizeof meta.source, "test");
     mkv_dump_meta_init(&meta.raw);
     meta.raw.n_layers = 1;
     meta.raw.n_heads = 2;
     meta.raw.n_kv_heads = 1;
     meta.raw.head_dim = 32;
-    meta.raw.n_tokens = 500;
-    meta.raw.n_queries = 4;
-    ck_assert_int_eq(m->check(&p, &meta.raw, &err), MKV_OK);
+    meta.raw.n_tokens = hd->T;
+    meta.raw.n_queries = hd->W;
+    ck_assert_int_eq(m->check(p, &meta.raw, &err), MKV_OK);
+    mkv_cdump_writer *w;
+    ck_assert_int_eq(mkv_cdump_create(path, NULL, &meta, hd->qpos, &w, &err), MKV_OK);
+    mkv_head_kv in = as_input(hd);
+    ck_assert_msg(m->compress(p, &in, w, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_msg(mkv_cdump_commit(w, &err) == MKV_OK, "%s", err.msg);
+}
+
+START_TEST(cdump_round_trip_counts_bytes)
+{
+    head_data hd;
+    head_data_make(&hd, 51, 500, 32, 2, 4);
+    const mkv_method *m = &mkv_method_mosaic;
+    mkv_params p;
+    mkv_error err;
     char path[256];
     test_path(path, sizeof path, "mosaic.h5");
-    mkv_cdump_writer *w;
-    ck_assert_int_eq(mkv_cdump_create(path, NULL, &meta, hd.qpos, &w, &err), MKV_OK);
+    write_dump(&hd, m, "segment=128 recent=16 budget=0.25", &p, path);
     mkv_head_kv in = as_input(&hd);
-    ck_assert_msg(m->compress(&p, &in, w, &err) == MKV_OK, "%s", err.msg);
-    ck_assert_msg(mkv_cdump_commit(w, &err) == MKV_OK, "%s", err.msg);
 
     /* the same head in memory, for the hand count and the comparison: the
      * defaults (strategy ratio 3, block keys over 16 channels, 2 bounds)
@@ -1499,6 +1510,111 @@ START_TEST(cdump_round_trip_counts_bytes)
 }
 END_TEST
 
+/* Overwrite element `at` of dataset `name` of layer 0, KV head 0 with the
+ * raw bits `bits` (1 or 2 bytes, the dataset's own element size). */
+static void poke(const char *path, const char *name, hsize_t at, unsigned bits)
+{
+    char obj[96];
+    snprintf(obj, sizeof obj, "/layers/00/00/%s", name);
+    hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    ck_assert(f >= 0);
+    hid_t ds = H5Dopen2(f, obj, H5P_DEFAULT), ft = H5Dget_type(ds), fs = H5Dget_space(ds);
+    ck_assert(ds >= 0 && ft >= 0 && fs >= 0);
+    hsize_t one = 1;
+    hid_t ms = H5Screate_simple(1, &one, NULL);
+    ck_assert(H5Sselect_elements(fs, H5S_SELECT_SET, 1, &at) >= 0);
+    uint8_t b8 = (uint8_t)bits;
+    uint16_t b16 = (uint16_t)bits;
+    ck_assert(H5Dwrite(ds, ft, ms, fs, H5P_DEFAULT, H5Tget_size(ft) == 1 ? (void *)&b8 : (void *)&b16) >= 0);
+    H5Sclose(ms);
+    H5Sclose(fs);
+    H5Tclose(ft);
+    H5Dclose(ds);
+    H5Fclose(f);
+}
+
+/* Row 0 of X/strategy and byte 0 of X/bitmap of layer 0, KV head 0. */
+static void first_row(const char *path, char x, int32_t row[MKV_MOSAIC_TABLE_COLS], uint8_t *byte0)
+{
+    char obj[96];
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    ck_assert(f >= 0);
+    snprintf(obj, sizeof obj, "/layers/00/00/%c/strategy", x);
+    hid_t ds = H5Dopen2(f, obj, H5P_DEFAULT), fs = H5Dget_space(ds);
+    hsize_t start[2] = {0, 0}, count[2] = {1, MKV_MOSAIC_TABLE_COLS}, n = MKV_MOSAIC_TABLE_COLS, zero = 0, one = 1;
+    hid_t ms = H5Screate_simple(1, &n, NULL);
+    ck_assert(H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL) >= 0);
+    ck_assert(H5Dread(ds, H5T_NATIVE_INT32, ms, fs, H5P_DEFAULT, row) >= 0);
+    H5Sclose(ms);
+    H5Sclose(fs);
+    H5Dclose(ds);
+    snprintf(obj, sizeof obj, "/layers/00/00/%c/bitmap", x);
+    ds = H5Dopen2(f, obj, H5P_DEFAULT);
+    fs = H5Dget_space(ds);
+    ms = H5Screate_simple(1, &one, NULL);
+    ck_assert(H5Sselect_elements(fs, H5S_SELECT_SET, 1, &zero) >= 0);
+    ck_assert(H5Dread(ds, H5T_NATIVE_UINT8, ms, fs, H5P_DEFAULT, byte0) >= 0);
+    H5Sclose(ms);
+    H5Sclose(fs);
+    H5Dclose(ds);
+    H5Fclose(f);
+}
+
+/* The load refuses what the writer never writes: a bitmap with fewer or
+ * more than r/g set bits (attention would read values that are not there,
+ * or miss some), a value that is not finite; each with MKV_EFORMAT and a message
+ * naming the file, layer, head and array. The expected messages are
+ * worked out here from the stored strategy row. */
+START_TEST(load_refuses_corrupt_arrays)
+{
+    head_data hd;
+    head_data_make(&hd, 52, 300, 32, 2, 4);
+    const mkv_method *m = &mkv_method_mosaic;
+    char path[256], want[512];
+    test_path(path, sizeof path, "corrupt.h5");
+    for (int c = 0; c < 5; c++) {
+        const char x = c % 2 ? 'v' : 'k';
+        mkv_params p;
+        /* fixed: keep 0.25 of 32 = 8 of d' = 32 channels (energy 1), bitmaps of 4 bytes */
+        write_dump(&hd, m, "strategy=fixed energy=1 segment=128 recent=16", &p, path);
+        int32_t row[MKV_MOSAIC_TABLE_COLS];
+        uint8_t b0;
+        first_row(path, x, row, &b0);
+        const int start = row[0], r = row[3], g = row[4], dp = row[5], ng = dp / g;
+        ck_assert_int_eq(start, 4);
+        ck_assert_int_eq(r, 8);
+        ck_assert_int_eq(dp, 32);
+        if (c < 2) {
+            /* one group of token 4 (the first compressed token) dropped */
+            ck_assert_uint_ne(b0, 0);
+            poke(path, x == 'k' ? "k/bitmap" : "v/bitmap", 0, b0 & (b0 - 1u));
+            snprintf(want, sizeof want, "'%s': layer 0, KV head 0: array '%c/bitmap': token %d (segment 0) "
+                     "keeps %d of %d groups, the strategy keeps r/g = %d", path, x, start, r / g - 1, ng, r / g);
+        } else if (c < 4) {
+            /* the values of the first compressed token: +inf (fp16 0x7c00) as its third */
+            poke(path, x == 'k' ? "k/values" : "v/values", 2, 0x7c00);
+            snprintf(want, sizeof want, "'%s': /layers/00/00/%c/values: Inf at index 2", path, x);
+        } else {
+            /* one group too many: the lowest group of token 4 not kept, added */
+            ck_assert_uint_ne(b0, 0xff);
+            poke(path, "k/bitmap", 0, b0 | (~b0 & (b0 + 1u)));
+            snprintf(want, sizeof want, "'%s': layer 0, KV head 0: array 'k/bitmap': token %d (segment 0) "
+                     "keeps %d of %d groups, the strategy keeps r/g = %d", path, start, r / g + 1, ng, r / g);
+        }
+        mkv_cdump *cd;
+        mkv_error err;
+        ck_assert_int_eq(mkv_cdump_open(path, &cd, &err), MKV_OK);
+        void *state = NULL;
+        ck_assert_int_eq(m->load(&p, cd, 0, 0, &state, &err), MKV_EFORMAT);
+        ck_assert_ptr_null(state);
+        ck_assert_str_eq(err.msg, want);
+        mkv_cdump_close(cd);
+    }
+    unlink(path);
+    head_data_free(&hd);
+}
+END_TEST
+
 static Suite *mosaic_suite(void)
 {
     Suite *s = suite_create("mosaic");
@@ -1531,6 +1647,7 @@ static Suite *mosaic_suite(void)
     tc = tcase_create("method");
     tcase_add_test(tc, bad_parameters_refused);
     tcase_add_test(tc, cdump_round_trip_counts_bytes);
+    tcase_add_test(tc, load_refuses_corrupt_arrays);
     suite_add_tcase(s, tc);
     return s;
 }

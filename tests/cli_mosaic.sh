@@ -5,8 +5,9 @@
 # accounting, table tiling, rotations, packed values, bitmaps, block keys,
 # losses); nothing dropped (keep=1, energy=1, budget=1) must give exact
 # attention to fp16 precision; strategy=ratio must land at its ratio (at
-# most 5% above); bad parameters exit 2 with a message naming them and
-# leave no output.
+# most 5% above); a corrupt bitmap is refused at load (exit 1, one exact
+# line); bad parameters exit 2 with a message naming them and leave no
+# output.
 #
 # Environment: top_builddir, top_srcdir (set by `make check`; default .),
 # PYTHON_H5PY (default /usr/bin/python3). Exit: 0 pass, 1 fail, 77 skip.
@@ -85,6 +86,30 @@ done
     -p budget=1 -q || fail "mkv-compress keep=1"
 err=$("$ATTEND" full.h5 --summary -q | awk -F'\t' 'NR == 2 { print $8 }')
 awk -v e="$err" 'BEGIN { exit !(e != "" && e < 5e-3) }' || fail "keep=1 budget=1: rel_l2_mean $err"
+
+# a corrupt bitmap (one kept group of the first compressed key of layer 1,
+# KV head 1 cleared) is refused at load: exit 1, one line naming the file,
+# layer, head and array, with the counts worked out here from the file
+"$COMPRESS" raw.h5 -o bitmap.h5 --method mosaic -p strategy=fixed -p energy=1 -q ||
+    fail "mkv-compress energy=1"
+want=$("$PY" - <<'PY'
+import h5py
+with h5py.File("bitmap.h5", "r+") as f:
+    start, length, rotate, r, g, dprime, pervector = (int(x) for x in f["layers/01/01/k/strategy"][0])
+    bitmap = f["layers/01/01/k/bitmap"]
+    nbytes = (dprime // g + 7) // 8
+    first = int(bitmap[0])
+    bitmap[0] = first & (first - 1)
+    kept = sum(bin(int(b)).count("1") for b in bitmap[0:nbytes])
+    print("mkv-attend: layer 1 head 1: 'bitmap.h5': layer 1, KV head 1: array 'k/bitmap': token %d "
+          "(segment 0) keeps %d of %d groups, the strategy keeps r/g = %d" % (start, kept, dprime // g, r // g))
+PY
+)
+"$ATTEND" bitmap.h5 --summary >bitmap.out 2>bitmap.err
+status=$?
+[ $status -eq 1 ] || fail "corrupt bitmap: exit $status, not 1"
+[ "$(cat bitmap.err)" = "$want" ] || fail "corrupt bitmap: stderr '$(cat bitmap.err)', expected '$want'"
+[ ! -s bitmap.out ] || fail "corrupt bitmap: wrote a table"
 
 # bad parameters: exit 2, a message naming the parameter, no output file
 # (parameters separated by commas, then words the message must hold)

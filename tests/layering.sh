@@ -12,7 +12,7 @@ allowed() {
         model) echo "core io vocab model" ;;
         analysis) echo "core io analysis" ;;
         methods) echo "core io methods" ;;
-        mosaic) echo "core io methods mosaic" ;;
+        mosaic) echo "core io methods mosaic kernels" ;;
         gpu) echo "core io methods mosaic gpu kernels" ;;
         cli) echo "core io vocab model analysis methods mosaic gpu cli kernels" ;;
         kernels) echo "core kernels" ;;

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Independent numpy check of a compressed dump made by the methods
-"mosaic" or "uniform2d" (layout: lib/mosaic/method.c) against its raw dump.
+"mosaic" or "uniform2d" (layout: lib/mosaic/packed.h) against its raw dump.
 
     mosaic_ref.py RAW.h5 COMPRESSED.h5
 

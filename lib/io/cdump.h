@@ -89,6 +89,23 @@ int mkv_cdump_get_alloc(mkv_cdump *c, int layer, int head, const char *name, mkv
 int mkv_cdump_get_attr_int(mkv_cdump *c, int layer, int head, const char *name, int64_t *v, mkv_error *err);
 int mkv_cdump_get_attr_double(mkv_cdump *c, int layer, int head, const char *name, double *v, mkv_error *err);
 int mkv_cdump_read_query_pos(mkv_cdump *c, int32_t *out, mkv_error *err);
+/* The path the dump was opened from, for messages. */
+const char *mkv_cdump_path(const mkv_cdump *c);
 void mkv_cdump_close(mkv_cdump *c);
+
+/* ---- arrays of a known shape, as the methods store and load them ---- */
+/* Present (rank > 0) or absent (0). */
+int mkv_cdump_has(mkv_cdump *c, int layer, int head, const char *name);
+/* Read array `name` of (layer, head), which must have exactly the given
+ * rank and dims (MKV_EFORMAT naming the array otherwise), into a new
+ * buffer *out (mkv_free). */
+int mkv_cdump_get_shaped(mkv_cdump *c, int layer, int head, const char *name, mkv_el_type type, int rank,
+                         const int64_t *dims, void **out, mkv_error *err);
+/* Store a 2-D array (skipped when it has no rows: absent means empty). */
+int mkv_cdump_put_rows(mkv_cdump_writer *w, int layer, int head, const char *name, mkv_el_type type,
+                       int64_t rows, int64_t cols, const void *data, mkv_error *err);
+/* Shape of the cache behind a compressed dump: tokens, head_dim, query
+ * heads per KV head. */
+void mkv_cdump_cache_shape(mkv_cdump *c, int64_t *T, int *d, int *G);
 
 #endif

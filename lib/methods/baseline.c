@@ -283,66 +283,6 @@ unsigned mkv_bl_unpack(const uint8_t *packed, size_t i, int bits)
     return (packed[i / per] >> ((i % per) * (size_t)bits)) & ((1u << bits) - 1);
 }
 
-/* ---------------------------------------------------------------- arrays */
-
-int mkv_bl_has(mkv_cdump *c, int layer, int head, const char *name)
-{
-    int64_t dims[3];
-    return mkv_cdump_shape(c, layer, head, name, dims) > 0;
-}
-
-int mkv_bl_get(mkv_cdump *c, int layer, int head, const char *name, mkv_el_type type, int rank,
-               const int64_t *dims, void **out, mkv_error *err)
-{
-    int64_t have[3] = {0, 0, 0};
-    int r = mkv_cdump_shape(c, layer, head, name, have);
-    int same = r == rank;
-    for (int i = 0; same && i < rank; i++)
-        same = have[i] == dims[i];
-    if (!same) {
-        char want[96] = "", got[96] = "";
-        for (int i = 0; i < rank; i++)
-            snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", i ? " x " : "",
-                     (long long)dims[i]);
-        for (int i = 0; i < r && i < 3; i++)
-            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? " x " : "",
-                     (long long)have[i]);
-        return mkv_fail(err, MKV_EFORMAT, "layer %d, KV head %d: array '%s' is %s, expected [%s]",
-                        layer, head, name, r > 0 ? got : "missing", want);
-    }
-    size_t numel = 1;
-    for (int i = 0; i < rank; i++)
-        numel *= (size_t)dims[i];
-    size_t el = type == MKV_EL_F16 || type == MKV_EL_F32 ? sizeof(float) : mkv_el_size(type);
-    void *buf = mkv_alloc(numel ? numel : 1, el, name, err);
-    if (!buf)
-        return MKV_ENOMEM;
-    int rc = mkv_cdump_get(c, layer, head, name, type, buf, numel, err);
-    if (rc != MKV_OK) {
-        mkv_free(buf);
-        return rc;
-    }
-    *out = buf;
-    return MKV_OK;
-}
-
-int mkv_bl_put2(mkv_cdump_writer *w, int layer, int head, const char *name, mkv_el_type type,
-                int64_t rows, int64_t cols, const void *data, mkv_error *err)
-{
-    if (rows <= 0)
-        return MKV_OK;
-    int64_t dims[2] = {rows, cols};
-    return mkv_cdump_put(w, layer, head, name, type, 2, dims, data, err);
-}
-
-void mkv_bl_shape(mkv_cdump *c, int64_t *T, int *d, int *G)
-{
-    const mkv_cdump_meta *m = mkv_cdump_meta_of(c);
-    *T = m->raw.n_tokens;
-    *d = m->raw.head_dim;
-    *G = m->raw.n_kv_heads > 0 ? m->raw.n_heads / m->raw.n_kv_heads : 1;
-}
-
 /* ---------------------------------------------------------------- attention */
 
 double mkv_bl_dot(const float *q, const float *k, int n)

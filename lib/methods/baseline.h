@@ -2,8 +2,7 @@
  * kivi.c, snapkv.c, streaming.c, naive2d.c):
  * parameter checks worded alike, the Quest page score and
  * the token-selection rule every selecting method follows, KIVI's
- * asymmetric quantizer and code packing, and loading arrays of a known
- * shape.
+ * asymmetric quantizer and code packing.
  *
  * Token selection (Quest, naive 2-D), the same for every method that selects
  * tokens so that comparisons are fair:
@@ -91,22 +90,6 @@ size_t mkv_bl_packed_bytes(size_t n, int bits);
  * first code in the low bits. out must hold mkv_bl_packed_bytes(n, bits). */
 void mkv_bl_pack(const uint8_t *codes, size_t n, int bits, uint8_t *out);
 unsigned mkv_bl_unpack(const uint8_t *packed, size_t i, int bits);
-
-/* ---- arrays ---- */
-
-/* Read array `name` of (layer, head), which must have exactly the given
- * rank and dims (MKV_EFORMAT naming the array otherwise), into a new
- * buffer *out (mkv_free). */
-int mkv_bl_get(mkv_cdump *c, int layer, int head, const char *name, mkv_el_type type, int rank,
-               const int64_t *dims, void **out, mkv_error *err);
-/* Store a 2-D array (skipped when it has no rows: absent means empty). */
-int mkv_bl_put2(mkv_cdump_writer *w, int layer, int head, const char *name, mkv_el_type type,
-                int64_t rows, int64_t cols, const void *data, mkv_error *err);
-/* Present (rank > 0) or absent (0). */
-int mkv_bl_has(mkv_cdump *c, int layer, int head, const char *name);
-
-/* Shape of the cache behind a compressed dump: tokens, head_dim, G. */
-void mkv_bl_shape(mkv_cdump *c, int64_t *T, int *d, int *G);
 
 /* ---- attention ---- */
 

@@ -160,17 +160,17 @@ static int kivi_compress(const mkv_params *p, const mkv_head_kv *in, mkv_cdump_w
         quantize_values(&c, in->v, nq, d, gv, codes, vs, vz);
         mkv_bl_pack(codes, nc, c.bits, vpack);
         if ((rc = mkv_cdump_put(w, in->layer, in->head, "k_codes", MKV_EL_U8, 1, dims, kpack, err)) ||
-            (rc = mkv_bl_put2(w, in->layer, in->head, "k_scale", MKV_EL_F16, ngk, d, ks, err)) ||
-            (rc = mkv_bl_put2(w, in->layer, in->head, "k_zero", MKV_EL_F16, ngk, d, kz, err)) ||
+            (rc = mkv_cdump_put_rows(w, in->layer, in->head, "k_scale", MKV_EL_F16, ngk, d, ks, err)) ||
+            (rc = mkv_cdump_put_rows(w, in->layer, in->head, "k_zero", MKV_EL_F16, ngk, d, kz, err)) ||
             (rc = mkv_cdump_put(w, in->layer, in->head, "v_codes", MKV_EL_U8, 1, dims, vpack, err)) ||
-            (rc = mkv_bl_put2(w, in->layer, in->head, "v_scale", MKV_EL_F16, nq, gv, vs, err)) ||
-            (rc = mkv_bl_put2(w, in->layer, in->head, "v_zero", MKV_EL_F16, nq, gv, vz, err)))
+            (rc = mkv_cdump_put_rows(w, in->layer, in->head, "v_scale", MKV_EL_F16, nq, gv, vs, err)) ||
+            (rc = mkv_cdump_put_rows(w, in->layer, in->head, "v_zero", MKV_EL_F16, nq, gv, vz, err)))
             goto done;
     }
-    if (!(rc = mkv_bl_put2(w, in->layer, in->head, "k_residual", MKV_EL_F16, in->T - nq, d,
-                           in->k + nq * d, err)))
-        rc = mkv_bl_put2(w, in->layer, in->head, "v_residual", MKV_EL_F16, in->T - nq, d,
-                         in->v + nq * d, err);
+    if (!(rc = mkv_cdump_put_rows(w, in->layer, in->head, "k_residual", MKV_EL_F16, in->T - nq, d,
+                                in->k + nq * d, err)))
+        rc = mkv_cdump_put_rows(w, in->layer, in->head, "v_residual", MKV_EL_F16, in->T - nq, d,
+                                in->v + nq * d, err);
 done:
     mkv_free(codes);
     mkv_free(kpack);
@@ -202,12 +202,12 @@ static int load_quantized(kivi_state *s, mkv_cdump *c, int layer, int head, mkv_
     uint8_t *kc = NULL, *vc = NULL;
     float *ks = NULL, *kz = NULL, *vs = NULL, *vz = NULL;
     int rc;
-    if (!(rc = mkv_bl_get(c, layer, head, "k_codes", MKV_EL_U8, 1, packed, (void **)&kc, err)) &&
-        !(rc = mkv_bl_get(c, layer, head, "k_scale", MKV_EL_F16, 2, kdims, (void **)&ks, err)) &&
-        !(rc = mkv_bl_get(c, layer, head, "k_zero", MKV_EL_F16, 2, kdims, (void **)&kz, err)) &&
-        !(rc = mkv_bl_get(c, layer, head, "v_codes", MKV_EL_U8, 1, packed, (void **)&vc, err)) &&
-        !(rc = mkv_bl_get(c, layer, head, "v_scale", MKV_EL_F16, 2, vdims, (void **)&vs, err)) &&
-        !(rc = mkv_bl_get(c, layer, head, "v_zero", MKV_EL_F16, 2, vdims, (void **)&vz, err))) {
+    if (!(rc = mkv_cdump_get_shaped(c, layer, head, "k_codes", MKV_EL_U8, 1, packed, (void **)&kc, err)) &&
+        !(rc = mkv_cdump_get_shaped(c, layer, head, "k_scale", MKV_EL_F16, 2, kdims, (void **)&ks, err)) &&
+        !(rc = mkv_cdump_get_shaped(c, layer, head, "k_zero", MKV_EL_F16, 2, kdims, (void **)&kz, err)) &&
+        !(rc = mkv_cdump_get_shaped(c, layer, head, "v_codes", MKV_EL_U8, 1, packed, (void **)&vc, err)) &&
+        !(rc = mkv_cdump_get_shaped(c, layer, head, "v_scale", MKV_EL_F16, 2, vdims, (void **)&vs, err)) &&
+        !(rc = mkv_cdump_get_shaped(c, layer, head, "v_zero", MKV_EL_F16, 2, vdims, (void **)&vz, err))) {
         for (int64_t t = 0; t < nq; t++)
             for (int j = 0; j < d; j++) {
                 size_t i = (size_t)t * (size_t)d + (size_t)j;
@@ -232,7 +232,7 @@ static int kivi_load(const mkv_params *p, mkv_cdump *c, int layer, int head, voi
     kivi_state *s = calloc(1, sizeof *s);
     if (!s)
         return mkv_fail(err, MKV_ENOMEM, "out of memory loading kivi state");
-    mkv_bl_shape(c, &s->T, &s->d, &s->G);
+    mkv_cdump_cache_shape(c, &s->T, &s->d, &s->G);
     int rc = check_params(p, err);
     if (rc)
         goto fail;
@@ -250,8 +250,8 @@ static int kivi_load(const mkv_params *p, mkv_cdump *c, int layer, int head, voi
     if (s->nq < s->T) {
         int64_t dims[2] = {s->T - s->nq, s->d};
         float *kr = NULL, *vr = NULL;
-        if (!(rc = mkv_bl_get(c, layer, head, "k_residual", MKV_EL_F16, 2, dims, (void **)&kr, err)) &&
-            !(rc = mkv_bl_get(c, layer, head, "v_residual", MKV_EL_F16, 2, dims, (void **)&vr, err))) {
+        if (!(rc = mkv_cdump_get_shaped(c, layer, head, "k_residual", MKV_EL_F16, 2, dims, (void **)&kr, err)) &&
+            !(rc = mkv_cdump_get_shaped(c, layer, head, "v_residual", MKV_EL_F16, 2, dims, (void **)&vr, err))) {
             memcpy(s->k + s->nq * s->d, kr, sizeof(float) * (size_t)(dims[0] * dims[1]));
             memcpy(s->v + s->nq * s->d, vr, sizeof(float) * (size_t)(dims[0] * dims[1]));
         }

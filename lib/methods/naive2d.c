@@ -115,12 +115,12 @@ static int naive2d_compress(const mkv_params *p, const mkv_head_kv *in, mkv_cdum
         goto done;
     mkv_bl_page_minmax(k, T, kk, page, mn, mx);
     int64_t kdims[1] = {kk}, vdims[1] = {kv};
-    if (!(rc = mkv_bl_put2(w, in->layer, in->head, "k", MKV_EL_F16, T, kk, k, err)) &&
-        !(rc = mkv_bl_put2(w, in->layer, in->head, "v", MKV_EL_F16, T, kv, v, err)) &&
+    if (!(rc = mkv_cdump_put_rows(w, in->layer, in->head, "k", MKV_EL_F16, T, kk, k, err)) &&
+        !(rc = mkv_cdump_put_rows(w, in->layer, in->head, "v", MKV_EL_F16, T, kv, v, err)) &&
         !(rc = mkv_cdump_put(w, in->layer, in->head, "k_channels", MKV_EL_I16, 1, kdims, kch16, err)) &&
         !(rc = mkv_cdump_put(w, in->layer, in->head, "v_channels", MKV_EL_I16, 1, vdims, vch16, err)) &&
-        !(rc = mkv_bl_put2(w, in->layer, in->head, "page_min", MKV_EL_F16, pages, kk, mn, err)))
-        rc = mkv_bl_put2(w, in->layer, in->head, "page_max", MKV_EL_F16, pages, kk, mx, err);
+        !(rc = mkv_cdump_put_rows(w, in->layer, in->head, "page_min", MKV_EL_F16, pages, kk, mn, err)))
+        rc = mkv_cdump_put_rows(w, in->layer, in->head, "page_max", MKV_EL_F16, pages, kk, mx, err);
 done:
     mkv_free(kch);
     mkv_free(vch);
@@ -153,7 +153,7 @@ static int load_channels(mkv_cdump *c, int layer, int head, const char *name, in
 {
     int16_t *ch = NULL;
     int64_t dims[1] = {n};
-    int rc = mkv_bl_get(c, layer, head, name, MKV_EL_I16, 1, dims, (void **)&ch, err);
+    int rc = mkv_cdump_get_shaped(c, layer, head, name, MKV_EL_I16, 1, dims, (void **)&ch, err);
     if (rc)
         return rc;
     int *idx = mkv_alloc((size_t)n, sizeof *idx, name, err);
@@ -180,7 +180,7 @@ static int naive2d_load(const mkv_params *p, mkv_cdump *c, int layer, int head, 
     naive2d_state *s = calloc(1, sizeof *s);
     if (!s)
         return mkv_fail(err, MKV_ENOMEM, "out of memory loading naive2d state");
-    mkv_bl_shape(c, &s->T, &s->d, &s->G);
+    mkv_cdump_cache_shape(c, &s->T, &s->d, &s->G);
     int rc = check_params(p, s->T, err);
     if (!rc) {
         mkv_bl_selection_from(p, &s->sel);
@@ -189,10 +189,10 @@ static int naive2d_load(const mkv_params *p, mkv_cdump *c, int layer, int head, 
         int64_t kd[2] = {s->T, s->kk}, vd[2] = {s->T, s->kv}, md[2] = {s->pages, s->kk};
         if (!(rc = load_channels(c, layer, head, "k_channels", s->kk, s->d, &s->kch, err)) &&
             !(rc = load_channels(c, layer, head, "v_channels", s->kv, s->d, &s->vch, err)) &&
-            !(rc = mkv_bl_get(c, layer, head, "k", MKV_EL_F16, 2, kd, (void **)&s->k, err)) &&
-            !(rc = mkv_bl_get(c, layer, head, "v", MKV_EL_F16, 2, vd, (void **)&s->v, err)) &&
-            !(rc = mkv_bl_get(c, layer, head, "page_min", MKV_EL_F16, 2, md, (void **)&s->mn, err)))
-            rc = mkv_bl_get(c, layer, head, "page_max", MKV_EL_F16, 2, md, (void **)&s->mx, err);
+            !(rc = mkv_cdump_get_shaped(c, layer, head, "k", MKV_EL_F16, 2, kd, (void **)&s->k, err)) &&
+            !(rc = mkv_cdump_get_shaped(c, layer, head, "v", MKV_EL_F16, 2, vd, (void **)&s->v, err)) &&
+            !(rc = mkv_cdump_get_shaped(c, layer, head, "page_min", MKV_EL_F16, 2, md, (void **)&s->mn, err)))
+            rc = mkv_cdump_get_shaped(c, layer, head, "page_max", MKV_EL_F16, 2, md, (void **)&s->mx, err);
     }
     if (rc) {
         naive2d_free(s);

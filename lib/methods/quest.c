@@ -65,10 +65,10 @@ static int quest_compress(const mkv_params *p, const mkv_head_kv *in, mkv_cdump_
         return MKV_ENOMEM;
     }
     mkv_bl_page_minmax(in->k, in->T, in->d, page, mn, mx);
-    if (!(rc = mkv_bl_put2(w, in->layer, in->head, "k", MKV_EL_F16, in->T, in->d, in->k, err)) &&
-        !(rc = mkv_bl_put2(w, in->layer, in->head, "v", MKV_EL_F16, in->T, in->d, in->v, err)) &&
-        !(rc = mkv_bl_put2(w, in->layer, in->head, "page_min", MKV_EL_F16, pages, in->d, mn, err)))
-        rc = mkv_bl_put2(w, in->layer, in->head, "page_max", MKV_EL_F16, pages, in->d, mx, err);
+    if (!(rc = mkv_cdump_put_rows(w, in->layer, in->head, "k", MKV_EL_F16, in->T, in->d, in->k, err)) &&
+        !(rc = mkv_cdump_put_rows(w, in->layer, in->head, "v", MKV_EL_F16, in->T, in->d, in->v, err)) &&
+        !(rc = mkv_cdump_put_rows(w, in->layer, in->head, "page_min", MKV_EL_F16, pages, in->d, mn, err)))
+        rc = mkv_cdump_put_rows(w, in->layer, in->head, "page_max", MKV_EL_F16, pages, in->d, mx, err);
     mkv_free(mn);
     mkv_free(mx);
     return rc;
@@ -92,7 +92,7 @@ static int quest_load(const mkv_params *p, mkv_cdump *c, int layer, int head, vo
     quest_state *s = calloc(1, sizeof *s);
     if (!s)
         return mkv_fail(err, MKV_ENOMEM, "out of memory loading quest state");
-    mkv_bl_shape(c, &s->T, &s->d, &s->G);
+    mkv_cdump_cache_shape(c, &s->T, &s->d, &s->G);
     mkv_bl_selection_from(p, &s->sel);
     int rc = mkv_bl_check_selection(p, s->T, err);
     if (rc) {
@@ -101,10 +101,10 @@ static int quest_load(const mkv_params *p, mkv_cdump *c, int layer, int head, vo
     }
     s->pages = mkv_bl_pages(s->T, s->sel.page);
     int64_t kv[2] = {s->T, s->d}, meta[2] = {s->pages, s->d};
-    if ((rc = mkv_bl_get(c, layer, head, "k", MKV_EL_F16, 2, kv, (void **)&s->k, err)) ||
-        (rc = mkv_bl_get(c, layer, head, "v", MKV_EL_F16, 2, kv, (void **)&s->v, err)) ||
-        (rc = mkv_bl_get(c, layer, head, "page_min", MKV_EL_F16, 2, meta, (void **)&s->mn, err)) ||
-        (rc = mkv_bl_get(c, layer, head, "page_max", MKV_EL_F16, 2, meta, (void **)&s->mx, err))) {
+    if ((rc = mkv_cdump_get_shaped(c, layer, head, "k", MKV_EL_F16, 2, kv, (void **)&s->k, err)) ||
+        (rc = mkv_cdump_get_shaped(c, layer, head, "v", MKV_EL_F16, 2, kv, (void **)&s->v, err)) ||
+        (rc = mkv_cdump_get_shaped(c, layer, head, "page_min", MKV_EL_F16, 2, meta, (void **)&s->mn, err)) ||
+        (rc = mkv_cdump_get_shaped(c, layer, head, "page_max", MKV_EL_F16, 2, meta, (void **)&s->mx, err))) {
         quest_free(s);
         return rc;
     }

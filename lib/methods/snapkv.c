@@ -183,8 +183,8 @@ static int snapkv_compress(const mkv_params *p, const mkv_head_kv *in, mkv_cdump
     int64_t dims[1] = {n};
     if (!(rc = mkv_bl_check_f16_range(k, (size_t)(n * d), "key", in->layer, in->head, err)) &&
         !(rc = mkv_bl_check_f16_range(v, (size_t)(n * d), "value", in->layer, in->head, err)) &&
-        !(rc = mkv_bl_put2(w, in->layer, in->head, "k", MKV_EL_F16, n, d, k, err)) &&
-        !(rc = mkv_bl_put2(w, in->layer, in->head, "v", MKV_EL_F16, n, d, v, err)))
+        !(rc = mkv_cdump_put_rows(w, in->layer, in->head, "k", MKV_EL_F16, n, d, k, err)) &&
+        !(rc = mkv_cdump_put_rows(w, in->layer, in->head, "v", MKV_EL_F16, n, d, v, err)))
         rc = mkv_cdump_put(w, in->layer, in->head, "index", MKV_EL_I32, 1, dims, index, err);
 done:
     mkv_free(score);
@@ -211,7 +211,7 @@ static int snapkv_load(const mkv_params *p, mkv_cdump *c, int layer, int head, v
     snapkv_state *s = calloc(1, sizeof *s);
     if (!s)
         return mkv_fail(err, MKV_ENOMEM, "out of memory loading snapkv state");
-    mkv_bl_shape(c, &s->T, &s->d, &s->G);
+    mkv_cdump_cache_shape(c, &s->T, &s->d, &s->G);
     int64_t dims[3] = {0, 0, 0};
     int rc = check_params(p, s->T, err);
     if (!rc && mkv_cdump_shape(c, layer, head, "index", dims) != 1)
@@ -220,9 +220,9 @@ static int snapkv_load(const mkv_params *p, mkv_cdump *c, int layer, int head, v
     if (!rc) {
         s->n = dims[0];
         int64_t kv[2] = {s->n, s->d};
-        if (!(rc = mkv_bl_get(c, layer, head, "index", MKV_EL_I32, 1, dims, (void **)&s->index, err)) &&
-            !(rc = mkv_bl_get(c, layer, head, "k", MKV_EL_F16, 2, kv, (void **)&s->k, err)))
-            rc = mkv_bl_get(c, layer, head, "v", MKV_EL_F16, 2, kv, (void **)&s->v, err);
+        if (!(rc = mkv_cdump_get_shaped(c, layer, head, "index", MKV_EL_I32, 1, dims, (void **)&s->index, err)) &&
+            !(rc = mkv_cdump_get_shaped(c, layer, head, "k", MKV_EL_F16, 2, kv, (void **)&s->k, err)))
+            rc = mkv_cdump_get_shaped(c, layer, head, "v", MKV_EL_F16, 2, kv, (void **)&s->v, err);
     }
     for (int64_t i = 0; !rc && i < s->n; i++)
         if (s->index[i] < 0 || s->index[i] >= s->T || (i && s->index[i] <= s->index[i - 1]))

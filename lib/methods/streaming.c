@@ -76,8 +76,8 @@ static int streaming_compress(const mkv_params *p, const mkv_head_kv *in, mkv_cd
     memcpy(v + sink * d, in->v + (in->T - recent) * d, tail);
     if (!(rc = mkv_bl_check_f16_range(k, (size_t)(n * d), "key", in->layer, in->head, err)) &&
         !(rc = mkv_bl_check_f16_range(v, (size_t)(n * d), "value", in->layer, in->head, err)) &&
-        !(rc = mkv_bl_put2(w, in->layer, in->head, "k", MKV_EL_F16, n, d, k, err)) &&
-        !(rc = mkv_bl_put2(w, in->layer, in->head, "v", MKV_EL_F16, n, d, v, err)) &&
+        !(rc = mkv_cdump_put_rows(w, in->layer, in->head, "k", MKV_EL_F16, n, d, k, err)) &&
+        !(rc = mkv_cdump_put_rows(w, in->layer, in->head, "v", MKV_EL_F16, n, d, v, err)) &&
         !(rc = mkv_cdump_put_attr_int(w, in->layer, in->head, "sink_tokens", sink, err)))
         rc = mkv_cdump_put_attr_int(w, in->layer, in->head, "recent_tokens", recent, err);
     mkv_free(k);
@@ -101,13 +101,13 @@ static int streaming_load(const mkv_params *p, mkv_cdump *c, int layer, int head
     streaming_state *s = calloc(1, sizeof *s);
     if (!s)
         return mkv_fail(err, MKV_ENOMEM, "out of memory loading streaming state");
-    mkv_bl_shape(c, &s->T, &s->d, &s->G);
+    mkv_cdump_cache_shape(c, &s->T, &s->d, &s->G);
     int rc = check_params(p, s->T, err);
     if (!rc) {
         kept_tokens(p, s->T, &s->sink, &s->recent);
         int64_t dims[2] = {s->sink + s->recent, s->d};
-        if (!(rc = mkv_bl_get(c, layer, head, "k", MKV_EL_F16, 2, dims, (void **)&s->k, err)))
-            rc = mkv_bl_get(c, layer, head, "v", MKV_EL_F16, 2, dims, (void **)&s->v, err);
+        if (!(rc = mkv_cdump_get_shaped(c, layer, head, "k", MKV_EL_F16, 2, dims, (void **)&s->k, err)))
+            rc = mkv_cdump_get_shaped(c, layer, head, "v", MKV_EL_F16, 2, dims, (void **)&s->v, err);
     }
     if (rc) {
         streaming_free(s);

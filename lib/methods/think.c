@@ -119,11 +119,11 @@ static int think_compress(const mkv_params *p, const mkv_head_kv *in, mkv_cdump_
         for (int j = 0; j < kk; j++)
             kept[t * kk + j] = in->k[t * d + idx[j]];
     int64_t dims[1] = {kk};
-    if (!(rc = mkv_bl_put2(w, in->layer, in->head, "k_kept", MKV_EL_F16, Tp, kk, kept, err)) &&
+    if (!(rc = mkv_cdump_put_rows(w, in->layer, in->head, "k_kept", MKV_EL_F16, Tp, kk, kept, err)) &&
         !(rc = mkv_cdump_put(w, in->layer, in->head, "k_channels", MKV_EL_I16, 1, dims, idx16, err)) &&
-        !(rc = mkv_bl_put2(w, in->layer, in->head, "k_recent", MKV_EL_F16, in->T - Tp, d,
-                           in->k + Tp * d, err)))
-        rc = mkv_bl_put2(w, in->layer, in->head, "v", MKV_EL_F16, in->T, d, in->v, err);
+        !(rc = mkv_cdump_put_rows(w, in->layer, in->head, "k_recent", MKV_EL_F16, in->T - Tp, d,
+                                  in->k + Tp * d, err)))
+        rc = mkv_cdump_put_rows(w, in->layer, in->head, "v", MKV_EL_F16, in->T, d, in->v, err);
 done:
     mkv_free(idx);
     mkv_free(idx16);
@@ -149,7 +149,7 @@ static int think_load(const mkv_params *p, mkv_cdump *c, int layer, int head, vo
     think_state *s = calloc(1, sizeof *s);
     if (!s)
         return mkv_fail(err, MKV_ENOMEM, "out of memory loading think state");
-    mkv_bl_shape(c, &s->T, &s->d, &s->G);
+    mkv_cdump_cache_shape(c, &s->T, &s->d, &s->G);
     int16_t *ch = NULL;
     int rc = check_params(p, err);
     if (!rc) {
@@ -157,13 +157,13 @@ static int think_load(const mkv_params *p, mkv_cdump *c, int layer, int head, vo
         s->pruned = pruned_tokens(p, s->T);
         int64_t nch[1] = {s->kk}, kept[2] = {s->pruned, s->kk}, rec[2] = {s->T - s->pruned, s->d},
                 v[2] = {s->T, s->d};
-        rc = mkv_bl_get(c, layer, head, "k_channels", MKV_EL_I16, 1, nch, (void **)&ch, err);
+        rc = mkv_cdump_get_shaped(c, layer, head, "k_channels", MKV_EL_I16, 1, nch, (void **)&ch, err);
         if (!rc && s->pruned)
-            rc = mkv_bl_get(c, layer, head, "k_kept", MKV_EL_F16, 2, kept, (void **)&s->k_kept, err);
+            rc = mkv_cdump_get_shaped(c, layer, head, "k_kept", MKV_EL_F16, 2, kept, (void **)&s->k_kept, err);
         if (!rc && rec[0])
-            rc = mkv_bl_get(c, layer, head, "k_recent", MKV_EL_F16, 2, rec, (void **)&s->k_recent, err);
+            rc = mkv_cdump_get_shaped(c, layer, head, "k_recent", MKV_EL_F16, 2, rec, (void **)&s->k_recent, err);
         if (!rc)
-            rc = mkv_bl_get(c, layer, head, "v", MKV_EL_F16, 2, v, (void **)&s->v, err);
+            rc = mkv_cdump_get_shaped(c, layer, head, "v", MKV_EL_F16, 2, v, (void **)&s->v, err);
         if (!rc && !(s->channels = mkv_alloc((size_t)s->kk, sizeof *s->channels, "kept channels", err)))
             rc = MKV_ENOMEM;
     }

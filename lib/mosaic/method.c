@@ -1,6 +1,7 @@
 /* Method "mosaic": MosaicKV dynamic two-dimensional (sequence x channel)
- * compression, DESIGN.md 5.1 and 5.2. The pieces (and the conventions for
- * rotations, bitmaps, block keys and value order) are in lib/mosaic/mosaic.h;
+ * compression, DESIGN.md 5.1 and 5.2. The pieces are in lib/mosaic/mosaic.h,
+ * the packed format (conventions for rotations, bitmaps, block keys and
+ * value order; the stored arrays; store and load) in lib/mosaic/packed.h;
  * this file puts them together and is where the algorithm is described.
  *
  * COMPRESSION, per layer and KV head, K and V separately unless said:
@@ -14,7 +15,7 @@
  *  4. Block keys (keys): per block of `block` tokens (B, blocks start at
  *     the segment start) a row over the first kd = ceil(keydim x d)
  *     rotated channels: the first m = `bound` of them as the block's
- *     minimum and maximum, the others as its mean (lib/mosaic/mosaic.h). An
+ *     minimum and maximum, the others as its mean (lib/mosaic/packed.h). An
  *     unrotated segment uses kd = d raw channels and m = 0. With
  *     strategy dynamic or ratio and observation queries, a segment's m is
  *     `bound` or 0, whichever captures more exact attention on them: per
@@ -57,27 +58,11 @@
  *     the first d' with the largest energy (g = 1: the r largest |x~|);
  *     values fp16 in channel order, bitmap of d'/g bits (none when r = d').
  *
- * STORED ARRAYS (group /layers/NN/HH of the compressed dump; X is k or v;
- * flat arrays concatenate the segments in order; a segment's offsets
- * follow from the tables, so none are stored; an array with no element is
- * absent):
- *   X/dense      float16 [sink_n + recent_n][d]  tokens 0..sink_n-1 then
- *                T-recent_n..T-1 (sink_n = min(sink, T), recent_n =
- *                min(recent, T - sink_n))
- *   X/strategy   int32 [nseg][7]   start, length, rotate, r, g, d',
- *                pervector (1; 0 only for uniform2d)
- *   k/blockdims  int32 [nseg][2]   keydim, bound of the block keys
- *   X/loss       float32 [nseg][2] energy dropped, output error added (NaN:
- *                not measured; it may be < 0 where packing happens to help)
- *   X/values     float16 [sum len*r]
- *   X/bitmap     uint8 [sum len*ceil(d'/g/8)]  (segments with r < d')
- *   k/blockkeys  float16 [sum ceil(len/B)*(keydim+bound)]
- *   X/rotation   float16 [sum d*cols]  (rotated segments; [d][cols] each,
- *                cols = max(d', keydim) for keys, d' for values)
- * Every byte attention needs is one of these, so physical_bytes counts
- * it. At d = 128, keep 0.25, d' = 64, keydim 64, bound 2, B = 8, S = 2048
- * one token costs K 64 + 8 + 16.5, V 64 + 8 bytes, rotations
- * 2*128*64*2/2048 = 16: 176.5 of 512 dense bytes (2.9x).
+ * STORED ARRAYS: lib/mosaic/packed.h. Every byte attention needs is one of
+ * them, so physical_bytes counts it. At d = 128, keep 0.25, d' = 64,
+ * keydim 64, bound 2, B = 8, S = 2048 one token costs K 64 + 8 + 16.5,
+ * V 64 + 8 bytes, rotations 2*128*64*2/2048 = 16: 176.5 of 512 dense bytes
+ * (2.9x).
  *
  * DEFAULTS: keep 0.25, block 8, budget 0.1, sink 4, recent 64 (the
  * paper's); segment 2048; strategy ratio with ratio 3 (the paper's memory
@@ -922,186 +907,6 @@ int mkv_mosaic_compress(const mkv_mosaic_config *c, const mkv_head_kv *in, mkv_m
         mkv_error_prefix(err, "layer %d, KV head %d", in->layer, in->head);
         mkv_mosaic_head_free(h);
     }
-    return rc;
-}
-
-/* ---------------------------------------------------------------- storage */
-
-static int put_flat(mkv_cdump_writer *w, int layer, int head, const char *name, mkv_el_type type,
-                    int64_t n, const void *data, mkv_error *err)
-{
-    if (n == 0)
-        return MKV_OK;
-    return mkv_cdump_put(w, layer, head, name, type, 1, &n, data, err);
-}
-
-static int store_tensor(const mkv_mosaic_tensor *t, const mkv_mosaic_head *h, char x,
-                        mkv_cdump_writer *w, int layer, int head, mkv_error *err)
-{
-    char name[32];
-    int rc = MKV_OK;
-    if (t->nseg > 0) {
-        int32_t *table = mkv_alloc((size_t)t->nseg * MKV_MOSAIC_TABLE_COLS, sizeof *table,
-                                   "the strategy table", err);
-        if (!table)
-            return err ? err->code : MKV_ENOMEM;
-        for (int64_t i = 0; i < t->nseg; i++) {
-            const mkv_mosaic_strategy *s = &t->seg[i];
-            int32_t row[MKV_MOSAIC_TABLE_COLS] = {(int32_t)s->start, (int32_t)s->len, s->rotate, s->r,
-                                                  s->g, s->dprime, s->pervector};
-            memcpy(table + i * MKV_MOSAIC_TABLE_COLS, row, sizeof row);
-        }
-        snprintf(name, sizeof name, "%c/strategy", x);
-        rc = mkv_bl_put2(w, layer, head, name, MKV_EL_I32, t->nseg, MKV_MOSAIC_TABLE_COLS, table, err);
-        mkv_free(table);
-        snprintf(name, sizeof name, "%c/loss", x);
-        if (rc == MKV_OK)
-            rc = mkv_bl_put2(w, layer, head, name, MKV_EL_F32, t->nseg, MKV_MOSAIC_LOSS_COLS, t->loss,
-                             err);
-    }
-    if (rc == MKV_OK && x == 'k' && t->nseg > 0) {
-        int32_t *dims = mkv_alloc((size_t)t->nseg * MKV_MOSAIC_BLOCKDIM_COLS, sizeof *dims,
-                                  "the block-key table", err);
-        if (!dims)
-            return err ? err->code : MKV_ENOMEM;
-        for (int64_t i = 0; i < t->nseg; i++) {
-            dims[i * MKV_MOSAIC_BLOCKDIM_COLS] = t->seg[i].keydim;
-            dims[i * MKV_MOSAIC_BLOCKDIM_COLS + 1] = t->seg[i].bound;
-        }
-        rc = mkv_bl_put2(w, layer, head, "k/blockdims", MKV_EL_I32, t->nseg, MKV_MOSAIC_BLOCKDIM_COLS, dims,
-                         err);
-        mkv_free(dims);
-    }
-    snprintf(name, sizeof name, "%c/dense", x);
-    if (rc == MKV_OK)
-        rc = mkv_bl_put2(w, layer, head, name, MKV_EL_F16, h->sink_n + h->recent_n, h->d,
-                         x == 'k' ? h->dense_k : h->dense_v, err);
-    snprintf(name, sizeof name, "%c/values", x);
-    if (rc == MKV_OK)
-        rc = put_flat(w, layer, head, name, MKV_EL_F16, t->n_values, t->values, err);
-    snprintf(name, sizeof name, "%c/bitmap", x);
-    if (rc == MKV_OK)
-        rc = put_flat(w, layer, head, name, MKV_EL_U8, t->n_bitmap, t->bitmap, err);
-    snprintf(name, sizeof name, "%c/blockkeys", x);
-    if (rc == MKV_OK)
-        rc = put_flat(w, layer, head, name, MKV_EL_F16, t->n_blockkeys, t->blockkeys, err);
-    snprintf(name, sizeof name, "%c/rotation", x);
-    if (rc == MKV_OK)
-        rc = put_flat(w, layer, head, name, MKV_EL_F16, t->n_rotation, t->rotation, err);
-    return rc;
-}
-
-int mkv_mosaic_store(const mkv_mosaic_head *h, mkv_cdump_writer *w, int layer, int head, mkv_error *err)
-{
-    int rc = store_tensor(&h->k, h, 'k', w, layer, head, err);
-    return rc ? rc : store_tensor(&h->v, h, 'v', w, layer, head, err);
-}
-
-/* Read a flat array of n elements (absent when n = 0). */
-static int get_flat(mkv_cdump *c, int layer, int head, const char *name, mkv_el_type type, int64_t n,
-                    void **out, mkv_error *err)
-{
-    *out = NULL;
-    if (n == 0) {
-        if (mkv_bl_has(c, layer, head, name))
-            return mkv_fail(err, MKV_EFORMAT, "layer %d, KV head %d: '%s' should be absent "
-                            "(the strategy table gives it no element)", layer, head, name);
-        return MKV_OK;
-    }
-    return mkv_bl_get(c, layer, head, name, type, 1, &n, out, err);
-}
-
-static int load_tensor(mkv_cdump *c, int layer, int head, char x, mkv_mosaic_head *h,
-                       mkv_mosaic_tensor *t, mkv_error *err)
-{
-    char name[32];
-    int64_t dims[3] = {0, 0, 0};
-    int block = x == 'k' ? h->block : 0;
-    int64_t first = h->sink_n, last = h->T - h->recent_n;
-    snprintf(name, sizeof name, "%c/strategy", x);
-    int rank = mkv_cdump_shape(c, layer, head, name, dims);
-    int rc = MKV_OK;
-    t->nseg = rank ? dims[0] : 0;
-    if (rank && (rank != 2 || dims[1] != MKV_MOSAIC_TABLE_COLS || dims[0] < 1))
-        return mkv_fail(err, MKV_EFORMAT, "layer %d, KV head %d: '%s' is not an [nseg][%d] table",
-                        layer, head, name, MKV_MOSAIC_TABLE_COLS);
-    t->seg = mkv_calloc((size_t)(t->nseg ? t->nseg : 1), sizeof *t->seg, "strategies", err);
-    if (!t->seg)
-        return err ? err->code : MKV_ENOMEM;
-    if (t->nseg > 0) {
-        int32_t *table = NULL;
-        int64_t tdims[2] = {t->nseg, MKV_MOSAIC_TABLE_COLS}, ldims[2] = {t->nseg, MKV_MOSAIC_LOSS_COLS};
-        rc = mkv_bl_get(c, layer, head, name, MKV_EL_I32, 2, tdims, (void **)&table, err);
-        if (rc != MKV_OK)
-            return rc;
-        for (int64_t i = 0; i < t->nseg; i++) {
-            const int32_t *row = table + i * MKV_MOSAIC_TABLE_COLS;
-            t->seg[i] = (mkv_mosaic_strategy){.start = row[0], .len = row[1], .rotate = row[2],
-                                              .r = row[3], .g = row[4], .dprime = row[5],
-                                              .pervector = row[6]};
-        }
-        mkv_free(table);
-        snprintf(name, sizeof name, "%c/loss", x);
-        rc = mkv_bl_get(c, layer, head, name, MKV_EL_F32, 2, ldims, (void **)&t->loss, err);
-        if (rc == MKV_OK && x == 'k') {
-            int32_t *bd = NULL;
-            int64_t bdims[2] = {t->nseg, MKV_MOSAIC_BLOCKDIM_COLS};
-            rc = mkv_bl_get(c, layer, head, "k/blockdims", MKV_EL_I32, 2, bdims, (void **)&bd, err);
-            for (int64_t i = 0; rc == MKV_OK && i < t->nseg; i++) {
-                t->seg[i].keydim = bd[i * MKV_MOSAIC_BLOCKDIM_COLS];
-                t->seg[i].bound = bd[i * MKV_MOSAIC_BLOCKDIM_COLS + 1];
-            }
-            mkv_free(bd);
-        }
-    } else if (last > first) {
-        return mkv_fail(err, MKV_EFORMAT, "layer %d, KV head %d: '%s' is missing", layer, head, name);
-    }
-    if (rc == MKV_OK && (rc = mkv_mosaic_layout(t, h->d, block, first, last, err)) != MKV_OK)
-        mkv_error_prefix(err, "layer %d, KV head %d: %c", layer, head, x);
-    snprintf(name, sizeof name, "%c/values", x);
-    if (rc == MKV_OK)
-        rc = get_flat(c, layer, head, name, MKV_EL_F16, t->n_values, (void **)&t->values, err);
-    snprintf(name, sizeof name, "%c/bitmap", x);
-    if (rc == MKV_OK)
-        rc = get_flat(c, layer, head, name, MKV_EL_U8, t->n_bitmap, (void **)&t->bitmap, err);
-    snprintf(name, sizeof name, "%c/blockkeys", x);
-    if (rc == MKV_OK)
-        rc = get_flat(c, layer, head, name, MKV_EL_F16, t->n_blockkeys, (void **)&t->blockkeys, err);
-    snprintf(name, sizeof name, "%c/rotation", x);
-    if (rc == MKV_OK)
-        rc = get_flat(c, layer, head, name, MKV_EL_F16, t->n_rotation, (void **)&t->rotation, err);
-    int64_t nd = h->sink_n + h->recent_n, ddims[2] = {nd, h->d};
-    float **dense = x == 'k' ? &h->dense_k : &h->dense_v;
-    snprintf(name, sizeof name, "%c/dense", x);
-    if (rc == MKV_OK && nd > 0)
-        rc = mkv_bl_get(c, layer, head, name, MKV_EL_F16, 2, ddims, (void **)dense, err);
-    return rc;
-}
-
-int mkv_mosaic_load(mkv_cdump *c, int layer, int head, int block, int64_t sink, int64_t recent,
-                    mkv_mosaic_head *h, mkv_error *err)
-{
-    memset(h, 0, sizeof *h);
-    mkv_bl_shape(c, &h->T, &h->d, &h->G);
-    h->block = block;
-    h->sink_n = sink < h->T ? sink : h->T;
-    h->recent_n = recent < h->T - h->sink_n ? recent : h->T - h->sink_n;
-    int rc = MKV_OK;
-    if (h->d < 1 || h->d > MKV_MOSAIC_MAX_D)
-        rc = mkv_fail(err, MKV_EFORMAT, "head_dim %d is out of range for mosaic", h->d);
-    if (rc == MKV_OK)
-        rc = load_tensor(c, layer, head, 'k', h, &h->k, err);
-    if (rc == MKV_OK)
-        rc = load_tensor(c, layer, head, 'v', h, &h->v, err);
-    if (rc == MKV_OK && h->k.nseg != h->v.nseg)
-        rc = mkv_fail(err, MKV_EFORMAT, "layer %d, KV head %d: keys have %lld segments, values %lld",
-                      layer, head, (long long)h->k.nseg, (long long)h->v.nseg);
-    for (int64_t i = 0; rc == MKV_OK && i < h->k.nseg; i++)
-        if (h->k.seg[i].start != h->v.seg[i].start || h->k.seg[i].len != h->v.seg[i].len)
-            rc = mkv_fail(err, MKV_EFORMAT, "layer %d, KV head %d: segment %lld differs between "
-                          "keys and values", layer, head, (long long)i);
-    if (rc != MKV_OK)
-        mkv_mosaic_head_free(h);
     return rc;
 }
 

@@ -1,4 +1,4 @@
-/* MosaicKV pieces: see mosaic.h for the conventions (rotation layout,
+/* MosaicKV pieces: see packed.h for the conventions (rotation layout,
  * bitmap bit order, value order, block keys) and lib/mosaic/method.c for
  * how they make the method. */
 #include "config.h"
@@ -19,37 +19,6 @@
 #define ROTATE_CHUNK_DOUBLES 8192
 
 static double f16r(double x) { return (double)mkv_f16_to_f32(mkv_f32_to_f16((float)x)); }
-
-/* ---------------------------------------------------------------- bytes */
-
-int mkv_mosaic_bitmap_bytes(const mkv_mosaic_strategy *s)
-{
-    if (!s->pervector || s->r >= s->dprime)
-        return 0;
-    return (s->dprime / s->g + 7) / 8;
-}
-
-int64_t mkv_mosaic_nblocks(int64_t len, int B) { return (len + B - 1) / B; }
-
-int mkv_mosaic_rotation_cols(const mkv_mosaic_strategy *s)
-{
-    if (!s->rotate)
-        return 0;
-    return s->keydim > s->dprime ? s->keydim : s->dprime;
-}
-
-int mkv_mosaic_block_width(const mkv_mosaic_strategy *s) { return s->keydim + s->bound; }
-
-void mkv_mosaic_strategy_bytes(const mkv_mosaic_strategy *s, int d, int block, mkv_mosaic_bytes *b)
-{
-    uint64_t len = (uint64_t)s->len;
-    b->values = len * (uint64_t)s->r * 2;
-    b->bitmap = len * (uint64_t)mkv_mosaic_bitmap_bytes(s);
-    b->blockkeys = block > 0 ? (uint64_t)mkv_mosaic_nblocks(s->len, block) *
-                                   (uint64_t)mkv_mosaic_block_width(s) * 2 : 0;
-    b->rotation = (uint64_t)d * (uint64_t)mkv_mosaic_rotation_cols(s) * 2;
-    b->total = b->values + b->bitmap + b->blockkeys + b->rotation;
-}
 
 /* ---------------------------------------------------------------- rotation */
 
@@ -797,91 +766,4 @@ void mkv_mosaic_allocate(mkv_mosaic_candidate *const *cand, const int *ncand, in
         pick[bi] = ba;
         pick[bj] = bb;
     }
-}
-
-/* ---------------------------------------------------------------- head state */
-
-int mkv_mosaic_layout(mkv_mosaic_tensor *t, int d, int block, int64_t first, int64_t last,
-                      mkv_error *err)
-{
-    mkv_free(t->off_values);
-    t->off_values = NULL;
-    int64_t ns = t->nseg > 0 ? t->nseg : 1;
-    int64_t *off = mkv_alloc((size_t)ns * 4, sizeof *off, "segment offsets", err);
-    if (!off)
-        return err ? err->code : MKV_ENOMEM;
-    t->off_values = off;
-    t->off_bitmap = off + ns;
-    t->off_blockkeys = off + 2 * ns;
-    t->off_rotation = off + 3 * ns;
-    int64_t nv = 0, nb = 0, nk = 0, nr = 0, next = first;
-    for (int64_t i = 0; i < t->nseg; i++) {
-        const mkv_mosaic_strategy *s = &t->seg[i];
-        const char *bad = NULL;
-        if (s->start != next || s->len < 1 || s->start + s->len > last)
-            bad = "segments do not tile the compressed tokens";
-        else if (s->rotate != 0 && s->rotate != 1)
-            bad = "rotate must be 0 or 1";
-        else if (s->pervector != 0 && s->pervector != 1)
-            bad = "pervector must be 0 or 1";
-        else if (s->g != 1 && s->g != 2 && s->g != 4)
-            bad = "group size must be 1, 2 or 4";
-        else if (s->dprime < 1 || s->dprime > d || s->dprime % s->g)
-            bad = "d' must be a multiple of the group size, at most head_dim";
-        else if (s->r < 1 || s->r > s->dprime || s->r % s->g)
-            bad = "r must be a multiple of the group size, at most d'";
-        else if (!s->rotate && s->dprime != d)
-            bad = "an unrotated segment keeps d' = head_dim";
-        else if (block > 0 && (s->keydim < 1 || s->keydim > d || (!s->rotate && s->keydim != d)))
-            bad = "block keys span 1..head_dim channels, all of them when unrotated";
-        else if (block > 0 && (s->bound < 0 || s->bound > s->keydim || (!s->rotate && s->bound)))
-            bad = "bound channels must be 0..keydim, 0 when unrotated";
-        else if (block <= 0 && (s->keydim || s->bound))
-            bad = "values have no block keys";
-        if (bad)
-            return mkv_fail(err, MKV_EFORMAT, "strategy table row %lld (start %lld, length %lld, "
-                            "rotate %d, r %d, g %d, d' %d, keydim %d, bound %d): %s", (long long)i,
-                            (long long)s->start, (long long)s->len, s->rotate, s->r, s->g, s->dprime,
-                            s->keydim, s->bound, bad);
-        t->off_values[i] = nv;
-        t->off_bitmap[i] = nb;
-        t->off_blockkeys[i] = nk;
-        t->off_rotation[i] = nr;
-        nv += s->len * s->r;
-        nb += s->len * mkv_mosaic_bitmap_bytes(s);
-        nk += block > 0 ? mkv_mosaic_nblocks(s->len, block) * mkv_mosaic_block_width(s) : 0;
-        nr += (int64_t)d * mkv_mosaic_rotation_cols(s);
-        next = s->start + s->len;
-    }
-    if (next != last)
-        return mkv_fail(err, MKV_EFORMAT, "strategy table covers tokens %lld..%lld, not %lld..%lld",
-                        (long long)first, (long long)next, (long long)first, (long long)last);
-    t->n_values = nv;
-    t->n_bitmap = nb;
-    t->n_blockkeys = nk;
-    t->n_rotation = nr;
-    return MKV_OK;
-}
-
-static void tensor_free(mkv_mosaic_tensor *t)
-{
-    mkv_free(t->seg);
-    mkv_free(t->loss);
-    mkv_free(t->values);
-    mkv_free(t->bitmap);
-    mkv_free(t->blockkeys);
-    mkv_free(t->rotation);
-    mkv_free(t->off_values);
-    memset(t, 0, sizeof *t);
-}
-
-void mkv_mosaic_head_free(mkv_mosaic_head *h)
-{
-    if (!h)
-        return;
-    mkv_free(h->dense_k);
-    mkv_free(h->dense_v);
-    tensor_free(&h->k);
-    tensor_free(&h->v);
-    memset(h, 0, sizeof *h);
 }

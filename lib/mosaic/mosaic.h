@@ -1,102 +1,21 @@
 /* MosaicKV pieces (DESIGN.md section 5.1, 5.2): rotation, truncation by
- * energy, per-vector selection, packing, block keys, strategy search and
- * byte cost, plus the packed head state and its CPU attention. The
+ * energy, per-vector selection, packing, block keys, strategy search,
+ * and compression and CPU attention of a whole head. The
  * methods "mosaic" and "uniform2d" (lib/mosaic/method.c, whose top comment
  * is the algorithm's description, and lib/mosaic/uniform2d.c) are built
  * from them; the GPU kernels and the dual buffer reuse them.
  *
- * Conventions every user of these pieces follows:
- *   - A stored rotation R is d x cols row-major (cols = d' for values,
- *     max(d', keydim) for keys): R[j * cols + c] is original channel j,
- *     rotated channel c; column c is the eigenvector of the c-th largest
- *     eigenvalue of the segment's Gram matrix X^T X. Rotated vectors are
- *     x~ = x R (x~_c = sum_j x_j R[j][c]); outputs rotate back o = o~ R^T
- *     (o_j = sum_c o~_c R[j][c]). Rotations are rounded to fp16 before they
- *     are used for anything, so compression and attention see the same
- *     matrix the file stores.
- *   - A strategy (r, g, d') keeps per vector the r/g groups of g adjacent
- *     rotated channels among the first d' with the largest energy
- *     sum x~_c^2 (ties: the lower group), r/g of d'/g groups.
- *   - Bitmap of one vector: d'/g bits, bit i = group i (channels
- *     i*g .. i*g+g-1) kept, bit i at byte i/8, bit position i%8 (LSB
- *     first), ceil(d'/g / 8) bytes per vector, pad bits zero. When every
- *     group is kept (r = d') or the strategy is not per-vector (uniform2d:
- *     the first r channels for every vector), no bitmap is stored.
- *   - Values of one vector: the r kept x~_c, fp16, ascending channel
- *     order. The k-th value sits at the channel of the k-th set bit (group
- *     (k/g)-th set bit, offset k%g); equivalently channel c's value index is
- *     g * popcount(bits below c's group) + c%g.
- *   - Block keys (keys only): per block of B tokens of a segment (blocks
- *     start at the segment start; the segment's last block may be shorter)
- *     one row of keydim + bound fp16 values over the first keydim
- *     channels of the segment's key space (rotated: the leading rotated
- *     channels; unrotated: all d raw channels), all elements of the
- *     block's keys, not only the kept ones:
- *       [0, bound)                  minimum over the block of channel c
- *       [bound, 2 bound)            maximum over the block of channel c - bound
- *       [2 bound, keydim + bound)   mean over the block of channel c - bound
- *     A query q~ scores the block with sum over c < bound of
- *     max(q~_c min_c, q~_c max_c) (Quest's bound of q~.k over the block on
- *     those channels) plus sum over bound <= c < keydim of q~_c mean_c.
- *     The bound channels are the leading eigen-directions: on real keys a
- *     large share of a block's spread in q~.k lives there, and a mean
- *     hides it.
- *   - Stored floats are fp16; in memory they are float32 holding exact fp16
- *     values (the CPU reference); the GPU converts at load. */
+ * The packed format they produce and read -- rotation layout, bitmap bit
+ * order, value order, block keys, the stored arrays and the in-memory head
+ * state -- is defined in lib/mosaic/packed.h. */
 #ifndef MKV_MOSAIC_H
 #define MKV_MOSAIC_H
 
 #include <stdint.h>
 #include "io/cdump.h"
 #include "methods/method.h"
+#include "mosaic/packed.h"
 #include "core/mkv.h"
-
-/* Largest head_dim the pieces handle (per-vector scratch lives on the stack). */
-#define MKV_MOSAIC_MAX_D 1024
-
-/* ---- strategy of one tensor (K or V) of one segment ---- */
-typedef struct {
-    int64_t start, len;   /* tokens [start, start + len) of the cache */
-    int rotate;           /* 1: rotation stored and applied; 0: R = identity, d' = d */
-    int r;                /* kept elements per vector (multiple of g, <= d') */
-    int g;                /* group size: 1, 2 or 4 */
-    int dprime;           /* rotated channels kept (multiple of g) */
-    int pervector;        /* 1: top groups per vector (bitmap); 0: first r channels */
-    int keydim;           /* keys: block-key channels (1..d; d when unrotated); values: 0 */
-    int bound;            /* keys: leading block-key channels stored as min and max
-                             (0..keydim; 0 when unrotated); values: 0 */
-} mkv_mosaic_strategy;
-
-/* Columns of the stored strategy table (int32 [nseg][7]), in this order:
- * start, length, rotate, r, g, d', pervector. */
-#define MKV_MOSAIC_TABLE_COLS 7
-/* Columns of the stored block-key table of the keys (int32 [nseg][2]):
- * keydim, bound. */
-#define MKV_MOSAIC_BLOCKDIM_COLS 2
-/* Columns of the stored loss table (float32 [nseg][2]): fraction of energy
- * dropped, attention-output error the strategy adds on the observation
- * queries (NaN when not measured; see mkv_mosaic_evaluate). */
-#define MKV_MOSAIC_LOSS_COLS 2
-
-/* Bitmap bytes per vector: ceil(d'/g / 8), 0 when no bitmap is stored. */
-int mkv_mosaic_bitmap_bytes(const mkv_mosaic_strategy *s);
-/* Blocks of B tokens covering len tokens. */
-int64_t mkv_mosaic_nblocks(int64_t len, int B);
-/* Stored columns of the segment's rotation: max(d', keydim) when rotated, else 0. */
-int mkv_mosaic_rotation_cols(const mkv_mosaic_strategy *s);
-/* fp16 values per block-key row: keydim + bound. */
-int mkv_mosaic_block_width(const mkv_mosaic_strategy *s);
-
-/* Bytes one segment of one tensor stores with strategy s, by array. */
-typedef struct {
-    uint64_t values;      /* len * r * 2 */
-    uint64_t bitmap;      /* len * bitmap_bytes */
-    uint64_t blockkeys;   /* keys: nblocks * (keydim + bound) * 2; values: 0 */
-    uint64_t rotation;    /* rotate: d * mkv_mosaic_rotation_cols * 2; else 0 */
-    uint64_t total;
-} mkv_mosaic_bytes;
-/* block = B for keys, 0 for values (no block keys). */
-void mkv_mosaic_strategy_bytes(const mkv_mosaic_strategy *s, int d, int block, mkv_mosaic_bytes *b);
 
 /* ---- rotation and truncation ---- */
 /* From a Gram matrix C (d x d, double; the dual buffer updates it as
@@ -228,36 +147,6 @@ int mkv_mosaic_pick(const mkv_mosaic_candidate *c, int n, double threshold);
 void mkv_mosaic_allocate(mkv_mosaic_candidate *const *cand, const int *ncand, int nitems, uint64_t budget,
                          int *pick);
 
-/* ---- packed head state (one layer x KV head) ---- */
-typedef struct {
-    int64_t nseg;
-    mkv_mosaic_strategy *seg;   /* [nseg] */
-    float *loss;                /* [nseg][2] */
-    float *values;              /* concatenated per segment [len][r] */
-    uint8_t *bitmap;            /* [len][bitmap_bytes] */
-    float *blockkeys;           /* keys only: [nblocks][keydim + bound] */
-    float *rotation;            /* rotated segments only: [d][mkv_mosaic_rotation_cols] */
-    /* element offsets of each segment's part of the arrays above (derived
-     * from the table by mkv_mosaic_layout, not stored) */
-    int64_t *off_values, *off_bitmap, *off_blockkeys, *off_rotation;
-    int64_t n_values, n_bitmap, n_blockkeys, n_rotation;
-} mkv_mosaic_tensor;
-
-typedef struct {
-    int d, G, block;
-    int64_t T;
-    int64_t sink_n, recent_n;   /* dense tokens [0, sink_n) and [T - recent_n, T) */
-    float *dense_k, *dense_v;   /* [sink_n + recent_n][d], fp16 values, sink first */
-    mkv_mosaic_tensor k, v;
-} mkv_mosaic_head;
-
-/* Offsets and totals of t from its strategy table (keys: block > 0).
- * MKV_EFORMAT when the table is inconsistent (d' > d, g not dividing r,
- * segments not contiguous, block-key shape out of range, ...). */
-int mkv_mosaic_layout(mkv_mosaic_tensor *t, int d, int block, int64_t first, int64_t last,
-                      mkv_error *err);
-void mkv_mosaic_head_free(mkv_mosaic_head *h);
-
 /* ---- head-level compression and attention (lib/mosaic/method.c) ---- */
 typedef struct {
     double budget;          /* fraction <= 1 of p + 1, or a token count */
@@ -283,15 +172,10 @@ typedef struct {
 
 int mkv_mosaic_compress(const mkv_mosaic_config *c, const mkv_head_kv *in, mkv_mosaic_head *out,
                         mkv_error *err);
-/* Arrays of a head in a compressed dump (names in lib/mosaic/method.c). */
-int mkv_mosaic_store(const mkv_mosaic_head *h, mkv_cdump_writer *w, int layer, int head,
-                     mkv_error *err);
 /* Compress one head (mkv_mosaic_compress) and store it: a method's
  * compress step. */
 int mkv_mosaic_compress_store(const mkv_mosaic_config *c, const mkv_head_kv *in, mkv_cdump_writer *w,
                               mkv_error *err);
-int mkv_mosaic_load(mkv_cdump *c, int layer, int head, int block, int64_t sink, int64_t recent,
-                    mkv_mosaic_head *h, mkv_error *err);
 /* Selection rule 2-3 of lib/mosaic/method.c for the G queries q [G][d] at
  * position p: marks att[t] = 1 for the sink/recent tokens <= p and the
  * tokens of the chosen blocks (att [T], zeroed by the caller); returns the

@@ -1,0 +1,604 @@
+/* The packed MosaicKV format (see packed.h): byte geometry, the in-memory
+ * layout, store, load with its checks, and the conversion to the GPU
+ * records. */
+#include "config.h"
+#include "mosaic/packed.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/half.h"
+
+/* ---------------------------------------------------------------- bytes */
+
+int mkv_mosaic_bitmap_bytes(const mkv_mosaic_strategy *s)
+{
+    if (!s->pervector || s->r >= s->dprime)
+        return 0;
+    return (s->dprime / s->g + 7) / 8;
+}
+
+int64_t mkv_mosaic_nblocks(int64_t len, int B) { return (len + B - 1) / B; }
+
+int mkv_mosaic_rotation_cols(const mkv_mosaic_strategy *s)
+{
+    if (!s->rotate)
+        return 0;
+    return s->keydim > s->dprime ? s->keydim : s->dprime;
+}
+
+int mkv_mosaic_block_width(const mkv_mosaic_strategy *s) { return s->keydim + s->bound; }
+
+void mkv_mosaic_strategy_bytes(const mkv_mosaic_strategy *s, int d, int block, mkv_mosaic_bytes *b)
+{
+    uint64_t len = (uint64_t)s->len;
+    b->values = len * (uint64_t)s->r * 2;
+    b->bitmap = len * (uint64_t)mkv_mosaic_bitmap_bytes(s);
+    b->blockkeys = block > 0 ? (uint64_t)mkv_mosaic_nblocks(s->len, block) *
+                                   (uint64_t)mkv_mosaic_block_width(s) * 2 : 0;
+    b->rotation = (uint64_t)d * (uint64_t)mkv_mosaic_rotation_cols(s) * 2;
+    b->total = b->values + b->bitmap + b->blockkeys + b->rotation;
+}
+
+/* ---------------------------------------------------------------- head state */
+
+int mkv_mosaic_layout(mkv_mosaic_tensor *t, int d, int block, int64_t first, int64_t last,
+                      mkv_error *err)
+{
+    mkv_free(t->off_values);
+    t->off_values = NULL;
+    int64_t ns = t->nseg > 0 ? t->nseg : 1;
+    int64_t *off = mkv_alloc((size_t)ns * 4, sizeof *off, "segment offsets", err);
+    if (!off)
+        return err ? err->code : MKV_ENOMEM;
+    t->off_values = off;
+    t->off_bitmap = off + ns;
+    t->off_blockkeys = off + 2 * ns;
+    t->off_rotation = off + 3 * ns;
+    int64_t nv = 0, nb = 0, nk = 0, nr = 0, next = first;
+    for (int64_t i = 0; i < t->nseg; i++) {
+        const mkv_mosaic_strategy *s = &t->seg[i];
+        const char *bad = NULL;
+        if (s->start != next || s->len < 1 || s->start + s->len > last)
+            bad = "segments do not tile the compressed tokens";
+        else if (s->rotate != 0 && s->rotate != 1)
+            bad = "rotate must be 0 or 1";
+        else if (s->pervector != 0 && s->pervector != 1)
+            bad = "pervector must be 0 or 1";
+        else if (s->g != 1 && s->g != 2 && s->g != 4)
+            bad = "group size must be 1, 2 or 4";
+        else if (s->dprime < 1 || s->dprime > d || s->dprime % s->g)
+            bad = "d' must be a multiple of the group size, at most head_dim";
+        else if (s->r < 1 || s->r > s->dprime || s->r % s->g)
+            bad = "r must be a multiple of the group size, at most d'";
+        else if (!s->rotate && s->dprime != d)
+            bad = "an unrotated segment keeps d' = head_dim";
+        else if (block > 0 && (s->keydim < 1 || s->keydim > d || (!s->rotate && s->keydim != d)))
+            bad = "block keys span 1..head_dim channels, all of them when unrotated";
+        else if (block > 0 && (s->bound < 0 || s->bound > s->keydim || (!s->rotate && s->bound)))
+            bad = "bound channels must be 0..keydim, 0 when unrotated";
+        else if (block <= 0 && (s->keydim || s->bound))
+            bad = "values have no block keys";
+        if (bad)
+            return mkv_fail(err, MKV_EFORMAT, "strategy table row %lld (start %lld, length %lld, "
+                            "rotate %d, r %d, g %d, d' %d, keydim %d, bound %d): %s", (long long)i,
+                            (long long)s->start, (long long)s->len, s->rotate, s->r, s->g, s->dprime,
+                            s->keydim, s->bound, bad);
+        t->off_values[i] = nv;
+        t->off_bitmap[i] = nb;
+        t->off_blockkeys[i] = nk;
+        t->off_rotation[i] = nr;
+        nv += s->len * s->r;
+        nb += s->len * mkv_mosaic_bitmap_bytes(s);
+        nk += block > 0 ? mkv_mosaic_nblocks(s->len, block) * mkv_mosaic_block_width(s) : 0;
+        nr += (int64_t)d * mkv_mosaic_rotation_cols(s);
+        next = s->start + s->len;
+    }
+    if (next != last)
+        return mkv_fail(err, MKV_EFORMAT, "strategy table covers tokens %lld..%lld, not %lld..%lld",
+                        (long long)first, (long long)next, (long long)first, (long long)last);
+    t->n_values = nv;
+    t->n_bitmap = nb;
+    t->n_blockkeys = nk;
+    t->n_rotation = nr;
+    return MKV_OK;
+}
+
+static void tensor_free(mkv_mosaic_tensor *t)
+{
+    mkv_free(t->seg);
+    mkv_free(t->loss);
+    mkv_free(t->values);
+    mkv_free(t->bitmap);
+    mkv_free(t->blockkeys);
+    mkv_free(t->rotation);
+    mkv_free(t->off_values);
+    memset(t, 0, sizeof *t);
+}
+
+void mkv_mosaic_head_free(mkv_mosaic_head *h)
+{
+    if (!h)
+        return;
+    mkv_free(h->dense_k);
+    mkv_free(h->dense_v);
+    tensor_free(&h->k);
+    tensor_free(&h->v);
+    memset(h, 0, sizeof *h);
+}
+
+/* ---------------------------------------------------------------- storage */
+
+static int put_flat(mkv_cdump_writer *w, int layer, int head, const char *name, mkv_el_type type,
+                    int64_t n, const void *data, mkv_error *err)
+{
+    if (n == 0)
+        return MKV_OK;
+    return mkv_cdump_put(w, layer, head, name, type, 1, &n, data, err);
+}
+
+static int store_tensor(const mkv_mosaic_tensor *t, const mkv_mosaic_head *h, char x,
+                        mkv_cdump_writer *w, int layer, int head, mkv_error *err)
+{
+    char name[32];
+    int rc = MKV_OK;
+    if (t->nseg > 0) {
+        int32_t *table = mkv_alloc((size_t)t->nseg * MKV_MOSAIC_TABLE_COLS, sizeof *table,
+                                   "the strategy table", err);
+        if (!table)
+            return err ? err->code : MKV_ENOMEM;
+        for (int64_t i = 0; i < t->nseg; i++) {
+            const mkv_mosaic_strategy *s = &t->seg[i];
+            int32_t row[MKV_MOSAIC_TABLE_COLS] = {(int32_t)s->start, (int32_t)s->len, s->rotate, s->r,
+                                                  s->g, s->dprime, s->pervector};
+            memcpy(table + i * MKV_MOSAIC_TABLE_COLS, row, sizeof row);
+        }
+        snprintf(name, sizeof name, "%c/strategy", x);
+        rc = mkv_cdump_put_rows(w, layer, head, name, MKV_EL_I32, t->nseg, MKV_MOSAIC_TABLE_COLS, table, err);
+        mkv_free(table);
+        snprintf(name, sizeof name, "%c/loss", x);
+        if (rc == MKV_OK)
+            rc = mkv_cdump_put_rows(w, layer, head, name, MKV_EL_F32, t->nseg, MKV_MOSAIC_LOSS_COLS, t->loss,
+                                    err);
+    }
+    if (rc == MKV_OK && x == 'k' && t->nseg > 0) {
+        int32_t *dims = mkv_alloc((size_t)t->nseg * MKV_MOSAIC_BLOCKDIM_COLS, sizeof *dims,
+                                  "the block-key table", err);
+        if (!dims)
+            return err ? err->code : MKV_ENOMEM;
+        for (int64_t i = 0; i < t->nseg; i++) {
+            dims[i * MKV_MOSAIC_BLOCKDIM_COLS] = t->seg[i].keydim;
+            dims[i * MKV_MOSAIC_BLOCKDIM_COLS + 1] = t->seg[i].bound;
+        }
+        rc = mkv_cdump_put_rows(w, layer, head, "k/blockdims", MKV_EL_I32, t->nseg, MKV_MOSAIC_BLOCKDIM_COLS, dims,
+                                err);
+        mkv_free(dims);
+    }
+    snprintf(name, sizeof name, "%c/dense", x);
+    if (rc == MKV_OK)
+        rc = mkv_cdump_put_rows(w, layer, head, name, MKV_EL_F16, h->sink_n + h->recent_n, h->d,
+                                x == 'k' ? h->dense_k : h->dense_v, err);
+    snprintf(name, sizeof name, "%c/values", x);
+    if (rc == MKV_OK)
+        rc = put_flat(w, layer, head, name, MKV_EL_F16, t->n_values, t->values, err);
+    snprintf(name, sizeof name, "%c/bitmap", x);
+    if (rc == MKV_OK)
+        rc = put_flat(w, layer, head, name, MKV_EL_U8, t->n_bitmap, t->bitmap, err);
+    snprintf(name, sizeof name, "%c/blockkeys", x);
+    if (rc == MKV_OK)
+        rc = put_flat(w, layer, head, name, MKV_EL_F16, t->n_blockkeys, t->blockkeys, err);
+    snprintf(name, sizeof name, "%c/rotation", x);
+    if (rc == MKV_OK)
+        rc = put_flat(w, layer, head, name, MKV_EL_F16, t->n_rotation, t->rotation, err);
+    return rc;
+}
+
+int mkv_mosaic_store(const mkv_mosaic_head *h, mkv_cdump_writer *w, int layer, int head, mkv_error *err)
+{
+    int rc = store_tensor(&h->k, h, 'k', w, layer, head, err);
+    return rc ? rc : store_tensor(&h->v, h, 'v', w, layer, head, err);
+}
+
+/* MKV_EFORMAT "'file': layer L, KV head H: array 'name': ...". */
+static int bad_array(mkv_cdump *c, int layer, int head, const char *name, mkv_error *err, const char *fmt, ...)
+{
+    char what[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    return mkv_fail(err, MKV_EFORMAT, "'%s': layer %d, KV head %d: array '%s': %s", mkv_cdump_path(c), layer,
+                    head, name, what);
+}
+
+/* Read a flat array of n elements (absent when n = 0). */
+static int get_flat(mkv_cdump *c, int layer, int head, const char *name, mkv_el_type type, int64_t n,
+                    void **out, mkv_error *err)
+{
+    *out = NULL;
+    if (n == 0) {
+        if (mkv_cdump_has(c, layer, head, name))
+            return bad_array(c, layer, head, name, err,
+                             "should be absent (the strategy table gives it no element)");
+        return MKV_OK;
+    }
+    return mkv_cdump_get_shaped(c, layer, head, name, type, 1, &n, out, err);
+}
+
+/* Every bitmap of t holds exactly r/g set bits, all below d'/g (stored
+ * floats are finite already: mkv_cdump_get refuses NaN and Inf). */
+static int check_bitmaps(mkv_cdump *c, int layer, int head, char x, const mkv_mosaic_tensor *t, mkv_error *err)
+{
+    char name[32];
+    snprintf(name, sizeof name, "%c/bitmap", x);
+    for (int64_t i = 0; i < t->nseg; i++) {
+        const mkv_mosaic_strategy *s = &t->seg[i];
+        const int bb = mkv_mosaic_bitmap_bytes(s), ng = s->dprime / s->g;
+        for (int64_t j = 0; bb > 0 && j < s->len; j++) {
+            const uint8_t *bits = t->bitmap + t->off_bitmap[i] + j * bb;
+            int set = 0, past = 0;
+            for (int b = 0; b < bb * 8; b++)
+                if (bits[b >> 3] >> (b & 7) & 1) {
+                    set += b < ng;
+                    past += b >= ng;
+                }
+            if (set != s->r / s->g || past)
+                return bad_array(c, layer, head, name, err,
+                                 "token %lld (segment %lld) keeps %d of %d groups%s, the strategy keeps r/g = %d",
+                                 (long long)(s->start + j), (long long)i, set, ng,
+                                 past ? " and sets pad bits" : "", s->r / s->g);
+        }
+    }
+    return MKV_OK;
+}
+
+static int load_tensor(mkv_cdump *c, int layer, int head, char x, mkv_mosaic_head *h,
+                       mkv_mosaic_tensor *t, mkv_error *err)
+{
+    char name[32];
+    int64_t dims[3] = {0, 0, 0};
+    int block = x == 'k' ? h->block : 0;
+    int64_t first = h->sink_n, last = h->T - h->recent_n;
+    snprintf(name, sizeof name, "%c/strategy", x);
+    int rank = mkv_cdump_shape(c, layer, head, name, dims);
+    int rc = MKV_OK;
+    t->nseg = rank ? dims[0] : 0;
+    if (rank && (rank != 2 || dims[1] != MKV_MOSAIC_TABLE_COLS || dims[0] < 1))
+        return bad_array(c, layer, head, name, err, "not an [nseg][%d] table", MKV_MOSAIC_TABLE_COLS);
+    t->seg = mkv_calloc((size_t)(t->nseg ? t->nseg : 1), sizeof *t->seg, "strategies", err);
+    if (!t->seg)
+        return err ? err->code : MKV_ENOMEM;
+    if (t->nseg > 0) {
+        int32_t *table = NULL;
+        int64_t tdims[2] = {t->nseg, MKV_MOSAIC_TABLE_COLS}, ldims[2] = {t->nseg, MKV_MOSAIC_LOSS_COLS};
+        rc = mkv_cdump_get_shaped(c, layer, head, name, MKV_EL_I32, 2, tdims, (void **)&table, err);
+        if (rc != MKV_OK)
+            return rc;
+        for (int64_t i = 0; i < t->nseg; i++) {
+            const int32_t *row = table + i * MKV_MOSAIC_TABLE_COLS;
+            t->seg[i] = (mkv_mosaic_strategy){.start = row[0], .len = row[1], .rotate = row[2],
+                                              .r = row[3], .g = row[4], .dprime = row[5],
+                                              .pervector = row[6]};
+        }
+        mkv_free(table);
+        snprintf(name, sizeof name, "%c/loss", x);
+        rc = mkv_cdump_get_shaped(c, layer, head, name, MKV_EL_F32, 2, ldims, (void **)&t->loss, err);
+        if (rc == MKV_OK && x == 'k') {
+            int32_t *bd = NULL;
+            int64_t bdims[2] = {t->nseg, MKV_MOSAIC_BLOCKDIM_COLS};
+            rc = mkv_cdump_get_shaped(c, layer, head, "k/blockdims", MKV_EL_I32, 2, bdims, (void **)&bd, err);
+            for (int64_t i = 0; rc == MKV_OK && i < t->nseg; i++) {
+                t->seg[i].keydim = bd[i * MKV_MOSAIC_BLOCKDIM_COLS];
+                t->seg[i].bound = bd[i * MKV_MOSAIC_BLOCKDIM_COLS + 1];
+            }
+            mkv_free(bd);
+        }
+    } else if (last > first) {
+        return bad_array(c, layer, head, name, err, "missing");
+    }
+    snprintf(name, sizeof name, "%c/strategy", x);
+    if (rc == MKV_OK && (rc = mkv_mosaic_layout(t, h->d, block, first, last, err)) != MKV_OK)
+        mkv_error_prefix(err, "'%s': layer %d, KV head %d: array '%s'", mkv_cdump_path(c), layer, head, name);
+    snprintf(name, sizeof name, "%c/values", x);
+    if (rc == MKV_OK)
+        rc = get_flat(c, layer, head, name, MKV_EL_F16, t->n_values, (void **)&t->values, err);
+    snprintf(name, sizeof name, "%c/bitmap", x);
+    if (rc == MKV_OK)
+        rc = get_flat(c, layer, head, name, MKV_EL_U8, t->n_bitmap, (void **)&t->bitmap, err);
+    snprintf(name, sizeof name, "%c/blockkeys", x);
+    if (rc == MKV_OK)
+        rc = get_flat(c, layer, head, name, MKV_EL_F16, t->n_blockkeys, (void **)&t->blockkeys, err);
+    snprintf(name, sizeof name, "%c/rotation", x);
+    if (rc == MKV_OK)
+        rc = get_flat(c, layer, head, name, MKV_EL_F16, t->n_rotation, (void **)&t->rotation, err);
+    int64_t nd = h->sink_n + h->recent_n, ddims[2] = {nd, h->d};
+    float **dense = x == 'k' ? &h->dense_k : &h->dense_v;
+    snprintf(name, sizeof name, "%c/dense", x);
+    if (rc == MKV_OK && nd > 0)
+        rc = mkv_cdump_get_shaped(c, layer, head, name, MKV_EL_F16, 2, ddims, (void **)dense, err);
+    return rc == MKV_OK ? check_bitmaps(c, layer, head, x, t, err) : rc;
+}
+
+int mkv_mosaic_load(mkv_cdump *c, int layer, int head, int block, int64_t sink, int64_t recent,
+                    mkv_mosaic_head *h, mkv_error *err)
+{
+    memset(h, 0, sizeof *h);
+    mkv_cdump_cache_shape(c, &h->T, &h->d, &h->G);
+    h->block = block;
+    h->sink_n = sink < h->T ? sink : h->T;
+    h->recent_n = recent < h->T - h->sink_n ? recent : h->T - h->sink_n;
+    int rc = MKV_OK;
+    if (h->d < 1 || h->d > MKV_MOSAIC_MAX_D)
+        rc = mkv_fail(err, MKV_EFORMAT, "'%s': head_dim %d is out of range for mosaic", mkv_cdump_path(c), h->d);
+    if (rc == MKV_OK)
+        rc = load_tensor(c, layer, head, 'k', h, &h->k, err);
+    if (rc == MKV_OK)
+        rc = load_tensor(c, layer, head, 'v', h, &h->v, err);
+    if (rc == MKV_OK && h->k.nseg != h->v.nseg)
+        rc = bad_array(c, layer, head, "v/strategy", err, "%lld segments, the keys have %lld",
+                       (long long)h->v.nseg, (long long)h->k.nseg);
+    for (int64_t i = 0; rc == MKV_OK && i < h->k.nseg; i++)
+        if (h->k.seg[i].start != h->v.seg[i].start || h->k.seg[i].len != h->v.seg[i].len)
+            rc = bad_array(c, layer, head, "v/strategy", err, "segment %lld differs from the keys' (k/strategy)",
+                           (long long)i);
+    if (rc != MKV_OK)
+        mkv_mosaic_head_free(h);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- GPU records */
+
+static int64_t pad32(int64_t x) { return (x + 31) / 32 * 32; }
+static int64_t pad16(int64_t x) { return (x + 15) / 16 * 16; }
+static int64_t pad8(int64_t x) { return (x + 7) / 8 * 8; }
+
+/* Bytes of one segment's rows of the two strategy tables and k/blockdims. */
+#define TABLE_ROW_BYTES ((2 * MKV_MOSAIC_TABLE_COLS + MKV_MOSAIC_BLOCKDIM_COLS) * 4)
+
+/* Record geometry of one segment (K strategy ks, V strategy vs). */
+static void geometry(const mkv_mosaic_strategy *ks, const mkv_mosaic_strategy *vs, int d, int B, mkv_packed_seg *s)
+{
+    s->dk = (int32_t)(ks->rotate ? pad32(mkv_mosaic_rotation_cols(ks)) : d);
+    s->dv = (int32_t)(vs->rotate ? pad32(vs->dprime) : d);
+    s->kdim = ks->keydim;
+    s->kbound = ks->bound;
+    s->bk_width = (int32_t)pad8(s->kdim + s->kbound);
+    s->rk = ks->r;
+    s->rv = vs->r;
+    s->dpk = ks->dprime;
+    s->dpv = vs->dprime;
+    s->gk = ks->pervector ? ks->g : 1;
+    s->gv = vs->pervector ? vs->g : 1;
+    s->pvk = ks->pervector && ks->r < ks->dprime;
+    s->pvv = vs->pervector && vs->r < vs->dprime;
+    s->kmask_off = (int32_t)pad16((int64_t)B * s->rk * 2);
+    s->vval_off = s->kmask_off + (int32_t)pad16((int64_t)B * (pad32(ks->dprime) / 32) * 4);
+    s->vmask_off = s->vval_off + (int32_t)pad16((int64_t)B * s->rv * 2);
+    s->rec_bytes = s->vmask_off + (int32_t)pad16((int64_t)B * (s->dv / 32) * 4);
+}
+
+/* Per-channel bitmap words (nw) of one stored vector: the per-group bits
+ * of its bitmap spread over the group's channels, or the first r channels
+ * when the strategy stores no bitmap. */
+static void channel_mask(const mkv_mosaic_strategy *s, const uint8_t *bitmap, uint32_t *w, int nw)
+{
+    memset(w, 0, sizeof *w * (size_t)nw);
+    if (mkv_mosaic_bitmap_bytes(s) == 0) {
+        for (int c = 0; c < s->r; c++)
+            w[c / 32] |= 1u << (c % 32);
+        return;
+    }
+    int ng = s->dprime / s->g, kept = 0;
+    for (int i = 0; i < ng && kept < s->r; i++)
+        if (bitmap[i >> 3] >> (i & 7) & 1)
+            for (int c = i * s->g; c < i * s->g + s->g; c++, kept++)
+                w[c / 32] |= 1u << (c % 32);
+}
+
+static int check_shape(const mkv_mosaic_head *h, int d, int B, mkv_error *err)
+{
+    if (h->d != d || h->block != B)
+        return mkv_fail(err, MKV_EUSAGE, "GPU layout: heads differ in head_dim or block size");
+    if (d != 64 && d != 128)
+        return mkv_fail(err, MKV_EUNSUP, "GPU layout: head_dim %d; the GPU kernels take 64 and 128", d);
+    if (B != 1 && B != 2 && B != 4 && B != 8 && B != 16)
+        return mkv_fail(err, MKV_EUNSUP, "GPU layout: block of %d tokens; the GPU kernel takes 1, 2, 4, 8 or 16", B);
+    if (h->T > INT32_MAX)
+        return mkv_fail(err, MKV_EUNSUP, "GPU layout: %lld tokens", (long long)h->T);
+    return MKV_OK;
+}
+
+void mkv_gpu_layout_free(mkv_gpu_layout *g)
+{
+    if (!g)
+        return;
+    mkv_free(g->heads);
+    mkv_free(g->segs);
+    mkv_free(g->records);
+    mkv_free(g->blockkeys);
+    mkv_free(g->rotations);
+    mkv_free(g->dense_k);
+    mkv_free(g->dense_v);
+    memset(g, 0, sizeof *g);
+}
+
+/* Rotation [d][dp] (float, fp16 values) into [d][dpad] fp16, zero columns past dp. */
+static void put_rotation(const float *R, int d, int dp, int dpad, uint16_t *out)
+{
+    for (int j = 0; j < d; j++)
+        for (int c = 0; c < dpad; c++)
+            out[(size_t)j * dpad + c] = c < dp ? mkv_f32_to_f16(R[(size_t)j * dp + c]) : 0;
+}
+
+int mkv_gpu_layout_build(const mkv_mosaic_head *const *hs, int n, int64_t temp_tokens, mkv_gpu_layout *g,
+                         mkv_error *err)
+{
+    memset(g, 0, sizeof *g);
+    if (n < 1 || !hs || !hs[0])
+        return mkv_fail(err, MKV_EUSAGE, "GPU layout: no heads");
+    const int d = hs[0]->d, B = hs[0]->block;
+    int64_t n_segs = 0, rec_bytes = 0, n_bk = 0, n_rot = 0, n_dense = 0;
+    int rc;
+    for (int i = 0; i < n; i++) {
+        const mkv_mosaic_head *h = hs[i];
+        if ((rc = check_shape(h, d, B, err)) != MKV_OK)
+            return rc;
+        const int temp = temp_tokens > 0 && h->k.nseg > 0;
+        n_segs += h->k.nseg + temp;
+        n_dense += h->sink_n + h->recent_n;
+        for (int64_t s = 0; s < h->k.nseg; s++) {
+            const mkv_mosaic_strategy *ks = &h->k.seg[s], *vs = &h->v.seg[s];
+            mkv_packed_seg sg;
+            geometry(ks, vs, d, B, &sg);
+            int64_t nb = mkv_mosaic_nblocks(ks->len, B);
+            rec_bytes += nb * sg.rec_bytes;
+            n_bk += nb * sg.bk_width;
+            n_rot += (ks->rotate ? (int64_t)d * sg.dk : 0) + (vs->rotate ? (int64_t)d * sg.dv : 0);
+            if (temp && s == h->k.nseg - 1)
+                rec_bytes += mkv_mosaic_nblocks(temp_tokens, B) * sg.rec_bytes;
+        }
+    }
+    g->heads = mkv_calloc((size_t)n, sizeof *g->heads, "GPU head table", err);
+    g->segs = g->heads ? mkv_calloc((size_t)(n_segs ? n_segs : 1), sizeof *g->segs, "GPU segment table", err) : NULL;
+    g->records = g->segs ? mkv_calloc((size_t)(rec_bytes ? rec_bytes : 16), 1, "GPU records", err) : NULL;
+    g->blockkeys = g->records ? mkv_calloc((size_t)(n_bk ? n_bk : 1), 2, "GPU block keys", err) : NULL;
+    g->rotations = g->blockkeys ? mkv_calloc((size_t)(n_rot ? n_rot : 1), 2, "GPU rotations", err) : NULL;
+    g->dense_k = g->rotations ? mkv_calloc((size_t)(n_dense ? n_dense : 1) * (size_t)d, 2, "GPU dense keys", err) : NULL;
+    g->dense_v = g->dense_k ? mkv_calloc((size_t)(n_dense ? n_dense : 1) * (size_t)d, 2, "GPU dense values", err) : NULL;
+    if (!g->dense_v) {
+        mkv_gpu_layout_free(g);
+        return err ? err->code : MKV_ENOMEM;
+    }
+    int64_t seg_row = 0, rec_off = 0, bk_off = 0, rot_off = 0, dense_row = 0;
+    uint32_t mw[MKV_MOSAIC_MAX_D / 32];
+    for (int i = 0; i < n; i++) {
+        const mkv_mosaic_head *h = hs[i];
+        mkv_packed_head *hd = &g->heads[i];
+        const int64_t nd = h->sink_n + h->recent_n;
+        hd->T = h->T;
+        hd->dense_row = dense_row;
+        hd->sink_n = (int32_t)h->sink_n;
+        hd->recent_n = (int32_t)h->recent_n;
+        hd->first_seg = (int32_t)seg_row;
+        for (int64_t r = 0; r < nd * d; r++) {
+            g->dense_k[dense_row * d + r] = mkv_f32_to_f16(h->dense_k[r]);
+            g->dense_v[dense_row * d + r] = mkv_f32_to_f16(h->dense_v[r]);
+        }
+        dense_row += nd;
+        int32_t blocks = 0;
+        for (int64_t s = 0; s < h->k.nseg; s++) {
+            const mkv_mosaic_strategy *ks = &h->k.seg[s], *vs = &h->v.seg[s];
+            mkv_packed_seg *sg = &g->segs[seg_row++];
+            geometry(ks, vs, d, B, sg);
+            sg->start = ks->start;
+            sg->len = ks->len;
+            sg->n_blocks = (int32_t)mkv_mosaic_nblocks(ks->len, B);
+            sg->first_block = blocks;
+            sg->rec_off = rec_off;
+            sg->bk_off = bk_off;
+            sg->rk_off = sg->rv_off = -1;
+            if (ks->rotate) {
+                sg->rk_off = rot_off;
+                put_rotation(h->k.rotation + h->k.off_rotation[s], d, mkv_mosaic_rotation_cols(ks), sg->dk, g->rotations + rot_off);
+                rot_off += (int64_t)d * sg->dk;
+            }
+            if (vs->rotate) {
+                sg->rv_off = rot_off;
+                put_rotation(h->v.rotation + h->v.off_rotation[s], d, vs->dprime, sg->dv, g->rotations + rot_off);
+                rot_off += (int64_t)d * sg->dv;
+            }
+            const int kbb = mkv_mosaic_bitmap_bytes(ks), vbb = mkv_mosaic_bitmap_bytes(vs);
+            for (int64_t t = 0; t < ks->len; t++) {
+                uint8_t *r = g->records + rec_off + (t / B) * sg->rec_bytes;
+                const int row = (int)(t % B);
+                uint16_t *kv = (uint16_t *)r + row * sg->rk;
+                uint16_t *vv = (uint16_t *)(r + sg->vval_off) + row * sg->rv;
+                const float *ksrc = h->k.values + h->k.off_values[s] + t * ks->r;
+                const float *vsrc = h->v.values + h->v.off_values[s] + t * vs->r;
+                for (int e = 0; e < ks->r; e++)
+                    kv[e] = mkv_f32_to_f16(ksrc[e]);
+                for (int e = 0; e < vs->r; e++)
+                    vv[e] = mkv_f32_to_f16(vsrc[e]);
+                const int kw = (int)(pad32(ks->dprime) / 32);
+                channel_mask(ks, kbb ? h->k.bitmap + h->k.off_bitmap[s] + t * kbb : NULL, mw, kw);
+                memcpy(r + sg->kmask_off + (size_t)row * kw * 4, mw, (size_t)kw * 4);
+                channel_mask(vs, vbb ? h->v.bitmap + h->v.off_bitmap[s] + t * vbb : NULL, mw, sg->dv / 32);
+                memcpy(r + sg->vmask_off + (size_t)row * (sg->dv / 32) * 4, mw, (size_t)(sg->dv / 32) * 4);
+            }
+            const int kw = sg->kdim + sg->kbound;
+            for (int64_t b = 0; b < sg->n_blocks; b++)
+                for (int c = 0; c < sg->bk_width; c++)
+                    g->blockkeys[bk_off + b * sg->bk_width + c] =
+                        c < kw ? mkv_f32_to_f16(h->k.blockkeys[h->k.off_blockkeys[s] + b * kw + c]) : 0;
+            rec_off += (int64_t)sg->n_blocks * sg->rec_bytes;
+            bk_off += (int64_t)sg->n_blocks * sg->bk_width;
+            blocks += sg->n_blocks;
+        }
+        if (temp_tokens > 0 && h->k.nseg > 0) {
+            mkv_packed_seg *sg = &g->segs[seg_row++];
+            *sg = g->segs[seg_row - 2];   /* the last segment's strategy and rotations */
+            sg->start = h->T;
+            sg->len = 0;
+            sg->n_blocks = (int32_t)mkv_mosaic_nblocks(temp_tokens, B);
+            sg->first_block = blocks;
+            sg->rec_off = rec_off;
+            sg->bk_off = -1;
+            sg->always = 1;
+            rec_off += (int64_t)sg->n_blocks * sg->rec_bytes;
+            blocks += sg->n_blocks;
+        }
+        hd->n_seg = (int32_t)(seg_row - hd->first_seg);
+        hd->n_blocks = blocks;
+    }
+    mkv_packed_layout *l = &g->l;
+    l->head_dim = d;
+    l->block = B;
+    l->n_heads = n;
+    l->heads = g->heads;
+    l->n_segs = n_segs;
+    l->segs = g->segs;
+    l->record_bytes = (size_t)rec_bytes;
+    l->records = g->records;
+    l->n_blockkeys = (size_t)n_bk;
+    l->blockkeys = g->blockkeys;
+    l->n_rotations = (size_t)n_rot;
+    l->rotations = g->rotations;
+    l->n_dense_rows = n_dense;
+    l->dense_k = g->dense_k;
+    l->dense_v = g->dense_v;
+    return MKV_OK;
+}
+
+uint64_t mkv_gpu_mosaic_bytes(const mkv_mosaic_head *h, int64_t pos, const uint8_t *blocks, int64_t nd)
+{
+    const int d = h->d, B = h->block;
+    uint64_t bytes = (uint64_t)nd * (uint64_t)d * 2 * 2;
+    int64_t id = 0;
+    for (int64_t s = 0; s < h->k.nseg; s++) {
+        const mkv_mosaic_strategy *ks = &h->k.seg[s], *vs = &h->v.seg[s];
+        const int64_t nb = mkv_mosaic_nblocks(ks->len, B);
+        if (ks->start <= pos) {
+            int64_t upto = (pos - ks->start) / B + 1;
+            upto = upto < nb ? upto : nb;
+            bytes += TABLE_ROW_BYTES + (uint64_t)d * (uint64_t)mkv_mosaic_rotation_cols(ks) * 2;
+            bytes += (uint64_t)upto * (uint64_t)(ks->keydim + ks->bound) * 2;
+            const uint64_t per_token = (uint64_t)(ks->r + vs->r) * 2 + (uint64_t)(mkv_mosaic_bitmap_bytes(ks) +
+                                                                                mkv_mosaic_bitmap_bytes(vs));
+            int any = 0;
+            for (int64_t b = 0; b < upto; b++) {
+                if (!blocks[id + b])
+                    continue;
+                int64_t t0 = ks->start + b * B, t1 = t0 + B;
+                t1 = t1 < ks->start + ks->len ? t1 : ks->start + ks->len;
+                t1 = t1 < pos + 1 ? t1 : pos + 1;
+                bytes += (uint64_t)(t1 - t0) * per_token;
+                any = 1;
+            }
+            if (any && vs->rotate)
+                bytes += (uint64_t)d * (uint64_t)vs->dprime * 2;
+        }
+        id += nb;
+    }
+    return bytes;
+}

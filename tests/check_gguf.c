@@ -29,13 +29,16 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "io/gguf.h"
 #include "vocab/bpe_gpt2.h"
 #include "model/forward.h"
+#include "model/ggml_quant.h"
 #include "model/gguf.h"
 #include "model/hf.h"
 #include "model/model.h"
 #include "model/sampler.h"
 #include "testutil.h"
+#include "vocab/gguf_vocab.h"
 #include "vocab/tokenizer.h"
 
 /* ------------------------------------------------------------ environment */
@@ -1533,6 +1536,68 @@ static void expect_ids(const mkv_tokenizer *t, const char *text, int flags, cons
     free(ids);
 }
 
+/* The vocabulary layer on its own, from metadata given as plain arrays:
+ * llama.cpp's sentencepiece defaults (unknown 0, BOS 1, EOS 2, a space
+ * prefix, token types inferred when the file has none) and a hand-worked
+ * merge by score. */
+START_TEST(test_vocab_from_metadata)
+{
+    static const char *const pieces[] = {"<unk>", "<s>", "</s>", "<0x41>", "\xE2\x96\x81", "a",
+                                         "\xE2\x96\x81" "a", "b"};
+    static const size_t lens[] = {5, 3, 4, 6, 3, 1, 4, 1};
+    static const float scores[] = {0, 0, 0, 0, -5, -3, -1, -4};
+    mkv_gguf_vocab v = {.source = "v.gguf", .model = "llama", .n_tokens = 8, .tokens = pieces,
+                        .token_lens = lens, .bos_id = MKV_GGUF_VOCAB_UNSET,
+                        .eos_id = MKV_GGUF_VOCAB_UNSET, .unk_id = MKV_GGUF_VOCAB_UNSET,
+                        .scores = scores, .add_space_prefix = -1};
+    mkv_tokenizer *t;
+    mkv_error err;
+    ck_assert_msg(mkv_gguf_vocab_tokenizer(&v, &t, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_int_eq(t->unk_id, 0);
+    ck_assert_int_eq(t->bos_id, 1);
+    ck_assert_int_eq(t->eos_id, 2);
+    ck_assert_int_eq(t->add_space_prefix, 1);
+    static const int want_types[] = {MKV_TOKEN_UNKNOWN, MKV_TOKEN_CONTROL, MKV_TOKEN_CONTROL,
+                                     MKV_TOKEN_BYTE, MKV_TOKEN_NORMAL, MKV_TOKEN_NORMAL,
+                                     MKV_TOKEN_NORMAL, MKV_TOKEN_NORMAL};
+    for (int i = 0; i < 8; i++)
+        ck_assert_int_eq(t->tokens[i].type, want_types[i]);
+    /* "ab" -> U+2581 a b; the best-scored pair (U+2581 a, -1) merges, then
+     * nothing more: BOS, 6, 7.  "A" has no piece: BOS, U+2581 and byte
+     * <0x41>. */
+    expect_ids(t, "ab", MKV_ENCODE_BOS, (int32_t[]){1, 6, 7}, 3);
+    expect_ids(t, "A", MKV_ENCODE_BOS, (int32_t[]){1, 4, 3}, 3);
+    mkv_tokenizer_free(t);
+
+    v.add_space_prefix = 0;
+    v.bos_id = -1;
+    ck_assert_msg(mkv_gguf_vocab_tokenizer(&v, &t, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_int_eq(t->bos_id, -1);
+    expect_ids(t, "ab", 0, (int32_t[]){5, 7}, 2);
+    mkv_tokenizer_free(t);
+
+    v.model = "bert";
+    ck_assert_int_eq(mkv_gguf_vocab_tokenizer(&v, &t, &err), MKV_EUNSUP);
+    ck_assert_ptr_null(t);
+    ck_assert_ptr_nonnull(strstr(err.msg, "'v.gguf': tokenizer model 'bert' is not supported"));
+
+    /* byte-level BPE pieces are C strings: a NUL inside one is refused */
+    static const size_t nul_lens[] = {5, 3, 4, 6, 3, 2, 4, 1};
+    v.model = "gpt2";
+    v.token_lens = nul_lens;
+    ck_assert_int_eq(mkv_gguf_vocab_tokenizer(&v, &t, &err), MKV_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(err.msg, "'tokenizer.ggml.tokens' entry 5 contains a NUL byte"));
+
+    /* llama.cpp: sentencepiece vocabularies and the LLaMA-3 pre-tokenizer
+     * start prompts with BOS, other byte-level ones do not */
+    ck_assert_int_eq(mkv_gguf_vocab_default_add_bos("llama", NULL), 1);
+    ck_assert_int_eq(mkv_gguf_vocab_default_add_bos(NULL, NULL), 1);
+    ck_assert_int_eq(mkv_gguf_vocab_default_add_bos("gpt2", "smollm"), 0);
+    ck_assert_int_eq(mkv_gguf_vocab_default_add_bos("gpt2", NULL), 0);
+    ck_assert_int_eq(mkv_gguf_vocab_default_add_bos("gpt2", "llama-bpe"), 1);
+}
+END_TEST
+
 START_TEST(test_bpe_by_hand)
 {
     for (unsigned b = 0; b < 256; b++)
@@ -2112,6 +2177,7 @@ int main(void)
     tcase_add_test(tc, test_llama_unsupported_quant);
     tcase_add_test(tc, test_llama3_rope_freqs);
     tcase_add_test(tc, test_rope_scaling_metadata);
+    tcase_add_test(tc, test_vocab_from_metadata);
     tcase_add_test(tc, test_bpe_by_hand);
     tcase_add_test(tc, test_pretokenize_reference);
     if (have_stories)

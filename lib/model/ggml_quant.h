@@ -1,0 +1,39 @@
+/* Dequantization of ggml tensor data (the block layouts llama.cpp's ggml
+ * defines) to float32. */
+#ifndef MKV_GGML_QUANT_H
+#define MKV_GGML_QUANT_H
+
+#include <stdint.h>
+#include "core/mkv.h"
+#include "io/gguf.h"
+
+/* ggml tensor types mosaickv dequantizes (the ids are ggml's). */
+enum {
+    MKV_GGML_F32 = 0,
+    MKV_GGML_F16 = 1,
+    MKV_GGML_Q4_0 = 2,
+    MKV_GGML_Q4_1 = 3,
+    MKV_GGML_Q8_0 = 8,
+    MKV_GGML_BF16 = 30
+};
+
+/* 1 for the types mkv_ggml_dequantize converts (F32, F16, BF16, Q8_0, Q4_0,
+ * Q4_1). */
+int mkv_ggml_can_dequantize(uint32_t type);
+
+/* Dequantize n elements (a whole number of blocks) of `type` from src to
+ * float32 dst.  Q8_0: fp16 d, 32 int8 q: d*q.  Q4_0: fp16 d, 16 bytes whose
+ * low nibbles are elements 0..15 and high nibbles 16..31: d*(q-8).  Q4_1:
+ * fp16 d, fp16 m, nibbles as Q4_0: d*q + m.  MKV_EUNSUP for another type,
+ * MKV_EFORMAT when n is not a whole number of blocks. */
+int mkv_ggml_dequantize(uint32_t type, const void *src, float *dst, uint64_t n, mkv_error *err);
+
+/* MKV_OK when tensor t of g has a type mkv_ggml_dequantize converts, else
+ * MKV_EUNSUP with a message that names the file, the tensor and its type. */
+int mkv_gguf_check_dequantizable(const mkv_gguf *g, const mkv_gguf_tensor *t, mkv_error *err);
+
+/* A tensor of a GGUF file into dst (n_elements floats).  Messages name the
+ * tensor and its type. */
+int mkv_gguf_dequantize(const mkv_gguf *g, const mkv_gguf_tensor *t, float *dst, mkv_error *err);
+
+#endif

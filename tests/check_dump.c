@@ -197,12 +197,18 @@ static void put_str(hid_t f, const char *name, const char *v)
 static void defect_format(hid_t f) { put_str(f, "mkv_format", "something-else"); }
 static void defect_krope(hid_t f) { put_str(f, "k_rope", "sideways"); }
 
+/* Overwrite the existing attribute name with *v of mem_type. */
+static void set_attr(hid_t f, const char *name, hid_t mem_type, const void *v)
+{
+    hid_t a = H5Aopen(f, name, H5P_DEFAULT);
+    H5Awrite(a, mem_type, v);
+    H5Aclose(a);
+}
+
 static void defect_version(hid_t f)
 {
     int v = 2;
-    hid_t a = H5Aopen(f, "mkv_version", H5P_DEFAULT);
-    H5Awrite(a, H5T_NATIVE_INT, &v);
-    H5Aclose(a);
+    set_attr(f, "mkv_version", H5T_NATIVE_INT, &v);
 }
 
 static void defect_shape(hid_t f)
@@ -279,17 +285,13 @@ END_TEST
 static void defect_rope_inf(hid_t f)
 {
     double inf = INFINITY;
-    hid_t a = H5Aopen(f, "rope_theta", H5P_DEFAULT);
-    H5Awrite(a, H5T_NATIVE_DOUBLE, &inf);
-    H5Aclose(a);
+    set_attr(f, "rope_theta", H5T_NATIVE_DOUBLE, &inf);
 }
 
 static void defect_heads(hid_t f)
 {
     int v = 3;
-    hid_t a = H5Aopen(f, "n_heads", H5P_DEFAULT);
-    H5Awrite(a, H5T_NATIVE_INT, &v);
-    H5Aclose(a);
+    set_attr(f, "n_heads", H5T_NATIVE_INT, &v);
 }
 
 /* /tokens rewritten as int64 with one id beyond int32 (2^33 + 5 would read

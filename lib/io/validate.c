@@ -69,7 +69,7 @@ static int check_attrs(hid_t fid, problems *p, mkv_dump_meta *m)
             bad = 1;
         } else {
             /* clamped into int: the model check below refuses it then */
-            *ints[i].dst = v < 0 ? 0 : v > INT_MAX ? INT_MAX : (int)v;
+            *ints[i].dst = v < INT_MIN ? INT_MIN : v > INT_MAX ? INT_MAX : (int)v;
         }
     }
     if (mkv_h5_attr_get_double(fid, "rope_theta", &m->rope_theta, &e)) {

@@ -419,7 +419,7 @@ int main(void)
 {
     Suite *s = suite_create("capture");
     TCase *tc = tcase_create("core");
-    tcase_set_timeout(tc, 60);
+    tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_chat_families);
     tcase_add_test(tc, test_chat_chatml);
     tcase_add_test(tc, test_chat_llama_mistral);

@@ -197,12 +197,18 @@ static void put_str(hid_t f, const char *name, const char *v)
 static void defect_format(hid_t f) { put_str(f, "mkv_format", "something-else"); }
 static void defect_krope(hid_t f) { put_str(f, "k_rope", "sideways"); }
 
+/* Overwrite the existing attribute name with *v of mem_type. */
+static void set_attr(hid_t f, const char *name, hid_t mem_type, const void *v)
+{
+    hid_t a = H5Aopen(f, name, H5P_DEFAULT);
+    H5Awrite(a, mem_type, v);
+    H5Aclose(a);
+}
+
 static void defect_version(hid_t f)
 {
     int v = 2;
-    hid_t a = H5Aopen(f, "mkv_version", H5P_DEFAULT);
-    H5Awrite(a, H5T_NATIVE_INT, &v);
-    H5Aclose(a);
+    set_attr(f, "mkv_version", H5T_NATIVE_INT, &v);
 }
 
 static void defect_shape(hid_t f)
@@ -268,11 +274,162 @@ START_TEST(validation_finds_defects)
     check_defect(defect_no_attr, "missing attribute 'n_layers'", 1);
     check_defect(defect_format, "mkv_format is 'something-else', expected 'mosaickv-dump'", 1);
     check_defect(defect_version, "unsupported mkv_version 2", 1);
-    check_defect(defect_krope, "attribute k_rope='sideways' is not one of: post pre", 1);
+    check_defect(defect_krope, "k_rope='sideways' must be 'post' or 'pre'", 1);
     check_defect(defect_shape, "/layers/01/k: shape [2,36,8] does not match n_kv_heads=2, T=37, head_dim=8", 1);
     check_defect(defect_nan, "/layers/00/k: NaN at [1,5,3] (2 non-finite values)", 0);
     check_defect(defect_query_pos, "/query_pos: position 37 at index 4 is outside 0..36", 0);
     check_defect(defect_missing_v, "missing dataset /layers/00/v", 1);
+}
+END_TEST
+
+static void defect_rope_inf(hid_t f)
+{
+    double inf = INFINITY;
+    set_attr(f, "rope_theta", H5T_NATIVE_DOUBLE, &inf);
+}
+
+static void defect_heads(hid_t f)
+{
+    int v = 3;
+    set_attr(f, "n_heads", H5T_NATIVE_INT, &v);
+}
+
+/* /tokens rewritten as int64 with one id beyond int32 (2^33 + 5 would read
+ * back as INT32_MAX through a conversion to int32) */
+static void defect_tokens_int64(hid_t f)
+{
+    H5Ldelete(f, "/tokens", H5P_DEFAULT);
+    int64_t tok[T];
+    for (int i = 0; i < T; i++)
+        tok[i] = i;
+    tok[3] = ((int64_t)1 << 33) + 5;
+    hsize_t n = T;
+    hid_t s = H5Screate_simple(1, &n, NULL);
+    hid_t ds = H5Dcreate2(f, "/tokens", H5T_STD_I64LE, s, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    H5Dwrite(ds, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, tok);
+    H5Dclose(ds);
+    H5Sclose(s);
+}
+
+/* A dataset of shape [KVH, tokens, D] in place of /layers/NN/<kind>, chunked
+ * and never written: what one damaged byte of its dimensions looks like. */
+static void claim_tokens(hid_t f, const char *name, hsize_t tokens)
+{
+    H5Ldelete(f, name, H5P_DEFAULT);
+    hsize_t dims[3] = {KVH, tokens, D}, chunk[3] = {1, 16, D};
+    hid_t s = H5Screate_simple(3, dims, NULL);
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_chunk(dcpl, 3, chunk);
+    hid_t ds = H5Dcreate2(f, name, H5T_IEEE_F32LE, s, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    H5Dclose(ds);
+    H5Pclose(dcpl);
+    H5Sclose(s);
+}
+
+static void defect_huge_k(hid_t f) { claim_tokens(f, "/layers/00/k", (hsize_t)1 << 48); }
+
+/* every k and v claims 2^48 tokens and /tokens is gone: the shapes agree,
+ * only the file's size tells */
+static void defect_huge_all(hid_t f)
+{
+    H5Ldelete(f, "/tokens", H5P_DEFAULT);
+    for (int l = 0; l < L; l++) {
+        char name[32];
+        snprintf(name, sizeof name, "/layers/%02d/k", l);
+        claim_tokens(f, name, (hsize_t)1 << 48);
+        snprintf(name, sizeof name, "/layers/%02d/v", l);
+        claim_tokens(f, name, (hsize_t)1 << 48);
+    }
+}
+
+START_TEST(metadata_and_extent_defects)
+{
+    check_defect(defect_rope_inf, "rope_theta=inf must be finite and positive", 1);
+    check_defect(defect_heads, "n_heads=3 is not a multiple of n_kv_heads=2", 1);
+    check_defect(defect_huge_k, "/layers/00/k: shape [2,281474976710656,8] does not match n_kv_heads=2, T=37",
+                 1);
+    check_defect(defect_huge_all, "/layers/00/k: shape [2,281474976710656,8] claims 1.8e+16 bytes, more than "
+                 "a file of ", 1);
+    /* open blames the dimensions, before any value is read */
+    char path[256];
+    mkv_error err;
+    mkv_dump *d;
+    test_path(path, sizeof path, "huge.h5");
+    ck_assert_int_eq(write_dump(path, MKV_DTYPE_F32, 0, &err), MKV_OK);
+    hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    defect_huge_k(f);
+    H5Fclose(f);
+    ck_assert_int_eq(mkv_dump_open(path, &d, &err), MKV_EFORMAT);
+    ck_assert_msg(strstr(err.msg, "/layers/00/k: shape [2,281474976710656,8] claims 1.8e+16 bytes, more than a "
+                         "file of "), "%s", err.msg);
+    unlink(path);
+}
+END_TEST
+
+/* Index values out of range: the validator names the first; open succeeds
+ * (the shapes are right) and the reader refuses them as a data error. */
+START_TEST(index_ranges)
+{
+    char path[256], problems[4096];
+    mkv_error err;
+    test_path(path, sizeof path, "index.h5");
+    /* -5 would index before the scores, INT32_MAX overflows p + 1, 2^30
+     * asks for gigabytes: all are outside 0..T-1 */
+    const int32_t bad[] = {-5, T, INT32_MAX, 1 << 30};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_int_eq(write_dump(path, MKV_DTYPE_F32, 0, &err), MKV_OK);
+        hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+        hid_t ds = H5Dopen2(f, "/query_pos", H5P_DEFAULT);
+        int32_t pos[W] = {0, 1, bad[i], 3, 4};
+        H5Dwrite(ds, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, pos);
+        H5Dclose(ds);
+        H5Fclose(f);
+        char want[128];
+        snprintf(want, sizeof want, "/query_pos: position %d at index 2 is outside 0..36", bad[i]);
+        problems[0] = 0;
+        ck_assert_int_eq(mkv_dump_validate(path, collect, problems, &err), 1);
+        ck_assert_msg(strstr(problems, want), "expected '%s' in:\n%s", want, problems);
+        mkv_dump *d;
+        ck_assert_int_eq(mkv_dump_open(path, &d, &err), MKV_OK);
+        int32_t got[W];
+        ck_assert_int_eq(mkv_dump_read_query_pos(d, got, &err), MKV_EFORMAT);
+        ck_assert_msg(strstr(err.msg, want), "%s", err.msg);
+        mkv_dump_close(d);
+    }
+
+    ck_assert_int_eq(write_dump(path, MKV_DTYPE_F32, 0, &err), MKV_OK);
+    hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    defect_tokens_int64(f);
+    H5Fclose(f);
+    const char *want = "/tokens: token id 8589934597 at index 3 is outside 0..2147483647";
+    problems[0] = 0;
+    ck_assert_int_eq(mkv_dump_validate(path, collect, problems, &err), 1);
+    ck_assert_msg(strstr(problems, want), "expected '%s' in:\n%s", want, problems);
+    mkv_dump *d;
+    ck_assert_int_eq(mkv_dump_open(path, &d, &err), MKV_OK);
+    int32_t tok[T];
+    ck_assert_int_eq(mkv_dump_read_tokens(d, tok, &err), MKV_EFORMAT);
+    ck_assert_msg(strstr(err.msg, want), "%s", err.msg);
+    mkv_dump_close(d);
+    /* an int64 /tokens within range reads as it is */
+    f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    hid_t ds = H5Dopen2(f, "/tokens", H5P_DEFAULT);
+    int64_t fixed = 7;
+    hsize_t at = 3, one = 1;
+    hid_t fs = H5Dget_space(ds), ms = H5Screate_simple(1, &one, NULL);
+    H5Sselect_hyperslab(fs, H5S_SELECT_SET, &at, NULL, &one, NULL);
+    H5Dwrite(ds, H5T_NATIVE_INT64, ms, fs, H5P_DEFAULT, &fixed);
+    H5Sclose(ms);
+    H5Sclose(fs);
+    H5Dclose(ds);
+    H5Fclose(f);
+    ck_assert_int_eq(mkv_dump_validate(path, collect, problems, &err), 0);
+    ck_assert_int_eq(mkv_dump_open(path, &d, &err), MKV_OK);
+    ck_assert_int_eq(mkv_dump_read_tokens(d, tok, &err), MKV_OK);
+    for (int i = 0; i < T; i++)
+        ck_assert_int_eq(tok[i], i == 3 ? 7 : i);
+    mkv_dump_close(d);
+    unlink(path);
 }
 END_TEST
 
@@ -434,6 +591,12 @@ START_TEST(meta_checks)
     ck_assert_int_eq(mkv_dump_meta_check(&m, &err), MKV_EFORMAT);
     ck_assert_str_eq(err.msg, "n_heads=5 is not a multiple of n_kv_heads=2");
     fill_meta(&m, MKV_DTYPE_F32);
+    m.rope_theta = INFINITY;
+    ck_assert_int_eq(mkv_dump_meta_check(&m, &err), MKV_EFORMAT);
+    ck_assert_str_eq(err.msg, "rope_theta=inf must be finite and positive");
+    m.rope_theta = NAN;
+    ck_assert_int_eq(mkv_dump_meta_check(&m, &err), MKV_EFORMAT);
+    fill_meta(&m, MKV_DTYPE_F32);
     m.n_queries = T + 1;
     mkv_dump_writer *w;
     ck_assert_int_eq(mkv_dump_create("/tmp/never.h5", &m, NULL, &w, &err), MKV_EFORMAT);
@@ -453,6 +616,8 @@ int main(void)
     tcase_add_test(tc, roundtrip_bf16);
     tcase_add_test(tc, partial_reads);
     tcase_add_test(tc, validation_finds_defects);
+    tcase_add_test(tc, metadata_and_extent_defects);
+    tcase_add_test(tc, index_ranges);
     tcase_add_test(tc, open_errors);
     tcase_add_test(tc, pipe_roundtrip);
     tcase_add_test(tc, atomic_output);

@@ -2158,6 +2158,52 @@ START_TEST(test_smollm2_perplexity)
 }
 END_TEST
 
+/* 4 MiB of text without digits under the SmolLM2 rules, split piece by
+ * piece against the hand-made split of its repeated line. The split is
+ * linear in the text: a split that rescanned the rest of a digit-free
+ * fragment for every piece would do about 10^12 character steps here,
+ * hours rather than the fraction of a second this takes, and would run
+ * out of this test case's timeout by far. */
+START_TEST(test_pretokenize_smollm_long_text)
+{
+    static const char *const line[] = {"Hello", " world", ",", " it", "'s", " ", " a", " test", "!", "\n"};
+    const size_t n_line = sizeof line / sizeof line[0];
+    size_t line_len = 0;
+    for (size_t k = 0; k < n_line; k++)
+        line_len += strlen(line[k]);
+    const size_t reps = (4u << 20) / line_len;
+    /* digits at the end: each is a piece of its own, after the last fragment */
+    static const char *const tail[] = {"x", "1", "2"};
+    const size_t len = reps * line_len + 3;
+    char *text = malloc(len);
+    ck_assert_ptr_nonnull(text);
+    for (size_t r = 0; r < reps; r++) {
+        char *at = text + r * line_len;
+        for (size_t k = 0; k < n_line; k++) {
+            memcpy(at, line[k], strlen(line[k]));
+            at += strlen(line[k]);
+        }
+    }
+    memcpy(text + reps * line_len, "x12", 3);
+
+    size_t *ends, n;
+    mkv_error err;
+    ck_assert_msg(mkv_bpe_gpt2_pretokenize("smollm", text, len, &ends, &n, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_uint_eq(n, reps * n_line + 3);
+    size_t start = 0, wrong = 0, first_wrong = 0;
+    for (size_t k = 0; k < n; k++) {
+        size_t want = strlen(k < reps * n_line ? line[k % n_line] : tail[k - reps * n_line]);
+        if (ends[k] != start + want && wrong++ == 0)
+            first_wrong = k;
+        start += want;
+    }
+    ck_assert_msg(wrong == 0, "%zu pieces end in the wrong place, the first is piece %zu", wrong, first_wrong);
+    ck_assert_uint_eq(ends[n - 1], len);
+    free(ends);
+    free(text);
+}
+END_TEST
+
 int main(void)
 {
     int have_stories = models_dir() != NULL, have_smol = smollm2_path() != NULL;
@@ -2189,6 +2235,10 @@ int main(void)
         tcase_add_test(tc, test_smollm2_perplexity);
     }
     suite_add_tcase(s, tc);
+    TCase *long_text = tcase_create("long-text");
+    tcase_set_timeout(long_text, 20);
+    tcase_add_test(long_text, test_pretokenize_smollm_long_text);
+    suite_add_tcase(s, long_text);
     int status = test_run(s);
     if (!have_stories)
         printf("check_gguf: stories260K.bin/tok512.bin not found (set MKV_MODELS_DIR, default "

@@ -344,5 +344,48 @@ else
     echo "SKIP: stats vs numpy on a synthetic dump (mkv-capture --synthetic unavailable)"
 fi
 
+# ---------------------------------------------------------------- damaged indices, metadata, dimensions
+for defect in query-pos-negative query-pos-max query-pos-huge tokens-int64 rope-inf huge-k huge-kv; do
+    fixture corrupt good.h5 $defect.h5 $defect
+done
+# A position outside 0..T-1 is a data error (exit 1), caught where
+# /query_pos is read, whatever the analysis does with it.
+for defect in query-pos-negative:-5 query-pos-max:2147483647 query-pos-huge:1073741824; do
+    f=${defect%%:*}.h5 pos=${defect#*:}
+    expect "check $f" 1 "$f: /query_pos: position $pos at index 1 is outside 0..39" '' $A check $f
+    expect "sparsity $f" 1 '' "$E: '$f': /query_pos: position $pos at index 1 is outside 0..39" \
+        $A sparsity $f
+done
+# int64 ids are read as stored, not clipped to int32 on the way
+expect "check int64 /tokens beyond int32" 1 \
+    'tokens-int64.h5: /tokens: token id 8589934592 at index 0 is outside 0..2147483647' '' \
+    $A check tokens-int64.h5
+# every open checks the same metadata
+expect "check rope_theta inf" 1 'rope-inf.h5: rope_theta=inf must be finite and positive' '' \
+    $A check rope-inf.h5
+for cmd in info stats sparsity; do
+    expect "$cmd rope_theta inf" 1 '' "$E: 'rope-inf.h5': rope_theta=inf must be finite and positive" \
+        $A $cmd rope-inf.h5
+done
+# 2^48 tokens claimed by chunks never written: refused from the shapes,
+# before a value is read (a scan would never end)
+expect "check one k of 2^48 tokens" 1 \
+    'huge-k.h5: /layers/00/k: shape [2,281474976710656,32] does not match n_kv_heads=2, T=40, head_dim=32' '' \
+    $A check huge-k.h5
+# claim PREFIX DATASET FILE: the refusal of DATASET's 2^48 tokens in FILE
+claim() {
+    printf "%s/layers/%s: shape [2,281474976710656,32] claims 7.21e+16 bytes, more than a file of %s bytes can hold (damaged dimensions?)" \
+        "$1" "$2" "$(wc -c <"$3" | tr -d ' ')"
+}
+expect "info one k of 2^48 tokens" 1 '' "$(claim "$E: 'huge-k.h5': " 00/k huge-k.h5)" $A info huge-k.h5
+expect "check every k and v of 2^48 tokens" 1 "$(claim 'huge-kv.h5: ' 00/k huge-kv.h5)
+$(claim 'huge-kv.h5: ' 00/v huge-kv.h5)
+$(claim 'huge-kv.h5: ' 01/k huge-kv.h5)
+$(claim 'huge-kv.h5: ' 01/v huge-kv.h5)" '' $A check huge-kv.h5
+for cmd in stats segments; do
+    expect "$cmd every k and v of 2^48 tokens" 1 '' "$(claim "$E: 'huge-kv.h5': " 00/k huge-kv.h5)" \
+        $A $cmd huge-kv.h5
+done
+
 echo "cli_errors: $passed passed, $failed failed"
 [ $failed -eq 0 ]

@@ -114,6 +114,62 @@ def defect_query_pos(f):
     qp[...] = x
 
 
+def set_query_pos(f, value):
+    """The middle query's position becomes value (int32 storage kept)."""
+    qp = f["query_pos"]
+    x = qp[()]
+    x[len(x) // 2] = value
+    qp[...] = x
+
+
+def defect_query_pos_negative(f):
+    set_query_pos(f, -5)
+
+
+def defect_query_pos_max(f):
+    set_query_pos(f, np.iinfo(np.int32).max)
+
+
+def defect_query_pos_huge(f):
+    set_query_pos(f, 1 << 30)
+
+
+def defect_tokens_int64(f):
+    """/tokens stored as int64 (what numpy writes by default), one id 2^33."""
+    tokens = f["tokens"][()].astype(np.int64)
+    tokens[0] = 1 << 33
+    del f["tokens"]
+    f.create_dataset("tokens", data=tokens)
+
+
+def defect_rope_inf(f):
+    f.attrs["rope_theta"] = np.inf
+
+
+def claim_tokens(f, name, tokens):
+    """name becomes a chunked dataset of `tokens` tokens, none written: what
+    one damaged byte of its dimensions looks like."""
+    old = f[name]
+    shape, dtype, attrs = old.shape, old.dtype, dict(old.attrs)
+    del f[name]
+    ds = f.create_dataset(name, shape=(shape[0], tokens, shape[2]), dtype=dtype,
+                          chunks=(1, 16, shape[2]), compression="gzip")
+    ds.attrs.update(attrs)
+
+
+def defect_huge_k(f):
+    claim_tokens(f, "layers/00/k", 1 << 48)
+
+
+def defect_huge_kv(f):
+    """Every k and v claims 2^48 tokens and /tokens is gone: the shapes
+    agree with each other, only the file's size gives them away."""
+    del f["tokens"]
+    for layer in range(int(f.attrs["n_layers"])):
+        for tensor in "kv":
+            claim_tokens(f, "layers/%02d/%s" % (layer, tensor), 1 << 48)
+
+
 DEFECTS = {
     "version": defect_version,
     "format": defect_format,
@@ -122,6 +178,13 @@ DEFECTS = {
     "nan": defect_nan,
     "inf": defect_inf,
     "query-pos": defect_query_pos,
+    "query-pos-negative": defect_query_pos_negative,
+    "query-pos-max": defect_query_pos_max,
+    "query-pos-huge": defect_query_pos_huge,
+    "tokens-int64": defect_tokens_int64,
+    "rope-inf": defect_rope_inf,
+    "huge-k": defect_huge_k,
+    "huge-kv": defect_huge_kv,
 }
 
 

@@ -132,6 +132,63 @@ done:
     return rc;
 }
 
+/* zlib's largest compression ratio is about 1032:1 */
+#define MAX_DEFLATE_RATIO 1100
+
+int mkv_dump_check_extent(hid_t dset, const char *name, int rank, const hsize_t *dims, hsize_t file_size,
+                          mkv_error *err)
+{
+    hid_t t = H5Dget_type(dset);
+    size_t esize = t >= 0 ? H5Tget_size(t) : 0;
+    if (t >= 0)
+        H5Tclose(t);
+    if (esize == 0)
+        return mkv_fail(err, MKV_EFORMAT, "%s: cannot read its type", name);
+    /* in long double: a product of three 64-bit sizes neither overflows
+     * nor rounds below the limit */
+    long double bytes = (long double)esize;
+    char shape[96] = "";
+    size_t used = 0;
+    for (int i = 0; i < rank; i++) {
+        bytes *= (long double)dims[i];
+        used += (size_t)snprintf(shape + used, sizeof shape - used, "%s%llu", i ? "," : "",
+                                 (unsigned long long)dims[i]);
+    }
+    if (bytes > (long double)file_size * MAX_DEFLATE_RATIO)
+        return mkv_fail(err, MKV_EFORMAT,
+                        "%s: shape [%s] claims %.3Lg bytes, more than a file of %llu bytes can hold "
+                        "(damaged dimensions?)",
+                        name, shape, bytes, (unsigned long long)file_size);
+    return MKV_OK;
+}
+
+int mkv_dump_read_ints(hid_t dset, int64_t n, int64_t lo, int64_t hi, int32_t *out, int64_t *bad,
+                       int64_t *bad_value, mkv_error *err)
+{
+    *bad = -1;
+    if (n == 0)
+        return MKV_OK;
+    int64_t *v = mkv_alloc((size_t)n, sizeof *v, "index values", err);
+    if (!v)
+        return MKV_ENOMEM;
+    /* int64 holds every stored integer type exactly except uint64 above
+     * INT64_MAX, which HDF5 clips to INT64_MAX: outside lo..hi either way */
+    if (H5Dread(dset, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, v) < 0) {
+        mkv_free(v);
+        return mkv_fail(err, MKV_EFORMAT, "read failed (damaged data?)");
+    }
+    for (int64_t i = 0; i < n; i++) {
+        if (v[i] < lo || v[i] > hi) {
+            *bad = i;
+            *bad_value = v[i];
+            break;
+        }
+        out[i] = (int32_t)v[i];
+    }
+    mkv_free(v);
+    return MKV_OK;
+}
+
 void mkv_dump_meta_init(mkv_dump_meta *m)
 {
     memset(m, 0, sizeof *m);
@@ -142,29 +199,39 @@ void mkv_dump_meta_init(mkv_dump_meta *m)
     m->dtype = MKV_DTYPE_F16;
 }
 
-int mkv_dump_meta_check(const mkv_dump_meta *m, mkv_error *err)
+int mkv_dump_check_model(const mkv_dump_meta *m, mkv_error *err)
 {
     if (m->n_layers <= 0 || m->n_layers > 1000)
         return mkv_fail(err, MKV_EFORMAT, "n_layers=%d is out of range 1..1000", m->n_layers);
     if (m->n_kv_heads <= 0 || m->n_heads <= 0)
         return mkv_fail(err, MKV_EFORMAT, "n_heads=%d and n_kv_heads=%d must be positive",
                         m->n_heads, m->n_kv_heads);
+    if (m->n_heads > 1000000)
+        return mkv_fail(err, MKV_EFORMAT, "n_heads=%d is out of range 1..1000000", m->n_heads);
     if (m->n_heads % m->n_kv_heads != 0)
         return mkv_fail(err, MKV_EFORMAT, "n_heads=%d is not a multiple of n_kv_heads=%d",
                         m->n_heads, m->n_kv_heads);
     if (m->head_dim <= 0 || m->head_dim > 4096)
         return mkv_fail(err, MKV_EFORMAT, "head_dim=%d is out of range 1..4096", m->head_dim);
+    if (!(m->rope_theta > 0) || !isfinite(m->rope_theta))
+        return mkv_fail(err, MKV_EFORMAT, "rope_theta=%g must be finite and positive", m->rope_theta);
+    if (strcmp(m->k_rope, "post") != 0 && strcmp(m->k_rope, "pre") != 0)
+        return mkv_fail(err, MKV_EFORMAT, "k_rope='%s' must be 'post' or 'pre'", m->k_rope);
+    if (strcmp(m->source, "capture") && strcmp(m->source, "import") && strcmp(m->source, "synthetic"))
+        return mkv_fail(err, MKV_EFORMAT, "source='%s' must be capture, import or synthetic", m->source);
+    return MKV_OK;
+}
+
+int mkv_dump_meta_check(const mkv_dump_meta *m, mkv_error *err)
+{
+    int rc = mkv_dump_check_model(m, err);
+    if (rc != MKV_OK)
+        return rc;
     if (m->n_tokens <= 0)
         return mkv_fail(err, MKV_EFORMAT, "the number of tokens must be positive (got %" PRId64 ")",
                         m->n_tokens);
     if (m->n_queries < 0)
         return mkv_fail(err, MKV_EFORMAT, "the number of queries must not be negative");
-    if (!(m->rope_theta > 0))
-        return mkv_fail(err, MKV_EFORMAT, "rope_theta=%g must be positive", m->rope_theta);
-    if (strcmp(m->k_rope, "post") != 0 && strcmp(m->k_rope, "pre") != 0)
-        return mkv_fail(err, MKV_EFORMAT, "k_rope='%s' must be 'post' or 'pre'", m->k_rope);
-    if (strcmp(m->source, "capture") && strcmp(m->source, "import") && strcmp(m->source, "synthetic"))
-        return mkv_fail(err, MKV_EFORMAT, "source='%s' must be capture, import or synthetic", m->source);
     return MKV_OK;
 }
 
@@ -176,6 +243,7 @@ struct mkv_dump {
     mkv_dump_meta meta;
     hid_t *dsets;          /* [n_layers][3]: k, v, q */
     mkv_dtype *dtypes;     /* same layout */
+    hsize_t file_size;     /* bytes */
 };
 
 static int kind_index(char kind) { return kind == 'k' ? 0 : kind == 'v' ? 1 : kind == 'q' ? 2 : -1; }
@@ -205,6 +273,8 @@ static int open_check_dset(mkv_dump *d, int layer, char kind, int64_t rows, int6
                         d->path, name, (unsigned long long)dims[0], (unsigned long long)dims[1],
                         (unsigned long long)dims[2], rows, *len, d->meta.head_dim,
                         kind == 'q' ? "n_heads" : "n_kv_heads", kind == 'q' ? "W" : "T");
+    if (mkv_dump_check_extent(ds, name, 3, dims, d->file_size, err))
+        return mkv_error_prefix(err, "'%s'", d->path);
     return MKV_OK;
 }
 
@@ -293,9 +363,12 @@ int mkv_dump_open(const char *path, mkv_dump **out, mkv_error *err)
     mkv_dump_meta *m = &d->meta;
     if ((rc = mkv_dump_read_meta(d->fid, d->path, m, err)))
         goto fail;
-    m->n_tokens = 1; /* placeholder so the shape check passes; T is read below */
-    if ((rc = mkv_dump_meta_check(m, err))) {
+    if ((rc = mkv_dump_check_model(m, err))) {
         mkv_error_prefix(err, "'%s'", d->path);
+        goto fail;
+    }
+    if (H5Fget_filesize(d->fid, &d->file_size) < 0) {
+        rc = mkv_fail(err, MKV_EIO, "'%s': cannot read the file's size", d->path);
         goto fail;
     }
     d->dsets = malloc(sizeof(hid_t) * 3 * (size_t)m->n_layers);
@@ -366,21 +439,30 @@ int mkv_dump_read(mkv_dump *d, int layer, char kind, int h0, int nh, int64_t t0,
     return rc;
 }
 
-static int read_int_1d(mkv_dump *d, const char *name, int32_t *out, mkv_error *err)
+/* Read the n values of the 1-D integer dataset name, each of which must be
+ * in lo..hi; what names one value in errors. */
+static int read_int_1d(mkv_dump *d, const char *name, int64_t n, int64_t lo, int64_t hi,
+                       const char *what, int32_t *out, mkv_error *err)
 {
     hid_t ds = H5Dopen2(d->fid, name, H5P_DEFAULT);
     if (ds < 0)
         return mkv_fail(err, MKV_EFORMAT, "'%s': missing dataset %s", d->path, name);
-    herr_t r = H5Dread(ds, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, out);
+    int64_t bad, bad_value;
+    int rc = mkv_dump_read_ints(ds, n, lo, hi, out, &bad, &bad_value, err);
     H5Dclose(ds);
-    return r < 0 ? mkv_fail(err, MKV_EFORMAT, "'%s': cannot read %s", d->path, name) : MKV_OK;
+    if (rc)
+        return mkv_error_prefix(err, "'%s': %s", d->path, name);
+    if (bad >= 0)
+        return mkv_fail(err, MKV_EFORMAT, "'%s': %s: %s %" PRId64 " at index %" PRId64 " is outside %" PRId64
+                        "..%" PRId64, d->path, name, what, bad_value, bad, lo, hi);
+    return MKV_OK;
 }
 
 int mkv_dump_read_tokens(mkv_dump *d, int32_t *out, mkv_error *err)
 {
     if (!d->meta.has_tokens)
         return mkv_fail(err, MKV_EFORMAT, "'%s' has no /tokens (source: %s)", d->path, d->meta.source);
-    return read_int_1d(d, "/tokens", out, err);
+    return read_int_1d(d, "/tokens", d->meta.n_tokens, 0, INT32_MAX, "token id", out, err);
 }
 
 int mkv_dump_read_finite(mkv_dump *d, int layer, char kind, int h0, int nh, int64_t t0, int64_t nt,
@@ -402,9 +484,8 @@ int mkv_dump_read_finite(mkv_dump *d, int layer, char kind, int h0, int nh, int6
 
 int mkv_dump_read_query_pos(mkv_dump *d, int32_t *out, mkv_error *err)
 {
-    if (d->meta.n_queries == 0)
-        return MKV_OK;
-    return read_int_1d(d, "/query_pos", out, err);
+    /* a query at position p attends to tokens 0..p */
+    return read_int_1d(d, "/query_pos", d->meta.n_queries, 0, d->meta.n_tokens - 1, "position", out, err);
 }
 
 int mkv_dump_storage_bytes(mkv_dump *d, uint64_t *stored, uint64_t *raw, mkv_error *err)

@@ -28,7 +28,7 @@ typedef struct {
     int n_kv_heads;
     int head_dim;
     double rope_theta;
-    char k_rope[8];        /* "post" or "pre" */
+    char k_rope[16];       /* "post" or "pre" */
     char source[16];       /* "capture", "import" or "synthetic" */
     char created_by[256];
     int64_t n_tokens;      /* T */

@@ -29,6 +29,27 @@ int mkv_dump_read_meta(hid_t fid, const char *path, mkv_dump_meta *m, mkv_error 
  * created_by; errors name the file as path. */
 int mkv_dump_read_model_attrs(hid_t fid, const char *path, mkv_dump_meta *m, mkv_error *err);
 
+/* The checks of the model attributes every open applies, to raw dumps and
+ * to the metadata compressed dumps copy: n_layers 1..1000, n_heads and
+ * n_kv_heads 1..1000000 with n_heads a multiple of n_kv_heads, head_dim
+ * 1..4096, rope_theta finite and positive, k_rope "post" or "pre", source
+ * capture, import or synthetic. */
+int mkv_dump_check_model(const mkv_dump_meta *m, mkv_error *err);
+
+/* Refuse (MKV_EFORMAT, naming name) a dataset of rank <= 3 whose dims
+ * claim more data than a file of file_size bytes can hold, even at
+ * deflate's highest compression ratio: a damaged dimension, not a size
+ * worth reading. */
+int mkv_dump_check_extent(hid_t dset, const char *name, int rank, const hsize_t *dims, hsize_t file_size,
+                          mkv_error *err);
+
+/* Read the n values of a 1-D integer dataset in its stored type (so
+ * nothing is clipped to int32 on the way) into out. *bad is the index of
+ * the first value outside lo..hi, with that value in *bad_value, or -1
+ * when every value is inside (only then is out complete). */
+int mkv_dump_read_ints(hid_t dset, int64_t n, int64_t lo, int64_t hi, int32_t *out, int64_t *bad,
+                       int64_t *bad_value, mkv_error *err);
+
 /* HDF5 type for IEEE binary16 (caller closes). */
 hid_t mkv_h5_f16_type(void);
 

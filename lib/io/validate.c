@@ -5,6 +5,7 @@
 #include "io/dump_priv.h"
 
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -58,57 +59,38 @@ static int check_attrs(hid_t fid, problems *p, mkv_dump_meta *m)
     }
     mkv_dump_meta_init(m);
     int bad = 0;
-    /* the same limits mkv_dump_meta_check applies when a dump is opened */
-    struct { const char *name; int *dst; int64_t max; } ints[] = {
-        {"n_layers", &m->n_layers, 1000}, {"n_heads", &m->n_heads, 1000000},
-        {"n_kv_heads", &m->n_kv_heads, 1000000}, {"head_dim", &m->head_dim, 4096},
+    struct { const char *name; int *dst; } ints[] = {
+        {"n_layers", &m->n_layers}, {"n_heads", &m->n_heads},
+        {"n_kv_heads", &m->n_kv_heads}, {"head_dim", &m->head_dim},
     };
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
         if (mkv_h5_attr_get_int(fid, ints[i].name, &v, &e)) {
             problem(p, "%s", e.msg);
             bad = 1;
-        } else if (v <= 0 || v > ints[i].max) {
-            problem(p, "attribute %s=%" PRId64 " is out of range 1..%" PRId64, ints[i].name, v, ints[i].max);
-            bad = 1;
         } else {
-            *ints[i].dst = (int)v;
+            /* clamped into int: the model check below refuses it then */
+            *ints[i].dst = v < INT_MIN ? INT_MIN : v > INT_MAX ? INT_MAX : (int)v;
         }
     }
-    if (!bad && m->n_heads % m->n_kv_heads != 0) {
-        problem(p, "n_heads=%d is not a multiple of n_kv_heads=%d", m->n_heads, m->n_kv_heads);
+    if (mkv_h5_attr_get_double(fid, "rope_theta", &m->rope_theta, &e)) {
+        problem(p, "%s", e.msg);
         bad = 1;
     }
-    if (mkv_h5_attr_get_double(fid, "rope_theta", &m->rope_theta, &e))
-        problem(p, "%s", e.msg);
-    else if (!(m->rope_theta > 0) || !isfinite(m->rope_theta))
-        problem(p, "attribute rope_theta=%g must be positive", m->rope_theta);
-    struct { const char *name; char *dst; size_t size; const char *allowed; } strs[] = {
-        {"model", m->model, sizeof m->model, NULL},
-        {"k_rope", m->k_rope, sizeof m->k_rope, "post pre"},
-        {"source", m->source, sizeof m->source, "capture import synthetic"},
-        {"created_by", m->created_by, sizeof m->created_by, NULL},
+    struct { const char *name; char *dst; size_t size; } strs[] = {
+        {"model", m->model, sizeof m->model},
+        {"k_rope", m->k_rope, sizeof m->k_rope},
+        {"source", m->source, sizeof m->source},
+        {"created_by", m->created_by, sizeof m->created_by},
     };
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++) {
-        char value[512];
-        if (mkv_h5_attr_get_str(fid, strs[i].name, value, sizeof value, &e)) {
+        if (mkv_h5_attr_get_str(fid, strs[i].name, strs[i].dst, strs[i].size, &e)) {
             problem(p, "%s", e.msg);
-            continue;
+            bad = 1;
         }
-        snprintf(strs[i].dst, strs[i].size, "%s", value);
-        if (strs[i].allowed) {
-            /* whole-word match in the list of allowed values */
-            const char *s = strs[i].allowed;
-            size_t n = strlen(value);
-            int ok = 0;
-            while (s && *s && !ok) {
-                const char *sp = strchr(s, ' ');
-                size_t len = sp ? (size_t)(sp - s) : strlen(s);
-                ok = n > 0 && len == n && strncmp(s, value, n) == 0;
-                s = sp ? sp + 1 : NULL;
-            }
-            if (!ok)
-                problem(p, "attribute %s='%s' is not one of: %s", strs[i].name, value, strs[i].allowed);
-        }
+    }
+    if (!bad && mkv_dump_check_model(m, &e)) {
+        problem(p, "%s", e.msg);
+        bad = 1;
     }
     return bad ? -1 : 0;
 }
@@ -152,9 +134,10 @@ static void scan_values(hid_t ds, const char *name, mkv_dtype t, hsize_t dims[3]
                 first_nan ? "NaN" : first_neg ? "-Inf" : "Inf", first[0], first[1], first[2], nonfinite, nonfinite == 1 ? "" : "s");
 }
 
-/* Check /layers/NN/<kind>; returns 1 if its shape and type are right. */
+/* Check /layers/NN/<kind>; returns 1 if its shape and type are right and
+ * the file can hold it. With scan, also check its values. */
 static int check_tensor(hid_t fid, const mkv_dump_meta *m, int layer, char kind, int64_t *len,
-                        problems *p, int scan)
+                        hsize_t file_size, problems *p, int scan)
 {
     char name[64], why[128];
     mkv_dump_dset_name(name, sizeof name, layer, kind);
@@ -189,19 +172,27 @@ static int check_tensor(hid_t fid, const mkv_dump_meta *m, int layer, char kind,
             ok = 0;
         }
     }
+    mkv_error e;
+    if (ok && mkv_dump_check_extent(ds, name, 3, dims, file_size, &e)) {
+        problem(p, "%s", e.msg);
+        ok = 0;
+    }
     if (ok && scan)
         scan_values(ds, name, t, dims, p);
     H5Dclose(ds);
     return ok;
 }
 
-/* Read a 1-D integer dataset whole; NULL (with a problem) if it is not one. */
-static int32_t *read_index(hid_t fid, const char *name, int64_t expect, problems *p)
+/* Read the 1-D integer dataset name of expect values (any count when
+ * expect < 0, as many as the file can hold), each of which must be in
+ * lo..hi (what names one in the problem); returns 1 if it is all right. */
+static int check_index(hid_t fid, const char *name, int64_t expect, int64_t lo, int64_t hi,
+                       const char *what, hsize_t file_size, problems *p)
 {
     hid_t ds = H5Dopen2(fid, name, H5P_DEFAULT);
     if (ds < 0) {
         problem(p, "%s is not a dataset", name);
-        return NULL;
+        return 0;
     }
     hsize_t dims[3];
     int rank = mkv_dump_dset_dims(ds, dims);
@@ -210,21 +201,29 @@ static int32_t *read_index(hid_t fid, const char *name, int64_t expect, problems
     if (t >= 0)
         H5Tclose(t);
     int32_t *v = NULL;
+    int ok = 0;
+    mkv_error e;
+    int64_t bad, bad_value;
     if (!is_int)
         problem(p, "%s is not an integer dataset", name);
     else if (rank != 1)
         problem(p, "%s has rank %d, expected 1", name, rank);
     else if (expect >= 0 && (int64_t)dims[0] != expect)
         problem(p, "%s has %llu elements, expected %" PRId64, name, (unsigned long long)dims[0], expect);
+    else if (mkv_dump_check_extent(ds, name, 1, dims, file_size, &e))
+        problem(p, "%s", e.msg);
     else if (!(v = malloc((dims[0] ? dims[0] : 1) * sizeof(int32_t))))
         problem(p, "%s: out of memory", name);
-    else if (dims[0] && H5Dread(ds, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, v) < 0) {
-        problem(p, "%s: cannot read (values out of int32 range or damaged data)", name);
-        free(v);
-        v = NULL;
-    }
+    else if (mkv_dump_read_ints(ds, (int64_t)dims[0], lo, hi, v, &bad, &bad_value, &e))
+        problem(p, "%s: %s", name, e.msg);
+    else if (bad >= 0)
+        problem(p, "%s: %s %" PRId64 " at index %" PRId64 " is outside %" PRId64 "..%" PRId64, name, what,
+                bad_value, bad, lo, hi);
+    else
+        ok = 1;
+    free(v);
     H5Dclose(ds);
-    return v;
+    return ok;
 }
 
 static herr_t note_child(hid_t g, const char *name, const H5L_info_t *info, void *op_data)
@@ -260,11 +259,20 @@ int mkv_dump_validate(const char *path, mkv_problem_fn report, void *ctx, mkv_er
             if (ds >= 0)
                 H5Dclose(ds);
         }
-        for (int l = 0; l < m.n_layers; l++) {
-            check_tensor(fid, &m, l, 'k', &T, &p, 1);
-            check_tensor(fid, &m, l, 'v', &T, &p, 1);
-            check_tensor(fid, &m, l, 'q', &W, &p, 1);
+        /* every shape first: values are scanned only once the shapes
+         * agree and the file can hold them */
+        hsize_t file_size = 0;
+        if (H5Fget_filesize(fid, &file_size) < 0)
+            problem(&p, "cannot read the file's size");
+        int shapes_ok = 1;
+        for (int l = 0; l < m.n_layers && file_size; l++) {
+            shapes_ok &= check_tensor(fid, &m, l, 'k', &T, file_size, &p, 0);
+            shapes_ok &= check_tensor(fid, &m, l, 'v', &T, file_size, &p, 0);
+            shapes_ok &= check_tensor(fid, &m, l, 'q', &W, file_size, &p, 0);
         }
+        for (int l = 0; l < m.n_layers && file_size && shapes_ok; l++)
+            for (int k = 0; k < 3; k++)
+                check_tensor(fid, &m, l, "kvq"[k], k == 2 ? &W : &T, file_size, &p, 1);
         if (T == 0)
             problem(&p, "the dump holds no tokens (T=0)");
         if (mkv_h5_has_link(fid, "/layers")) {
@@ -275,28 +283,13 @@ int mkv_dump_validate(const char *path, mkv_problem_fn report, void *ctx, mkv_er
                 H5Gclose(g);
             }
         }
-        if (mkv_h5_has_link(fid, "/tokens")) {
-            int32_t *tok = read_index(fid, "/tokens", T, &p);
-            for (int64_t i = 0; tok && i < T; i++)
-                if (tok[i] < 0) {
-                    problem(&p, "/tokens: negative token id %d at %" PRId64, tok[i], i);
-                    break;
-                }
-            free(tok);
-        }
-        if (!mkv_h5_has_link(fid, "/query_pos")) {
+        if (mkv_h5_has_link(fid, "/tokens") && file_size)
+            check_index(fid, "/tokens", T, 0, INT32_MAX, "token id", file_size, &p);
+        if (!mkv_h5_has_link(fid, "/query_pos"))
             problem(&p, "missing dataset /query_pos");
-        } else {
-            int32_t *pos = read_index(fid, "/query_pos", W, &p);
-            int64_t n = W;
-            for (int64_t i = 0; pos && i < n; i++)
-                if (T >= 0 && (pos[i] < 0 || pos[i] >= T)) {
-                    problem(&p, "/query_pos: position %d at index %" PRId64 " is outside 0..%" PRId64,
-                            pos[i], i, T - 1);
-                    break;
-                }
-            free(pos);
-        }
+        else if (T > 0 && file_size)
+            /* a query at position p attends to tokens 0..p */
+            check_index(fid, "/query_pos", W, 0, T - 1, "position", file_size, &p);
     }
     H5Fclose(fid);
     return p.count;

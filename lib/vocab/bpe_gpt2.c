@@ -328,18 +328,22 @@ typedef int (*piece_fn)(void *user, size_t start, size_t end, mkv_error *err);
 static int pretokenize(pre_kind kind, const chars *c, piece_fn fn, void *user, mkv_error *err)
 {
     size_t n = c->n;
+    size_t stop = 0; /* PRE_SMOLLM: the first digit at or after i, or n */
     int rc;
     for (size_t i = 0; i < n;) {
         size_t end;
         if (kind == PRE_SMOLLM) {
             /* \p{N} first: each digit alone; the GPT-2 rules see the text
-             * between digits as separate fragments. */
+             * between digits as separate fragments. A fragment's pieces
+             * share its end, found once per fragment. */
             if (c->cls[i] == CLS_NUMBER) {
                 end = i + 1;
             } else {
-                size_t stop = i;
-                while (stop < n && c->cls[stop] != CLS_NUMBER)
-                    stop++;
+                if (stop <= i) {
+                    stop = i;
+                    while (stop < n && c->cls[stop] != CLS_NUMBER)
+                        stop++;
+                }
                 end = match_gpt2(c, i, stop);
             }
         } else if (kind == PRE_GPT2) {

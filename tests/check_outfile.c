@@ -186,6 +186,48 @@ START_TEST(fifo_written_through)
 }
 END_TEST
 
+START_TEST(own_descriptors_written_through)
+{
+    char path[300], name[64], want[128];
+    mkv_error err;
+    const char *dir = make_dir("descriptors");
+    snprintf(path, sizeof path, "%s/log.tsv", dir);
+    write_text(path, "head\n");
+    struct stat before, after;
+    ck_assert_int_eq(stat(path, &before), 0);
+
+    /* a file opened for appending (>>): appended to, never replaced */
+    int fd = open(path, O_WRONLY | O_APPEND);
+    ck_assert_int_ge(fd, 0);
+    snprintf(name, sizeof name, "/dev/fd/%d", fd);
+    ck_assert_int_eq(put_text(name, "body\n", &err), MKV_OK);
+    snprintf(name, sizeof name, "/proc/self/fd/%d", fd);
+    ck_assert_int_eq(put_text(name, "tail\n", &err), MKV_OK);
+    ck_assert_str_eq(read_text(path), "head\nbody\ntail\n");
+    ck_assert_int_eq(stat(path, &after), 0);
+    ck_assert(before.st_ino == after.st_ino);
+    ck_assert_int_eq(test_count_entries(dir), 1);
+    ck_assert_int_eq(close(fd), 0);
+
+    /* a pipe, as bash's >(...) names it */
+    int p[2];
+    ck_assert_int_eq(pipe(p), 0);
+    snprintf(name, sizeof name, "/dev/fd/%d", p[1]);
+    ck_assert_int_eq(put_text(name, "piped\n", &err), MKV_OK);
+    ck_assert_int_eq(close(p[1]), 0);
+    char buf[16] = {0};
+    ck_assert_int_eq(read(p[0], buf, sizeof buf - 1), 6);
+    ck_assert_str_eq(buf, "piped\n");
+
+    /* a descriptor that is not open */
+    ck_assert_int_eq(close(p[0]), 0);
+    snprintf(name, sizeof name, "/dev/fd/%d", p[0]);
+    ck_assert_int_eq(put_text(name, "x", &err), MKV_EIO);
+    snprintf(want, sizeof want, "cannot create '%s': Bad file descriptor", name);
+    ck_assert_str_eq(err.msg, want);
+}
+END_TEST
+
 START_TEST(device_write_error)
 {
     struct stat st;
@@ -324,6 +366,7 @@ int main(void)
     tcase_add_test(tc, regular_file_by_rename);
     tcase_add_test(tc, symlink_keeps_pointing);
     tcase_add_test(tc, fifo_written_through);
+    tcase_add_test(tc, own_descriptors_written_through);
     tcase_add_test(tc, device_write_error);
     tcase_add_test(tc, stale_temporaries);
     tcase_add_test(tc, ignored_signal_stays_ignored);

@@ -97,8 +97,10 @@ mkfifo fifo
 cat fifo >from-fifo.h5 &
 reader=$!
 check "compress -o fifo exits 0" '"$COMPRESS" raw.h5 -m full -q -o fifo'
-wait $reader
 check "the FIFO stays a FIFO" '[ -p fifo ]'
+# a FIFO that was replaced never gets a writer: do not wait for its reader
+[ -p fifo ] || kill $reader 2>/dev/null
+wait $reader
 check "the reader got the dump" 'same_h5 from-fifo.h5 plain.h5 mosaickv-compressed'
 
 # A pipe named by /dev/stdout (a link to /proc/self/fd/1): written through.

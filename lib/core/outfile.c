@@ -90,16 +90,40 @@ static int split_path(const char *path, char **dir, const char **base)
     return *dir ? 0 : ENOMEM;
 }
 
+/* The descriptor number when path names one of this process's own open
+ * descriptors (/proc/self/fd/N; /dev/fd/N and /dev/stdout lead there),
+ * else -1. */
+static int own_descriptor(const char *path)
+{
+    char *dir;
+    const char *base;
+    if (split_path(path, &dir, &base))
+        return -1;
+    int fd = -1;
+    size_t digits = strspn(base, "0123456789");
+    if (digits > 0 && digits < 10 && base[digits] == '\0') {
+        char own[64];
+        snprintf(own, sizeof own, "/proc/%ld/fd", (long)getpid());
+        char *real = realpath(dir, NULL);
+        if (real && strcmp(real, own) == 0)
+            fd = atoi(base);
+        free(real);
+    }
+    free(dir);
+    return fd;
+}
+
 /* Follow symbolic links from path to the name they finally lead to, which
- * need not exist (a dangling link). Returns 0 or an errno value. */
-static int resolve_links(const char *path, char **out)
+ * need not exist (a dangling link), or to one of this process's open
+ * descriptors (*fd >= 0, else -1). Returns 0 or an errno value. */
+static int resolve_links(const char *path, char **out, int *fd)
 {
     char *cur = strdup(path);
     if (!cur)
         return ENOMEM;
     for (int hops = 0;; hops++) {
         struct stat st;
-        if (lstat(cur, &st) != 0 || !S_ISLNK(st.st_mode)) {
+        if ((*fd = own_descriptor(cur)) >= 0 || lstat(cur, &st) != 0 || !S_ISLNK(st.st_mode)) {
             *out = cur;
             return 0;
         }
@@ -218,31 +242,48 @@ static int fail_write(const mkv_outfile *o, int errno_value, mkv_error *err)
     return mkv_fail_errno(err, MKV_EIO, errno_value ? errno_value : EIO, "cannot write '%s'", o->name);
 }
 
-/* A destination that cannot be replaced: open it and write through. */
-static int open_through(mkv_outfile *o, const char *path, int flags, mkv_error *err)
+/* Write through fd, which becomes the output's. */
+static int attach_stream(mkv_outfile *o, int fd, int flags, mkv_error *err)
 {
-    int fd = open(path, O_WRONLY | O_NOCTTY | O_CLOEXEC);
-    if (fd < 0)
-        return mkv_fail_errno(err, MKV_EIO, errno, "cannot create '%s'", path);
     if ((flags & MKV_OUTFILE_BINARY) && isatty(fd)) {
         close(fd);
-        return mkv_fail(err, MKV_EUSAGE, "refusing to write binary output to terminal '%s'", path);
+        return mkv_fail(err, MKV_EUSAGE, "refusing to write binary output to terminal '%s'", o->name);
     }
     o->fp = fdopen(fd, "w");
     if (!o->fp) {
         int e = errno;
         close(fd);
-        return mkv_fail_errno(err, MKV_EIO, e, "cannot create '%s'", path);
+        return mkv_fail_errno(err, MKV_EIO, e, "cannot create '%s'", o->name);
     }
     return MKV_OK;
 }
 
-/* A regular file or a new name: a temporary beside the final target. */
-static int open_temporary(mkv_outfile *o, const char *path, mkv_error *err)
+/* A destination that cannot be replaced (a device, a FIFO): open it and
+ * write through. */
+static int open_through(mkv_outfile *o, const char *target, int flags, mkv_error *err)
 {
-    int e = resolve_links(path, &o->target);
-    if (e)
-        return mkv_fail_errno(err, MKV_EIO, e, "cannot create '%s'", path);
+    int fd = open(target, O_WRONLY | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0)
+        return mkv_fail_errno(err, MKV_EIO, errno, "cannot create '%s'", o->name);
+    return attach_stream(o, fd, flags, err);
+}
+
+/* One of the process's own descriptors: write through a duplicate of it,
+ * which shares its offset and flags (O_APPEND from >>), whatever it is. */
+static int open_descriptor(mkv_outfile *o, int which, int flags, mkv_error *err)
+{
+    if (which == STDOUT_FILENO)
+        fflush(stdout);
+    int fd = fcntl(which, F_DUPFD_CLOEXEC, 3);
+    if (fd < 0)
+        return mkv_fail_errno(err, MKV_EIO, errno, "cannot create '%s'", o->name);
+    return attach_stream(o, fd, flags, err);
+}
+
+/* A regular file or a new name: a temporary beside o->target, the file
+ * the name finally leads to. */
+static int open_temporary(mkv_outfile *o, mkv_error *err)
+{
     mkv_outfile_remove_stale(o->target);
 
     char *dir;
@@ -261,19 +302,19 @@ static int open_temporary(mkv_outfile *o, const char *path, mkv_error *err)
 
     int fd = mkstemp(o->tmp_path);
     if (fd < 0) {
-        e = errno;
+        int e = errno;
         free(o->tmp_path);
         o->tmp_path = NULL;
-        return mkv_fail_errno(err, MKV_EIO, e, "cannot create '%s'", path);
+        return mkv_fail_errno(err, MKV_EIO, e, "cannot create '%s'", o->name);
     }
     track_temp(o->tmp_path);
     /* mkstemp makes the file 0600; an output gets the usual umask mode */
     mode_t mask = umask(0);
     umask(mask);
     if (fchmod(fd, 0666 & ~mask) != 0 || !(o->fp = fdopen(fd, "w"))) {
-        e = errno;
+        int e = errno;
         close(fd);
-        return mkv_fail_errno(err, MKV_EIO, e, "cannot create '%s'", path);
+        return mkv_fail_errno(err, MKV_EIO, e, "cannot create '%s'", o->name);
     }
     return MKV_OK;
 }
@@ -296,14 +337,25 @@ int mkv_outfile_open(mkv_outfile *o, const char *path, const char *protect, int 
     if (!o->name)
         return mkv_fail(err, MKV_ENOMEM, "out of memory");
 
-    struct stat st;
-    int exists = stat(path, &st) == 0, rc;
-    if (exists && S_ISDIR(st.st_mode))
-        rc = mkv_fail_errno(err, MKV_EIO, EISDIR, "cannot create '%s'", path);
-    else if (exists && !S_ISREG(st.st_mode))
-        rc = open_through(o, path, flags, err);
-    else
-        rc = open_temporary(o, path, err);
+    char *target;
+    int descriptor, rc;
+    int e = resolve_links(path, &target, &descriptor);
+    if (e) {
+        rc = mkv_fail_errno(err, MKV_EIO, e, "cannot create '%s'", path);
+    } else if (descriptor >= 0) {
+        free(target);
+        rc = open_descriptor(o, descriptor, flags, err);
+    } else {
+        struct stat st;
+        if (stat(target, &st) == 0 && !S_ISREG(st.st_mode)) {
+            rc = S_ISDIR(st.st_mode) ? mkv_fail_errno(err, MKV_EIO, EISDIR, "cannot create '%s'", path)
+                                     : open_through(o, target, flags, err);
+            free(target);
+        } else {
+            o->target = target;
+            rc = open_temporary(o, err);
+        }
+    }
     if (rc)
         mkv_outfile_abort(o);
     return rc;

@@ -5,10 +5,13 @@
  * temporary ".NAME.mkvtmp.PID.XXXXXX" beside it, synced and renamed onto
  * it when complete; a symbolic link is followed and its final target is
  * the one replaced (a dangling link gets its target created), so the link
- * stays. Anything else -- a character device, a FIFO, a pipe such as
- * /dev/fd/N, "-" for standard output -- is written through; it cannot be
- * replaced and cannot be seeked in. A write error on it (ENOSPC from
- * /dev/full, EPIPE) is an error like any other.
+ * stays. Anything else -- a character device, a FIFO, "-" for standard
+ * output -- is written through; it cannot be replaced and cannot be
+ * seeked in. A name of one of the process's own descriptors (/dev/stdout,
+ * /dev/fd/N, /proc/self/fd/N: a pipe from bash's >(...), a file opened by
+ * the shell's > or >>) is written through a duplicate of that descriptor,
+ * whatever it is, so the shell's redirection means what it says. A write
+ * error (ENOSPC from /dev/full, EPIPE) is an error like any other.
  *
  * Before a temporary is made, stale temporaries of the same target left by
  * a process that no longer exists (killed before it could clean up) are

@@ -31,7 +31,7 @@
 #define MKV_OUTFILE_BINARY 1   /* refuse a terminal as the destination */
 
 typedef struct {
-    char *name;       /* as given, for messages; "standard output" for "-" */
+    char *name;       /* as given, for messages; NULL for "-" */
     char *target;     /* the regular file renamed onto; NULL when written through */
     char *tmp_path;   /* the temporary beside target; NULL when written through */
     FILE *fp;         /* what to write to: the temporary, the stream, or stdout */

@@ -164,7 +164,9 @@ int mkv_h5_finish(mkv_h5_out *out, mkv_error *err)
     herr_t closed = H5Fclose(out->fid);
     out->fid = H5I_INVALID_HID;
     if (!rc && closed < 0)
-        rc = mkv_fail(err, MKV_EIO, "cannot write '%s': closing the HDF5 file failed", out->file.name);
+        rc = out->file.is_stdout
+                 ? mkv_fail(err, MKV_EIO, "cannot write standard output: closing the HDF5 file failed")
+                 : mkv_fail(err, MKV_EIO, "cannot write '%s': closing the HDF5 file failed", out->file.name);
     if (rc) {
         mkv_h5_discard(out);
         return rc;

@@ -1,12 +1,10 @@
-/* HDF5 files: clear open errors, pipes through file images, atomic output,
- * attribute helpers. */
+/* HDF5 files: clear open errors, pipes and devices through file images,
+ * output through core/outfile, attribute helpers. */
 #include "config.h"
 #include "io/h5file.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <libgen.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,190 +105,73 @@ int mkv_h5_open_read(const char *path, hid_t *fid, mkv_error *err)
 
 /* ---------------------------------------------------------------- output */
 
-/* Temporaries to remove if the process is interrupted. */
-#define MAX_TEMPS 16
-static char *volatile g_temps[MAX_TEMPS];
-
-static void on_fatal_signal(int sig)
-{
-    for (int i = 0; i < MAX_TEMPS; i++)
-        if (g_temps[i])
-            unlink(g_temps[i]);
-    signal(sig, SIG_DFL);
-    raise(sig);
-}
-
-static void track_temp(char *path)
-{
-    static int handlers_installed;
-    if (!handlers_installed) {
-        int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
-        for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
-            signal(sigs[i], on_fatal_signal);
-        handlers_installed = 1;
-    }
-    for (int i = 0; i < MAX_TEMPS; i++)
-        if (!g_temps[i]) {
-            g_temps[i] = path;
-            return;
-        }
-}
-
-static void untrack_temp(const char *path)
-{
-    for (int i = 0; i < MAX_TEMPS; i++)
-        if (g_temps[i] == path)
-            g_temps[i] = NULL;
-}
-
-static int same_file(const char *a, const char *b)
-{
-    struct stat sa, sb;
-    if (stat(a, &sa) != 0 || stat(b, &sb) != 0)
-        return 0;
-    return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
-}
-
 int mkv_h5_create(const char *path, const char *protect, mkv_h5_out *out, mkv_error *err)
 {
     mkv_h5_quiet();
-    memset(out, 0, sizeof *out);
     out->fid = H5I_INVALID_HID;
-
-    if (strcmp(path, "-") == 0) {
-        if (isatty(STDOUT_FILENO))
-            return mkv_fail(err, MKV_EUSAGE,
-                            "refusing to write binary output to a terminal (use -o FILE or a pipe)");
-        hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
-        if (fapl < 0 || H5Pset_fapl_core(fapl, 4 << 20, 0) < 0) {
-            if (fapl >= 0)
-                H5Pclose(fapl);
-            return mkv_fail(err, MKV_EIO, "cannot set up an in-memory HDF5 file for standard output");
+    int rc = mkv_outfile_open(&out->file, path, protect, MKV_OUTFILE_BINARY, err);
+    if (rc)
+        return rc;
+    const char *seekable = mkv_outfile_seekable_path(&out->file);
+    if (seekable) {
+        out->fid = H5Fcreate(seekable, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+        if (out->fid < 0) {
+            mkv_h5_discard(out);
+            return mkv_fail(err, MKV_EIO, "cannot create '%s': HDF5 could not create the file", path);
         }
-        out->fid = H5Fcreate("mkv-stdout.h5", H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
-        H5Pclose(fapl);
-        if (out->fid < 0)
-            return mkv_fail(err, MKV_EIO, "cannot create an in-memory HDF5 file for standard output");
-        out->to_stdout = 1;
         return MKV_OK;
     }
-
-    if (protect && strcmp(protect, "-") != 0 && (strcmp(path, protect) == 0 || same_file(path, protect)))
-        return mkv_fail(err, MKV_EUSAGE, "output '%s' would overwrite the input", path);
-
-    char *copy = strdup(path);
-    out->final_path = strdup(path);
-    if (!copy || !out->final_path) {
-        free(copy);
-        free(out->final_path);
-        out->final_path = NULL;
-        return mkv_fail(err, MKV_ENOMEM, "out of memory");
-    }
-    const char *dir = dirname(copy);
-    char *base_copy = strdup(path);
-    const char *base = base_copy ? basename(base_copy) : "out";
-    size_t len = strlen(dir) + strlen(base) + 16;
-    out->tmp_path = malloc(len);
-    if (!out->tmp_path) {
-        free(copy);
-        free(base_copy);
+    /* standard output, a pipe, a device: build the file in memory and copy
+     * its image through when complete */
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+    if (fapl < 0 || H5Pset_fapl_core(fapl, 4 << 20, 0) < 0) {
+        if (fapl >= 0)
+            H5Pclose(fapl);
         mkv_h5_discard(out);
-        return mkv_fail(err, MKV_ENOMEM, "out of memory");
+        return mkv_fail(err, MKV_EIO, "cannot set up an in-memory HDF5 file for '%s'", path);
     }
-    snprintf(out->tmp_path, len, "%s/.%s.XXXXXX", dir, base);
-    free(copy);
-    free(base_copy);
-
-    int fd = mkstemp(out->tmp_path);
-    if (fd < 0) {
-        int e = errno;
-        free(out->tmp_path);
-        out->tmp_path = NULL;
-        mkv_h5_discard(out);
-        return mkv_fail_errno(err, MKV_EIO, e, "cannot create '%s'", path);
-    }
-    /* mkstemp makes the file 0600; a dump should get the usual umask mode */
-    mode_t mask = umask(0);
-    umask(mask);
-    fchmod(fd, 0666 & ~mask);
-    close(fd);
-    track_temp(out->tmp_path);
-    out->fid = H5Fcreate(out->tmp_path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    out->fid = H5Fcreate("mkv-image.h5", H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    H5Pclose(fapl);
     if (out->fid < 0) {
         mkv_h5_discard(out);
-        return mkv_fail(err, MKV_EIO, "cannot create '%s': HDF5 could not create the file", path);
+        return mkv_fail(err, MKV_EIO, "cannot create an in-memory HDF5 file for '%s'", path);
     }
     return MKV_OK;
 }
 
-static int write_stdout_image(hid_t fid, mkv_error *err)
+static int write_image(mkv_h5_out *out, mkv_error *err)
 {
-    if (H5Fflush(fid, H5F_SCOPE_GLOBAL) < 0)
+    if (H5Fflush(out->fid, H5F_SCOPE_GLOBAL) < 0)
         return mkv_fail(err, MKV_EIO, "cannot flush the output image");
-    ssize_t size = H5Fget_file_image(fid, NULL, 0);
+    ssize_t size = H5Fget_file_image(out->fid, NULL, 0);
     if (size <= 0)
         return mkv_fail(err, MKV_EIO, "cannot get the output image");
     unsigned char *buf = malloc((size_t)size);
     if (!buf)
         return mkv_fail(err, MKV_ENOMEM, "out of memory for a %zd-byte output image", size);
-    if (H5Fget_file_image(fid, buf, (size_t)size) != size) {
-        free(buf);
-        return mkv_fail(err, MKV_EIO, "cannot get the output image");
-    }
-    size_t done = fwrite(buf, 1, (size_t)size, stdout);
+    int rc = MKV_OK;
+    if (H5Fget_file_image(out->fid, buf, (size_t)size) != size)
+        rc = mkv_fail(err, MKV_EIO, "cannot get the output image");
+    else
+        rc = mkv_outfile_write(&out->file, buf, (size_t)size, err);
     free(buf);
-    if (done != (size_t)size || fflush(stdout) != 0)
-        return mkv_fail_errno(err, MKV_EIO, errno ? errno : EIO, "cannot write standard output");
-    return MKV_OK;
+    return rc;
 }
 
 int mkv_h5_finish(mkv_h5_out *out, mkv_error *err)
 {
-    int rc = MKV_OK;
-    if (out->to_stdout) {
-        rc = write_stdout_image(out->fid, err);
-        H5Fclose(out->fid);
-        out->fid = H5I_INVALID_HID;
-        return rc;
-    }
+    int rc = mkv_outfile_seekable_path(&out->file) ? MKV_OK : write_image(out, err);
     herr_t closed = H5Fclose(out->fid);
     out->fid = H5I_INVALID_HID;
-    if (closed < 0) {
-        mkv_fail(err, MKV_EIO, "cannot write '%s': closing the HDF5 file failed", out->final_path);
+    if (!rc && closed < 0)
+        rc = out->file.is_stdout
+                 ? mkv_fail(err, MKV_EIO, "cannot write standard output: closing the HDF5 file failed")
+                 : mkv_fail(err, MKV_EIO, "cannot write '%s': closing the HDF5 file failed", out->file.name);
+    if (rc) {
         mkv_h5_discard(out);
-        return MKV_EIO;
+        return rc;
     }
-    int fd = open(out->tmp_path, O_RDONLY);
-    if (fd < 0 || fsync(fd) != 0) {
-        int e = errno;
-        if (fd >= 0)
-            close(fd);
-        mkv_fail_errno(err, MKV_EIO, e, "cannot write '%s'", out->final_path);
-        mkv_h5_discard(out);
-        return MKV_EIO;
-    }
-    close(fd);
-    if (rename(out->tmp_path, out->final_path) != 0) {
-        int e = errno;
-        mkv_fail_errno(err, MKV_EIO, e, "cannot write '%s'", out->final_path);
-        mkv_h5_discard(out);
-        return MKV_EIO;
-    }
-    untrack_temp(out->tmp_path);
-    /* make the rename itself durable */
-    char *copy = strdup(out->final_path);
-    if (copy) {
-        int dfd = open(dirname(copy), O_RDONLY | O_DIRECTORY);
-        if (dfd >= 0) {
-            fsync(dfd);
-            close(dfd);
-        }
-        free(copy);
-    }
-    free(out->tmp_path);
-    free(out->final_path);
-    out->tmp_path = out->final_path = NULL;
-    return rc;
+    return mkv_outfile_commit(&out->file, err);
 }
 
 void mkv_h5_discard(mkv_h5_out *out)
@@ -299,14 +180,7 @@ void mkv_h5_discard(mkv_h5_out *out)
         H5Fclose(out->fid);
         out->fid = H5I_INVALID_HID;
     }
-    if (out->tmp_path) {
-        unlink(out->tmp_path);
-        untrack_temp(out->tmp_path);
-        free(out->tmp_path);
-        out->tmp_path = NULL;
-    }
-    free(out->final_path);
-    out->final_path = NULL;
+    mkv_outfile_abort(&out->file);
 }
 
 /* ---------------------------------------------------------------- attributes */

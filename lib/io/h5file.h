@@ -1,11 +1,14 @@
 /* HDF5 file access shared by every format: opening with clear errors,
- * "-" for stdin/stdout through in-memory file images, atomic output
- * (temporary file in the target directory, fsync, rename), attributes. */
+ * "-" for stdin through an in-memory file image, output through
+ * core/outfile (a regular file by temporary and rename; stdout, pipes and
+ * devices through an in-memory image copied out when complete),
+ * attributes. */
 #ifndef MKV_H5FILE_H
 #define MKV_H5FILE_H
 
 #include <hdf5.h>
 #include "core/mkv.h"
+#include "core/outfile.h"
 
 /* Turn off HDF5's automatic error stack printing (call once per process). */
 void mkv_h5_quiet(void);
@@ -17,17 +20,15 @@ int mkv_h5_open_read(const char *path, hid_t *fid, mkv_error *err);
 
 /* An output file being written. */
 typedef struct {
-    char *final_path;   /* NULL when writing to stdout */
-    char *tmp_path;     /* temporary file beside final_path */
-    int to_stdout;
+    mkv_outfile file;
     hid_t fid;
 } mkv_h5_out;
 
-/* Create an output file. path "-" writes to stdout when finished (refused
- * when stdout is a terminal). protect (may be NULL) names an input the
- * output must not overwrite. */
+/* Create an output file (see core/outfile.h for what a path may name).
+ * path "-" writes to stdout when finished; a terminal is refused. protect
+ * (may be NULL) names an input the output must not overwrite. */
 int mkv_h5_create(const char *path, const char *protect, mkv_h5_out *out, mkv_error *err);
-/* Close, fsync and rename into place (or write the image to stdout). On
+/* Close, fsync and rename into place (or write the image through). On
  * failure the temporary is removed and nothing appears under the name. */
 int mkv_h5_finish(mkv_h5_out *out, mkv_error *err);
 /* Abandon the output: close and remove the temporary. Safe to call twice. */

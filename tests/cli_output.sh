@@ -17,10 +17,11 @@ top_builddir=$(cd "$builddir" 2>/dev/null && pwd) || {
     exit 77
 }
 COMPRESS=$top_builddir/tools/mkv-compress
+ATTEND=$top_builddir/tools/mkv-attend
 CAPTURE=$top_builddir/tools/mkv-capture
 PY=${PYTHON_H5PY:-/usr/bin/python3}
 
-for t in "$COMPRESS" "$CAPTURE"; do
+for t in "$COMPRESS" "$CAPTURE" "$ATTEND"; do
     if [ ! -x "$t" ]; then
         echo "SKIP: $t is not built"
         exit 77
@@ -107,6 +108,16 @@ check "the reader got the dump" 'same_h5 from-fifo.h5 plain.h5 mosaickv-compress
 check "compress -o /dev/stdout into a pipe exits 0" \
     '"$COMPRESS" raw.h5 -m full -q -o /dev/stdout | cat >from-pipe.h5 && [ -L /dev/stdout ]'
 check "the pipe got the dump" 'same_h5 from-pipe.h5 plain.h5 mosaickv-compressed'
+
+# The text outputs of mkv-attend take the same path.
+"$ATTEND" plain.h5 -r raw.h5 --summary >summary.want || { echo "FAIL: mkv-attend --summary"; exit 1; }
+echo old >summary.target
+ln -s summary.target summary.link
+check "attend -o link exits 0" '"$ATTEND" plain.h5 -r raw.h5 --summary -o summary.link'
+check "the summary link stays and its target is the table" \
+    '[ -L summary.link ] && cmp -s summary.target summary.want'
+check "attend -o /dev/stdout into a pipe" \
+    '"$ATTEND" plain.h5 -r raw.h5 --summary -o /dev/stdout | cat >summary.pipe && [ -L /dev/stdout ] && cmp -s summary.pipe summary.want'
 
 # /dev/full: ENOSPC is an error, and the device stays a device.
 if [ "$(id -u)" != 0 ] || [ ! -c /dev/full ]; then

@@ -16,7 +16,6 @@
 
 #include <errno.h>
 #include <getopt.h>
-#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +24,7 @@
 
 #include "cli/cli.h"
 #include "core/log.h"
+#include "core/outfile.h"
 #include "core/mkv.h"
 #include "gpu/bench_options.h"
 #include "gpu/evaluate_gpu.h"
@@ -322,80 +322,26 @@ static int same_file(const char *a, const char *b)
     return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
-/* An output written whole under a temporary name beside path (fsync,
- * rename), so a failed run never leaves a partial table under the name;
- * path NULL is standard output. */
-typedef struct {
-    const char *path;
-    char *tmp;
-    FILE *fp;
-} output;
-
-static int output_open(const char *path, output *o, mkv_error *err)
+/* Finish an output: rc is the run's status so far, the result the final one. */
+static int output_close(mkv_outfile *o, int rc, mkv_error *err)
 {
-    *o = (output){.path = path, .fp = stdout};
-    if (!path)
-        return MKV_OK;
-    char *dcopy = strdup(path), *bcopy = strdup(path);
-    size_t len = strlen(path) + 16;
-    o->tmp = malloc(len);
-    if (!dcopy || !bcopy || !o->tmp) {
-        free(dcopy);
-        free(bcopy);
-        free(o->tmp);
-        return mkv_fail(err, MKV_ENOMEM, "out of memory");
-    }
-    snprintf(o->tmp, len, "%s/.%s.XXXXXX", dirname(dcopy), basename(bcopy));
-    free(dcopy);
-    free(bcopy);
-    int fd = mkstemp(o->tmp);
-    if (fd < 0) {
-        int e = errno;
-        free(o->tmp);
-        return mkv_fail_errno(err, MKV_EIO, e, "cannot create '%s'", path);
-    }
-    mode_t mask = umask(0);
-    umask(mask);
-    if (fchmod(fd, 0666 & ~mask) != 0 || !(o->fp = fdopen(fd, "w"))) {
-        int e = errno;
-        close(fd);
-        unlink(o->tmp);
-        free(o->tmp);
-        return mkv_fail_errno(err, MKV_EIO, e, "cannot write '%s'", path);
-    }
-    return MKV_OK;
-}
-
-/* Finish the output: rc is the run's status so far, the result the final one. */
-static int output_close(output *o, int rc, mkv_error *err)
-{
-    if (!o->path) {
-        if (!rc && fflush(stdout) != 0)
-            rc = mkv_fail_errno(err, MKV_EIO, errno, "cannot write standard output");
+    if (rc) {
+        mkv_outfile_abort(o);
         return rc;
     }
-    if (!rc && (fflush(o->fp) != 0 || fsync(fileno(o->fp)) != 0))
-        rc = mkv_fail_errno(err, MKV_EIO, errno, "cannot write '%s'", o->path);
-    if (fclose(o->fp) != 0 && !rc)
-        rc = mkv_fail_errno(err, MKV_EIO, errno, "cannot write '%s'", o->path);
-    if (!rc && rename(o->tmp, o->path) != 0)
-        rc = mkv_fail_errno(err, MKV_EIO, errno, "cannot write '%s'", o->path);
-    if (rc)
-        unlink(o->tmp);
-    free(o->tmp);
-    return rc;
+    return mkv_outfile_commit(o, err);
 }
 
 static int write_report(const attend_args *a, const mkv_eval *e, const mkv_eval_row *rows, mkv_error *err)
 {
-    output o;
-    int rc = output_open(a->output, &o, err);
+    mkv_outfile o;
+    int rc = mkv_outfile_open(&o, a->output ? a->output : "-", NULL, 0, err);
     if (rc)
         return rc;
     if (a->summary_only)
-        rc = mkv_eval_print_summary(o.fp, e, rows, err);
+        rc = mkv_eval_print_summary(mkv_outfile_fp(&o), e, rows, err);
     else
-        mkv_eval_print_rows(o.fp, e, rows);
+        mkv_eval_print_rows(mkv_outfile_fp(&o), e, rows);
     return output_close(&o, rc, err);
 }
 
@@ -434,12 +380,12 @@ static int run_bench(const attend_args *a, mkv_error *err)
         return err->code;
     if (count == 0 || !info[0].usable)
         return mkv_fail(err, MKV_EGPU, "--bench: %s", count == 0 ? "no GPU is visible" : "the GPU is not a target of this build");
-    output o;
-    int rc = output_open(a->output, &o, err);
+    mkv_outfile o;
+    int rc = mkv_outfile_open(&o, a->output ? a->output : "-", NULL, 0, err);
     if (rc)
         return rc;
     mkv_info("benchmark on %s", info[0].name);
-    rc = mkv_bench_attention(&a->bo, o.fp, a->common.verbosity > MKV_LOG_ERROR ? stderr : NULL, err);
+    rc = mkv_bench_attention(&a->bo, mkv_outfile_fp(&o), a->common.verbosity > MKV_LOG_ERROR ? stderr : NULL, err);
     return output_close(&o, rc, err);
 }
 

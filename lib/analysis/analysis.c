@@ -1,5 +1,5 @@
 /* Helpers shared by the analyses: counts for shares and fractions,
- * deterministic top-m selection, reading with a NaN/Inf check. */
+ * deterministic top-m selection. */
 #include "config.h"
 #include "analysis/analysis.h"
 
@@ -101,21 +101,4 @@ double mkv_top_share(const double *score, int d, int m, double *scratch)
             above++;
         }
     return (top + (m - above) * threshold) / total;
-}
-
-int mkv_dump_read_finite(mkv_dump *d, int layer, char kind, int h0, int nh, int64_t t0, int64_t nt,
-                         float *out, mkv_error *err)
-{
-    int rc = mkv_dump_read(d, layer, kind, h0, nh, t0, nt, out, err);
-    if (rc != MKV_OK)
-        return rc;
-    const int hd = mkv_dump_meta_of(d)->head_dim;
-    int64_t bad = mkv_find_nonfinite(out, (size_t)nh * (size_t)nt * (size_t)hd);
-    if (bad < 0)
-        return MKV_OK;
-    float v = out[bad];
-    int64_t row = bad / hd;
-    return mkv_fail(err, MKV_EFORMAT, "'%s': /layers/%02d/%c: %s at [%d,%lld,%d]", mkv_dump_path(d),
-                    layer, kind, isnan(v) ? "NaN" : v > 0 ? "Inf" : "-Inf", h0 + (int)(row / nt),
-                    (long long)(t0 + row % nt), (int)(bad % hd));
 }

@@ -30,11 +30,6 @@ void mkv_top_indices(const double *score, int d, int m, int *idx);
  * 0); scores are non-negative. scratch holds d doubles. */
 double mkv_top_share(const double *score, int d, int m, double *scratch);
 
-/* Read like mkv_dump_read, then refuse a NaN or infinity with MKV_EFORMAT:
- * "'FILE': /layers/NN/k: NaN at [head,position,channel]". */
-int mkv_dump_read_finite(mkv_dump *d, int layer, char kind, int h0, int nh, int64_t t0, int64_t nt,
-                         float *out, mkv_error *err);
-
 /* ---- overlap (the paper's Fig. 4 statistic) ---- */
 
 /* For one segment X[n][d], with m elements per vector: the global channels

@@ -4,6 +4,7 @@
 #include "io/dump_priv.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 #include "io/h5file.h"
 #include "core/half.h"
 #include "core/log.h"
+#include "core/tensor.h"
 
 /* ---------------------------------------------------------------- shared */
 
@@ -752,4 +754,21 @@ void mkv_dump_abort(mkv_dump_writer *w)
     close_handles(w);
     mkv_h5_discard(&w->out);
     free(w);
+}
+
+int mkv_dump_read_finite(mkv_dump *d, int layer, char kind, int h0, int nh, int64_t t0, int64_t nt,
+                         float *out, mkv_error *err)
+{
+    int rc = mkv_dump_read(d, layer, kind, h0, nh, t0, nt, out, err);
+    if (rc != MKV_OK)
+        return rc;
+    const int hd = mkv_dump_meta_of(d)->head_dim;
+    int64_t bad = mkv_find_nonfinite(out, (size_t)nh * (size_t)nt * (size_t)hd);
+    if (bad < 0)
+        return MKV_OK;
+    float v = out[bad];
+    int64_t row = bad / hd;
+    return mkv_fail(err, MKV_EFORMAT, "'%s': /layers/%02d/%c: %s at [%d,%lld,%d]", mkv_dump_path(d),
+                    layer, kind, isnan(v) ? "NaN" : v > 0 ? "Inf" : "-Inf", h0 + (int)(row / nt),
+                    (long long)(t0 + row % nt), (int)(bad % hd));
 }

@@ -57,6 +57,10 @@ const char *mkv_dump_path(const mkv_dump *d);
  * float32 laid out [nh][nt][head_dim]. Reads only that hyperslab. */
 int mkv_dump_read(mkv_dump *d, int layer, char kind, int h0, int nh,
                   int64_t t0, int64_t nt, float *out, mkv_error *err);
+/* Read like mkv_dump_read, then refuse a NaN or infinity with MKV_EFORMAT:
+ * "'FILE': /layers/NN/k: NaN at [head,position,channel]". */
+int mkv_dump_read_finite(mkv_dump *d, int layer, char kind, int h0, int nh, int64_t t0, int64_t nt,
+                         float *out, mkv_error *err);
 int mkv_dump_read_tokens(mkv_dump *d, int32_t *out, mkv_error *err);     /* [T] */
 int mkv_dump_read_query_pos(mkv_dump *d, int32_t *out, mkv_error *err);  /* [W] */
 /* Bytes the datasets take in the file (after deflate) and uncompressed. */

@@ -19,6 +19,7 @@
 #include <math.h>
 
 #include "io/cdump.h"
+#include "methods/compress.h"
 #include "core/log.h"
 #include "methods/method.h"
 #include "methods/metrics.h"
@@ -114,6 +115,43 @@ START_TEST(params_refused)
     mkv_error err;
     ck_assert_int_eq(mkv_params_parse(&none, "keep=1", &err), MKV_EUSAGE);
     ck_assert_str_eq(err.msg, "unknown parameter 'keep' (the method takes none)");
+}
+END_TEST
+
+/* A list of assignments: commas and blanks separate them, the count comes
+ * back, and the result is that of the same assignments one by one. */
+START_TEST(params_parse_list)
+{
+    struct { const char *list; int n; const char *canon; } cases[] = {
+        {"keep=1,mode=fixed", 2, "keep=1 block=8 mode=fixed"},
+        {"keep=1 mode=fixed", 2, "keep=1 block=8 mode=fixed"},
+        {" keep=0.5,, block=4\tmode=fixed, ", 3, "keep=0.5 block=4 mode=fixed"},
+        {"block=4", 1, "keep=0.25 block=4 mode=auto"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        mkv_params p;
+        mkv_params_init(&p, test_specs);
+        mkv_error err;
+        mkv_error_clear(&err);
+        ck_assert_int_eq(mkv_params_parse_list(&p, cases[i].list, &err), cases[i].n);
+        char buf[256];
+        mkv_params_format(&p, buf, sizeof buf);
+        ck_assert_str_eq(buf, cases[i].canon);
+    }
+    struct { const char *list, *msg; } bad[] = {
+        {"", "invalid parameter list '': expected KEY=VALUE[,KEY=VALUE...]"},
+        {" , ", "invalid parameter list ' , ': expected KEY=VALUE[,KEY=VALUE...]"},
+        {"keep=1,block", "invalid parameter 'block': expected KEY=VALUE"},
+        {"keep=1,mode=best", "invalid value 'best' for parameter 'mode': expected one of: auto fixed"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        mkv_params p;
+        mkv_params_init(&p, test_specs);
+        mkv_error err;
+        mkv_error_clear(&err);
+        ck_assert_int_eq(mkv_params_parse_list(&p, bad[i].list, &err), -1);
+        ck_assert_str_eq(err.msg, bad[i].msg);
+    }
 }
 END_TEST
 
@@ -512,6 +550,79 @@ START_TEST(full_exact_on_f16_values)
 }
 END_TEST
 
+/* The layer driver hands every KV head its own keys, values and query
+ * group: with "full" on float16-exact inputs each stored head is exactly
+ * its input, whatever the number of workers. */
+START_TEST(compress_layer_every_head)
+{
+    const mkv_method *full = mkv_method_find("full");
+    ck_assert_ptr_nonnull(full);
+    static head_data x;
+    make_data(&x, 11, 1);
+    mkv_params p;
+    mkv_params_init(&p, full->params);
+    mkv_compressor comp = {.method = full, .params = &p};
+    mkv_dump_meta m;
+    fill_meta(&m);
+    for (int threads = 1; threads <= 3; threads++) {
+        char path[256];
+        test_path(path, sizeof path, "layer.h5");
+        mkv_cdump_meta cm;
+        memset(&cm, 0, sizeof cm);
+        strcpy(cm.method, "full");
+        strcpy(cm.source, "memory");
+        cm.raw = m;
+        mkv_error err;
+        mkv_error_clear(&err);
+        mkv_cdump_writer *w;
+        ck_assert_msg(mkv_cdump_create(path, NULL, &cm, m_qpos, &w, &err) == MKV_OK, "%s", err.msg);
+        mkv_layer_kv l = {.layer = 0, .k = &x.k[0][0][0], .v = &x.v[0][0][0], .q = &x.q[0][0][0],
+                          .query_pos = m_qpos};
+        ck_assert_msg(mkv_compress_layer(&comp, &m, &l, threads, w, &err) == MKV_OK, "%s", err.msg);
+        ck_assert_msg(mkv_cdump_commit(w, &err) == MKV_OK, "%s", err.msg);
+        mkv_cdump *c;
+        ck_assert_msg(mkv_cdump_open(path, &c, &err) == MKV_OK, "%s", err.msg);
+        static float got[MT * MD];
+        for (int h = 0; h < MKVH; h++) {
+            ck_assert_int_eq(mkv_cdump_get(c, 0, h, "k", MKV_EL_F16, got, MT * MD, &err), MKV_OK);
+            ck_assert(memcmp(got, &x.k[h][0][0], sizeof got) == 0);
+            ck_assert_int_eq(mkv_cdump_get(c, 0, h, "v", MKV_EL_F16, got, MT * MD, &err), MKV_OK);
+            ck_assert(memcmp(got, &x.v[h][0][0], sizeof got) == 0);
+        }
+        mkv_cdump_close(c);
+        unlink(path);
+    }
+}
+END_TEST
+
+/* A method that fails on KV head 1 without saying why. */
+static int fail_on_head1(const mkv_params *p, const mkv_head_kv *in, mkv_cdump_writer *w, mkv_error *err)
+{
+    (void)p, (void)w, (void)err;
+    return in->head == 1 ? MKV_EFORMAT : MKV_OK;
+}
+
+/* The failing head is named, and a method without a message gets one. */
+START_TEST(compress_layer_names_failing_head)
+{
+    mkv_method failing = {.name = "failing", .summary = "fails", .compress = fail_on_head1};
+    mkv_params p;
+    mkv_params_init(&p, NULL);
+    mkv_compressor comp = {.method = &failing, .params = &p};
+    mkv_dump_meta m;
+    fill_meta(&m);
+    static head_data x;
+    mkv_layer_kv l = {.layer = 3, .k = &x.k[0][0][0], .v = &x.v[0][0][0], .q = &x.q[0][0][0],
+                      .query_pos = m_qpos};
+    for (int threads = 1; threads <= 2; threads++) {
+        mkv_error err;
+        mkv_error_clear(&err);
+        ck_assert_int_eq(mkv_compress_layer(&comp, &m, &l, threads, NULL, &err), MKV_EFORMAT);
+        ck_assert_str_eq(err.msg, "layer 3 head 1: method 'failing' failed without a message");
+    }
+}
+END_TEST
+
 static Suite *methods_suite(void)
 {
     Suite *s = suite_create("methods");
@@ -519,6 +630,7 @@ static Suite *methods_suite(void)
     tcase_add_test(tc, params_defaults_and_format);
     tcase_add_test(tc, params_set_canonical);
     tcase_add_test(tc, params_refused);
+    tcase_add_test(tc, params_parse_list);
     suite_add_tcase(s, tc);
     tc = tcase_create("reference");
     tcase_add_test(tc, metrics_hand_values);
@@ -530,6 +642,8 @@ static Suite *methods_suite(void)
     tcase_add_test(tc, bad_parameters_refused);
     tcase_add_test(tc, generous_equals_exact);
     tcase_add_test(tc, full_exact_on_f16_values);
+    tcase_add_test(tc, compress_layer_every_head);
+    tcase_add_test(tc, compress_layer_names_failing_head);
     suite_add_tcase(s, tc);
     return s;
 }

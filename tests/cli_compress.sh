@@ -136,11 +136,19 @@ expect "unknown method" 2 '' "$C: unknown method 'foo' (methods: $method_list)" 
 expect "missing -o" 2 '' "$C: missing -o FILE (use '-o -' for stdout); try '$C --help'" \
     $COMPRESS raw.h5 -m full
 expect "unknown parameter" 2 '' "$C: method 'full': unknown parameter 'keep' (the method takes none)" \
-    $COMPRESS raw.h5 -o c.h5 -m full -p keep=1
+    $COMPRESS raw.h5 -o c.h5 -m full -P keep=1
 expect "parameter without value" 2 '' "$C: method 'full': invalid parameter 'keep': expected KEY=VALUE" \
-    $COMPRESS raw.h5 -o c.h5 -m full -p keep
-expect "empty --param" 2 '' "$C: invalid value ' ' for --param: expected KEY=VALUE" \
-    $COMPRESS raw.h5 -o c.h5 -m full -p ' '
+    $COMPRESS raw.h5 -o c.h5 -m full -P keep
+expect "empty --param" 2 '' \
+    "$C: method 'full': invalid parameter list ' ': expected KEY=VALUE[,KEY=VALUE...]" \
+    $COMPRESS raw.h5 -o c.h5 -m full -P ' '
+expect "empty item of --param" 2 '' \
+    "$C: method 'full': invalid parameter list ',,': expected KEY=VALUE[,KEY=VALUE...]" \
+    $COMPRESS raw.h5 -o c.h5 -m full --param ,,
+expect "old -p" 2 '' "$C: option '-p' is now '-P'; try '$C --help'" \
+    $COMPRESS raw.h5 -o c.h5 -m full -p keep=1
+expect "old -p without value" 2 '' "$C: option '-p' is now '-P'; try '$C --help'" \
+    $COMPRESS raw.h5 -o c.h5 -m full -p
 expect "unknown option" 2 '' "$C: unknown option '--bogus'; try '$C --help'" $COMPRESS --bogus raw.h5
 expect "-o without value" 2 '' "$C: option '-o' needs a value; try '$C --help'" $COMPRESS raw.h5 -m full -o
 expect "bad --threads" 2 '' "$C: invalid value '0' for --threads: must be in 1..1024" \
@@ -161,7 +169,7 @@ no_output "usage errors"
 # Parameters of the other methods, when they are registered: refused with
 # exit status 2 and one line naming the method and the parameter.
 refused() {   # refused METHOD PARAM VALUE
-    expect "$1 $2=$3" 2 '' "$C: method '$1': ..." $COMPRESS raw.h5 -o c.h5 -m $1 -p $2=$3
+    expect "$1 $2=$3" 2 '' "$C: method '$1': ..." $COMPRESS raw.h5 -o c.h5 -m $1 -P $2=$3
     grep -q "$2" got.err || fail "$1 $2=$3: the message does not name '$2': $(cat got.err)"
 }
 for m in $methods; do
@@ -173,7 +181,7 @@ for m in $methods; do
 done
 if has_param mosaic group; then
     # group sizes must divide the kept rotated channels: 3 divides no power of two
-    expect "mosaic group=3" 2 '' "$C: method 'mosaic': ..." $COMPRESS raw.h5 -o c.h5 -m mosaic -p group=3
+    expect "mosaic group=3" 2 '' "$C: method 'mosaic': ..." $COMPRESS raw.h5 -o c.h5 -m mosaic -P group=3
     grep -q group got.err || fail "mosaic group=3: the message does not name the group: $(cat got.err)"
 else
     echo "SKIP: group not dividing the rank (no method 'mosaic' with a parameter 'group')"
@@ -198,6 +206,36 @@ for m in $methods; do
     expect "--help-method $m" 0 '*' '' $COMPRESS --help-method --method $m
     grep -q "^$m - " got.out || fail "--help-method $m: no '$m - summary' line"
 done
+
+# ---------------------------------------------------------------- parameter lists
+# -P takes KEY=VALUE items separated by commas or blanks; one list, the same
+# items in several -P and a blank-separated list give the same file, whose
+# params attribute is the canonical text written out by hand below.
+params_attr() {
+    "$PY" -c 'import h5py, sys; print(h5py.File(sys.argv[1]).attrs["params"])' "$1"
+}
+if has_param quest page && has_param quest budget; then
+    expect "-P comma list" 0 '' '' $COMPRESS -q raw.h5 -o c-list.h5 -m quest -P page=8,budget=0.5
+    expect "-P repeated" 0 '' '' $COMPRESS -q raw.h5 -o c-repeat.h5 -m quest -P page=8 --param budget=0.5
+    expect "-P blank list" 0 '' '' $COMPRESS -q raw.h5 -o c-blank.h5 -m quest -P 'page=8 budget=0.5'
+    if cmp -s c-list.h5 c-repeat.h5 && cmp -s c-list.h5 c-blank.h5; then pass; else
+        fail "-P page=8,budget=0.5, -P page=8 -P budget=0.5 and -P 'page=8 budget=0.5' differ"; fi
+    got=$(params_attr c-list.h5)
+    if [ "$got" = "page=8 budget=0.5 sink=4 recent=64 agg=max" ]; then pass; else
+        fail "-P page=8,budget=0.5: params '$got'"; fi
+else
+    echo "SKIP: parameter lists (no method 'quest' with parameters 'page' and 'budget')"
+fi
+if has_param mosaic keep && has_param mosaic strategy; then
+    expect "-P keep=1,strategy=fixed" 0 '' '' $COMPRESS -q raw.h5 -o c-mosaic.h5 -m mosaic \
+        -P keep=1,strategy=fixed
+    case " $(params_attr c-mosaic.h5) " in
+    *" keep=1 "*" strategy=fixed "*) pass ;;
+    *) fail "-P keep=1,strategy=fixed: params '$(params_attr c-mosaic.h5)'" ;;
+    esac
+else
+    echo "SKIP: -P keep=1,strategy=fixed (no method 'mosaic' with parameters 'keep' and 'strategy')"
+fi
 
 # ---------------------------------------------------------------- end to end: full
 expect "compress full" 0 '' \

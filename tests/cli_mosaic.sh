@@ -51,7 +51,7 @@ fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
 while read -r method params; do
     set -- $params
     args=
-    for kv in "$@"; do args="$args -p $kv"; done
+    for kv in "$@"; do args="$args -P $kv"; done
     if ! "$COMPRESS" raw.h5 -o c.h5 --method "$method" $args -q; then
         fail "mkv-compress --method $method $params"
         continue
@@ -75,15 +75,14 @@ CASES
 
 # the byte budget: logical / physical at or just above the ratio asked
 for want in 2 3 5; do
-    "$COMPRESS" raw.h5 -o r.h5 --method mosaic -p ratio=$want -q || fail "mkv-compress ratio=$want"
+    "$COMPRESS" raw.h5 -o r.h5 --method mosaic -P ratio=$want -q || fail "mkv-compress ratio=$want"
     got=$("$ATTEND" r.h5 --summary -q | awk -F'\t' 'NR == 2 { print $4 }')
     awk -v g="$got" -v w="$want" 'BEGIN { exit !(g != "" && g >= w && g <= 1.05 * w) }' ||
         fail "ratio=$want: the file's ratio is $got"
 done
 
 # nothing dropped, every token attended: exact attention up to fp16
-"$COMPRESS" raw.h5 -o full.h5 --method mosaic -p strategy=fixed -p keep=1 -p energy=1 \
-    -p budget=1 -q || fail "mkv-compress keep=1"
+"$COMPRESS" raw.h5 -o full.h5 --method mosaic -P strategy=fixed,keep=1,energy=1,budget=1 -q || fail "mkv-compress keep=1"
 err=$("$ATTEND" full.h5 --summary -q | awk -F'\t' 'NR == 2 { print $8 }')
 awk -v e="$err" 'BEGIN { exit !(e != "" && e < 5e-3) }' || fail "keep=1 budget=1: rel_l2_mean $err"
 
@@ -114,8 +113,7 @@ status=$?
 # bad parameters: exit 2, a message naming the parameter, no output file
 # (parameters separated by commas, then words the message must hold)
 while read -r param words; do
-    "$COMPRESS" raw.h5 -o bad.h5 --method mosaic -p strategy=fixed -p "$(echo "$param" | tr , ' ')" \
-        2>err.txt
+    "$COMPRESS" raw.h5 -o bad.h5 --method mosaic -P strategy=fixed -P "$param" 2>err.txt
     status=$?
     [ $status -eq 2 ] || fail "$param: exit $status, not 2"
     grep -q "$words" err.txt || fail "$param: message '$(cat err.txt)' lacks '$words'"

@@ -60,7 +60,7 @@ fi
 
 "$COMPRESS" -q "$SAMPLE" -o c-quest.h5 -m quest || fail "compress quest"
 "$COMPRESS" -q "$SAMPLE" -o c-mosaic.h5 -m mosaic || fail "compress mosaic"
-"$COMPRESS" -q "$SAMPLE" -o c-mosaic512.h5 -m mosaic -p segment=512 -p strategy=fixed -p group=2 ||
+"$COMPRESS" -q "$SAMPLE" -o c-mosaic512.h5 -m mosaic -P segment=512 -P strategy=fixed -P group=2 ||
     fail "compress mosaic (fixed, g=2, S=512)"
 "$COMPRESS" -q "$SAMPLE" -o c-uniform2d.h5 -m uniform2d || fail "compress uniform2d"
 

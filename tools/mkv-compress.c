@@ -3,34 +3,29 @@
  *
  * Examples:
  *   mkv-compress kv.h5 -o kv-full.h5 --method full
- *   mkv-compress kv.h5 -o kv-mosaic.h5 --method mosaic -p keep=0.25 -p block=8
- *   mkv-compress kv.h5 -o kv-quest.h5 -m quest -p budget=0.1 --threads 4
+ *   mkv-compress kv.h5 -o kv-mosaic.h5 --method mosaic -P keep=0.25,block=8
+ *   mkv-compress kv.h5 -o kv-quest.h5 -m quest -P budget=0.1 --threads 4
  *   mkv-capture --synthetic -o - | mkv-compress - -o kvc.h5 -m full
  *   mkv-compress --list-methods
  *   mkv-compress -m mosaic --help-method
  *
- * The tool is a loop over layers: read all heads of a layer, compress the
- * KV heads in parallel (each head is independent), move on. Methods and
- * their parameters come from the registry (lib/methods/registry.c).
+ * The tool parses the command line and hands the run to the library's
+ * compression driver (lib/methods/compress.h). Methods and their
+ * parameters come from the registry (lib/methods/registry.c).
  */
 #include "config.h"
 
 #include <getopt.h>
 #include <inttypes.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "analysis/analysis.h"
-#include "core/tasks.h"
-#include "io/cdump.h"
 #include "cli/cli.h"
-#include "io/dump.h"
 #include "core/log.h"
-#include "methods/method.h"
 #include "core/mkv.h"
-#include "core/tensor.h"
+#include "methods/compress.h"
+#include "methods/method.h"
 
 enum { OPT_LIST_METHODS = MKV_OPT_FIRST_TOOL, OPT_HELP_METHOD };
 
@@ -39,18 +34,19 @@ static const struct option longopts[] = {
     MKV_THREADS_LONGOPT,
     {"output", required_argument, NULL, 'o'},
     {"method", required_argument, NULL, 'm'},
-    {"param", required_argument, NULL, 'p'},
+    {"param", required_argument, NULL, 'P'},
     {"list-methods", no_argument, NULL, OPT_LIST_METHODS},
     {"help-method", no_argument, NULL, OPT_HELP_METHOD},
     {NULL, 0, NULL, 0}};
 
 /* Leading ':' so a missing value is told apart from an unknown option. */
-#define SHORTOPTS ":" MKV_COMMON_SHORTOPTS "o:m:p:"
+/* -p is the old spelling of -P, kept only to say so. */
+#define SHORTOPTS ":" MKV_COMMON_SHORTOPTS "o:m:P:p"
 
 static void usage(FILE *fp, int status)
 {
     fprintf(fp,
-            "Usage: %s IN -o OUT --method NAME [-p KEY=VALUE]... [options]\n"
+            "Usage: %s IN -o OUT --method NAME [-P KEY=VALUE[,KEY=VALUE...]]... [options]\n"
             "       %s --list-methods\n"
             "       %s --method NAME --help-method\n\n"
             "Compress the raw KV dump IN (mosaickv-dump, see mosaickv(5)) with a method and\n"
@@ -60,7 +56,9 @@ static void usage(FILE *fp, int status)
             "Options:\n"
             "  -o, --output FILE    write the compressed dump to FILE (required)\n"
             "  -m, --method NAME    compression method (required; see --list-methods)\n"
-            "  -p, --param K=V      set a method parameter (repeatable; 'K=V K=V' works)\n"
+            "  -P, --param K=V[,K=V...]\n"
+            "                       set method parameters (repeatable; commas or blanks\n"
+            "                       separate them)\n"
             "      --list-methods   list the methods and their parameters, then exit\n"
             "      --help-method    describe the parameters of --method NAME, then exit\n\n",
             mkv_progname(), mkv_progname(), mkv_progname());
@@ -141,7 +139,7 @@ static void print_method(FILE *fp, const mkv_method *m)
 static void list_methods(void)
 {
     printf("Methods and their parameters (KEY=DEFAULT, type, range, meaning);\n"
-           "set them with -p KEY=VALUE:\n");
+           "set them with -P KEY=VALUE[,KEY=VALUE...]:\n");
     for (int i = 0; mkv_methods[i]; i++) {
         printf("\n");
         print_method(stdout, mkv_methods[i]);
@@ -149,27 +147,13 @@ static void list_methods(void)
     exit(0);
 }
 
-/* -p 'K=V K=V ...' */
+/* -P 'K=V,K=V ...' */
 static void set_params(const mkv_method *m, mkv_params *p, const char *arg)
 {
-    char *copy = strdup(arg);
-    if (!copy) {
-        mkv_usage_error("out of memory");
-        exit(1);
-    }
-    int n = 0;
-    for (char *save = NULL, *tok = strtok_r(copy, " \t", &save); tok; tok = strtok_r(NULL, " \t", &save)) {
-        mkv_error err;
-        mkv_error_clear(&err);
-        if (mkv_params_parse(p, tok, &err) != MKV_OK) {
-            mkv_usage_error("method '%s': %s", m->name, err.msg);
-            exit(2);
-        }
-        n++;
-    }
-    free(copy);
-    if (n == 0) {
-        mkv_usage_error("invalid value '%s' for --param: expected KEY=VALUE", arg);
+    mkv_error err;
+    mkv_error_clear(&err);
+    if (mkv_params_parse_list(p, arg, &err) < 0) {
+        mkv_usage_error("method '%s': %s", m->name, err.msg);
         exit(2);
     }
 }
@@ -216,10 +200,12 @@ static void parse_args(int argc, char **argv, compress_args *a)
         case 'm':
             method_name = optarg;
             break;
-        case 'p':
+        case 'P':
             /* applied once the method is known, whatever the option order */
             param_args[n_param_args++] = optarg;
             break;
+        case 'p':
+            mkv_renamed_option("-p", "-P");
         case OPT_LIST_METHODS:
             list_methods();
             break;
@@ -260,145 +246,6 @@ static void parse_args(int argc, char **argv, compress_args *a)
         misuse("missing -o FILE (use '-o -' for stdout)");
 }
 
-/* ------------------------------------------------------------ compression */
-
-/* One layer: the raw arrays of every head and what the workers share. */
-typedef struct {
-    const compress_args *a;
-    const mkv_dump_meta *m;
-    mkv_cdump_writer *w;
-    const int32_t *query_pos;
-    int layer;
-    float *k, *v;          /* [n_kv_heads][T][d] */
-    float *q;              /* [n_heads][W][d] */
-    int threads_per_head;
-} layer_job;
-
-/* Task h of mkv_run_tasks: KV head h of the layer. */
-static int compress_head(void *ctx, int h, mkv_error *err)
-{
-    const layer_job *j = ctx;
-    const mkv_dump_meta *m = j->m;
-    int G = m->n_heads / m->n_kv_heads;
-    size_t kv_head = (size_t)m->n_tokens * (size_t)m->head_dim;
-    size_t q_group = (size_t)G * (size_t)m->n_queries * (size_t)m->head_dim;
-    mkv_head_kv in = {
-        .layer = j->layer,
-        .head = h,
-        .T = m->n_tokens,
-        .d = m->head_dim,
-        .G = G,
-        .k = j->k + (size_t)h * kv_head,
-        .v = j->v + (size_t)h * kv_head,
-        .W = m->n_queries,
-        /* query heads h*G .. h*G+G-1 are consecutive: [G][W][d] */
-        .q = m->n_queries ? j->q + (size_t)h * q_group : NULL,
-        .query_pos = j->query_pos,
-        .threads = j->threads_per_head,
-    };
-    int rc = j->a->method->compress(&j->a->params, &in, j->w, err);
-    if (rc && !err->msg[0])
-        mkv_fail(err, rc, "method '%s' failed without a message", j->a->method->name);
-    return rc;
-}
-
-/* Compress every KV head of one layer with up to `threads` workers. The
- * first failing head (lowest index) gives the error. */
-static int run_layer(layer_job *j, int threads, mkv_error *err)
-{
-    int h;
-    int rc = mkv_run_tasks(j->m->n_kv_heads, threads, compress_head, j, &h, err);
-    if (rc != MKV_OK && h >= 0) {
-        /* name the head unless the message (from lib/io/cdump.c) does */
-        char tag[64];
-        snprintf(tag, sizeof tag, "layer %d head %d:", j->layer, h);
-        if (strncmp(err->msg, tag, strlen(tag)) != 0)
-            mkv_error_prefix(err, "layer %d head %d", j->layer, h);
-    }
-    return rc;
-}
-
-static int compress(const compress_args *a, uint64_t *logical, uint64_t *physical, mkv_error *err)
-{
-    mkv_dump *d = NULL;
-    int rc = mkv_dump_open(a->input, &d, err);
-    if (rc)
-        return rc;
-    const mkv_dump_meta *m = mkv_dump_meta_of(d);
-    mkv_cdump_writer *w = NULL;
-    layer_job j = {.a = a, .m = m};
-    int32_t *query_pos = NULL;
-
-    if ((rc = a->method->check(&a->params, m, err))) {
-        mkv_error_prefix(err, "method '%s'", a->method->name);
-        goto done;
-    }
-    size_t kv_n, q_n;
-    if (mkv_mul_size3((size_t)m->n_kv_heads, (size_t)m->n_tokens, (size_t)m->head_dim, &kv_n) ||
-        mkv_mul_size3((size_t)m->n_heads, (size_t)m->n_queries, (size_t)m->head_dim, &q_n)) {
-        rc = mkv_fail(err, MKV_ENOMEM, "'%s': a layer is too large to hold in memory", mkv_dump_path(d));
-        goto done;
-    }
-    query_pos = calloc((size_t)m->n_queries + 1, sizeof *query_pos);
-    j.k = mkv_alloc(kv_n, sizeof(float), "keys of a layer", err);
-    j.v = mkv_alloc(kv_n, sizeof(float), "values of a layer", err);
-    j.q = mkv_alloc(q_n ? q_n : 1, sizeof(float), "queries of a layer", err);
-    if (!query_pos || !j.k || !j.v || !j.q) {
-        rc = mkv_fail(err, MKV_ENOMEM, "out of memory for one layer of '%s'", mkv_dump_path(d));
-        goto done;
-    }
-    if ((rc = mkv_dump_read_query_pos(d, query_pos, err)))
-        goto done;
-    j.query_pos = query_pos;
-
-    mkv_cdump_meta cm;
-    memset(&cm, 0, sizeof cm);
-    snprintf(cm.method, sizeof cm.method, "%s", a->method->name);
-    mkv_params_format(&a->params, cm.params, sizeof cm.params);
-    snprintf(cm.source, sizeof cm.source, "%s", a->input);
-    cm.raw = *m;
-    if ((rc = mkv_cdump_create(a->output, a->input, &cm, query_pos, &w, err)))
-        goto done;
-    j.w = w;
-
-    int threads = a->common.threads ? a->common.threads : mkv_ncpus();
-    int concurrent = threads < m->n_kv_heads ? threads : m->n_kv_heads;
-    j.threads_per_head = threads / concurrent > 0 ? threads / concurrent : 1;
-    mkv_info("%s: %d layers x %d KV heads x %" PRId64 " tokens, head_dim %d, %" PRId64
-             " queries; method %s (%s), %d threads",
-             mkv_dump_path(d), m->n_layers, m->n_kv_heads, m->n_tokens, m->head_dim, m->n_queries,
-             a->method->name, cm.params[0] ? cm.params : "no parameters", threads);
-    mkv_progress progress;
-    mkv_progress_start(&progress, "compressing", m->n_layers);
-    for (int l = 0; l < m->n_layers && !rc; l++) {
-        j.layer = l;
-        /* all HDF5 reading happens here, never while workers write */
-        if ((rc = mkv_dump_read_finite(d, l, 'k', 0, m->n_kv_heads, 0, m->n_tokens, j.k, err)) ||
-            (rc = mkv_dump_read_finite(d, l, 'v', 0, m->n_kv_heads, 0, m->n_tokens, j.v, err)) ||
-            (rc = mkv_dump_read_finite(d, l, 'q', 0, m->n_heads, 0, m->n_queries, j.q, err)))
-            break;
-        rc = run_layer(&j, threads, err);
-        mkv_progress_update(&progress, l + 1);
-    }
-    mkv_progress_finish(&progress);
-    if (!rc) {
-        *logical = cm.raw.n_layers * (uint64_t)cm.raw.n_kv_heads * 2 * (uint64_t)m->n_tokens *
-                   (uint64_t)m->head_dim * 2;
-        *physical = mkv_cdump_total_bytes(w);
-        rc = mkv_cdump_commit(w, err);
-        w = NULL;
-    }
-done:
-    if (w)
-        mkv_cdump_abort(w);
-    mkv_free(j.k);
-    mkv_free(j.v);
-    mkv_free(j.q);
-    free(query_pos);
-    mkv_dump_close(d);
-    return rc;
-}
-
 int main(int argc, char **argv)
 {
     mkv_log_init(argv[0]);
@@ -407,15 +254,18 @@ int main(int argc, char **argv)
 
     mkv_error err;
     mkv_error_clear(&err);
-    uint64_t logical = 0, physical = 0;
-    int rc = compress(&a, &logical, &physical, &err);
+    mkv_compressor c = {.method = a.method, .params = &a.params};
+    int threads = a.common.threads ? a.common.threads : mkv_ncpus();
+    mkv_compress_bytes bytes;
+    int rc = mkv_compress_dump(&c, a.input, a.output, threads, &bytes, &err);
     if (rc != MKV_OK) {
         mkv_report(&err);
         return mkv_exit_code(rc);
     }
     if (a.common.verbosity > MKV_LOG_ERROR)
         fprintf(stderr, "%s: %s: method %s, logical %" PRIu64 " bytes, physical %" PRIu64 " bytes, ratio %.3f\n",
-                mkv_progname(), strcmp(a.output, "-") == 0 ? "stdout" : a.output, a.method->name, logical,
-                physical, (double)logical / (double)physical);
+                mkv_progname(), strcmp(a.output, "-") == 0 ? "stdout" : a.output, a.method->name,
+                bytes.logical_bytes, bytes.physical_bytes,
+                (double)bytes.logical_bytes / (double)bytes.physical_bytes);
     return 0;
 }

@@ -1,5 +1,5 @@
 /* Helpers shared by the analyses: counts for shares and fractions,
- * deterministic top-m selection, reading with a NaN/Inf check. */
+ * deterministic top-m selection. */
 #include "config.h"
 #include "analysis/analysis.h"
 
@@ -102,4 +102,3 @@ double mkv_top_share(const double *score, int d, int m, double *scratch)
         }
     return (top + (m - above) * threshold) / total;
 }
-

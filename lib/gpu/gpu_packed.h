@@ -7,9 +7,10 @@
  *    implicit first-r bitmaps written out), d' padded to multiples of 32,
  *    block keys and rotations padded alike, fp16 throughout.  The stored
  *    values are not changed, so the GPU computes the CPU's function.
- * 2. Per-method drivers that answer all queries of one dump head on the
- *    GPU, for mkv-attend --device gpu: mosaic and uniform2d (the packed
- *    kernel), quest (the Quest-style kernel), full (the dense kernel).
+ * 2. The methods' GPU paths, which answer all queries of one dump head
+ *    on the GPU, for mkv-attend --device gpu: mosaic and uniform2d (the
+ *    packed kernel), quest (the Quest-style kernel), full (the dense
+ *    kernel); one file each in lib/gpu/, listed in lib/gpu/gpu_method.c.
  *    Each reports the output, the attended tokens and bytes_read exactly
  *    as the method's CPU attend does, so the two devices' tables compare
  *    row by row. */

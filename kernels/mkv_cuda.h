@@ -2,7 +2,9 @@
  *
  * Every function here exists in every build: with CUDA it is implemented in
  * the kernels/ .cu files; without, lib/gpu/cuda_absent.c returns MKV_EUNSUP ("built
- * without CUDA"). Functions never exit; CUDA errors become MKV_EGPU with the
+ * without CUDA"). The benchmark (last) is not in the library: the programs
+ * that benchmark link kernels/bench.cu, or kernels/bench_absent.c without
+ * CUDA. Functions never exit; CUDA errors become MKV_EGPU with the
  * CUDA error string and the call that failed. */
 #ifndef MKV_CUDA_H
 #define MKV_CUDA_H

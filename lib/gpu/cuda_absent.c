@@ -137,12 +137,6 @@ int mkv_cuda_quest_selection(const mkv_quest_plan *p, int32_t *pages, int32_t *c
     return mkv_fail(err, MKV_EUNSUP, "GPU Quest attention: built without CUDA");
 }
 
-int mkv_bench_attention(const mkv_bench_opts *o, FILE *tsv, FILE *log, mkv_error *err)
-{
-    (void)o; (void)tsv; (void)log;
-    return mkv_fail(err, MKV_EUNSUP, "GPU benchmark: built without CUDA");
-}
-
 /* ---- packed MosaicKV attention, GPU encode, rotations ---- */
 
 int mkv_cuda_packed_upload(const mkv_packed_layout *l, mkv_packed_cache **out, mkv_error *err)

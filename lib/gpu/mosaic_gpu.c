@@ -44,10 +44,10 @@ static int mosaic_gpu_attend(const mkv_params *pr, mkv_cdump *c, int layer, int 
         return rc;
     }
     float *dq = NULL, *dout = NULL;
-    if ((rc = mkv_cuda_packed_upload(&g.l, &cache, err)) == MKV_OK) {
+    if ((rc = mkv_cuda_mosaic_upload(&g.l, &cache, err)) == MKV_OK) {
         mkv_packed_params pp = {(int)q->W, 1, G, 0, mkv_params_double(pr, "budget"),
                                 strcmp(mkv_params_str(pr, "agg"), "sum") == 0};
-        rc = mkv_cuda_packed_plan(cache, &pp, heads, q->pos, &plan, err);
+        rc = mkv_cuda_mosaic_plan(cache, &pp, heads, q->pos, &plan, err);
     }
     if (rc == MKV_OK) {
         dq = mkv_gpu_devset_alloc(&ds, gd * 4 * (size_t)q->W, err);
@@ -56,18 +56,18 @@ static int mosaic_gpu_attend(const mkv_params *pr, mkv_cdump *c, int layer, int 
         rc = blocks ? MKV_OK : (err ? err->code : MKV_ENOMEM);
     }
     if (rc == MKV_OK && (rc = mkv_cuda_upload(dq, q->q, gd * 4 * (size_t)q->W, err)) == MKV_OK &&
-        (rc = mkv_cuda_packed_run(plan, dq, dout, NULL, err)) == MKV_OK && (rc = mkv_cuda_synchronize(err)) == MKV_OK)
+        (rc = mkv_cuda_mosaic_run(plan, dq, dout, NULL, err)) == MKV_OK && (rc = mkv_cuda_synchronize(err)) == MKV_OK)
         rc = mkv_cuda_download(a->out, dout, gd * 4 * (size_t)q->W, err);
     for (int64_t w = 0; w < q->W && rc == MKV_OK; w++) {
         mkv_packed_counts ct;
-        rc = mkv_cuda_packed_selection(plan, (int)w, 0, blocks, a->attended + w * q->T, &ct, err);
+        rc = mkv_cuda_mosaic_selection(plan, (int)w, 0, blocks, a->attended + w * q->T, &ct, err);
         if (rc == MKV_OK)
             a->bytes_read[w] = mkv_gpu_mosaic_bytes(&h, q->pos[w], blocks, ct.dense_tokens);
     }
     mkv_free(blocks);
     mkv_gpu_devset_free(&ds);
-    mkv_cuda_packed_plan_free(plan);
-    mkv_cuda_packed_free(cache);
+    mkv_cuda_mosaic_plan_free(plan);
+    mkv_cuda_mosaic_free(cache);
     mkv_gpu_layout_free(&g);
     mkv_free(heads);
     mkv_mosaic_head_free(&h);

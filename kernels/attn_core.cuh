@@ -1,5 +1,5 @@
-/* Device code shared by the decode-attention kernels (attn_dense.cu,
- * attn_quest.cu): one query token per request, 16-bit K/V, fp32
+/* Device code shared by the decode-attention kernels (dense_attend.cu,
+ * quest_attend.cu): one query token per request, 16-bit K/V, fp32
  * accumulation, GQA with up to 8 query heads per KV head.
  *
  * Work layout.  A request's K and V rows for one KV head are cut into tiles

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "attn_packed.cuh"
+#include "mosaic_attend.cuh"
 
 namespace {
 
@@ -92,7 +92,7 @@ struct bench_case {
     /* Packed MosaicKV caches (their own number of sets: they are smaller). */
     struct packed_holder {
         mkv_packed_cache *c = nullptr;
-        ~packed_holder() { mkv_cuda_packed_free(c); }
+        ~packed_holder() { mkv_cuda_mosaic_free(c); }
     };
     std::vector<std::unique_ptr<packed_holder>> packed;
 
@@ -350,11 +350,11 @@ static int build_packed(bench_case &c, const mkv_bench_opts *o, uint64_t seed, c
     l.n_blockkeys = (size_t)bk_off;
     l.n_rotations = (size_t)rot_off;
     l.n_dense_rows = (int64_t)n_heads * (sink + recent);
-    int rc = mkv_cuda_packed_upload(&l, out, err);   /* pools NULL: allocated only */
+    int rc = mkv_cuda_mosaic_upload(&l, out, err);   /* pools NULL: allocated only */
     if (rc != MKV_OK)
         return rc;
     mkv_packed_pools p;
-    if ((rc = mkv_cuda_packed_pools(*out, &p, err)) != MKV_OK)
+    if ((rc = mkv_cuda_mosaic_pools(*out, &p, err)) != MKV_OK)
         return rc;
     const int64_t n_rec = rec_off / g.rec_bytes;
     fill_records<<<fill_blocks((size_t)(n_rec * B)), 256, 0, st>>>((uint8_t *)p.records, n_rec, g, B, seed);
@@ -382,7 +382,7 @@ public:
     ~packed_method() override
     {
         for (mkv_packed_plan *p : plans_)
-            mkv_cuda_packed_plan_free(p);
+            mkv_cuda_mosaic_plan_free(p);
     }
     const char *impl() const override { return select_only_ ? "mosaic-select" : "mosaic"; }
     const char *backend() const override { return "mkv"; }
@@ -423,7 +423,7 @@ public:
         const uint64_t held = mkv_device_bytes_now();
         for (auto &h : c.packed) {
             mkv_packed_plan *p = nullptr;
-            if ((rc = mkv_cuda_packed_plan(h->c, &pp, heads.data(), pos.data(), &p, err)) != MKV_OK)
+            if ((rc = mkv_cuda_mosaic_plan(h->c, &pp, heads.data(), pos.data(), &p, err)) != MKV_OK)
                 return rc;
             plans_.push_back(p);
         }
@@ -435,8 +435,8 @@ public:
         const mkv_packed_plan *p = plans_[(size_t)(step_++ % (int)plans_.size())];
         MKV_CUDA_CHECK(cudaEventRecord(mid, st));
         if (select_only_)
-            return mkv_cuda_packed_select(p, c.q[(size_t)set], st, err);
-        return mkv_cuda_packed_run(p, c.q[(size_t)set], c.out, st, err);
+            return mkv_cuda_mosaic_select(p, c.q[(size_t)set], st, err);
+        return mkv_cuda_mosaic_run(p, c.q[(size_t)set], c.out, st, err);
     }
     /* What the kernels read of the cache (mkv_packed_counts.device_bytes:
      * block keys and key scratch, R_k, records of the attended blocks, R_v
@@ -451,7 +451,7 @@ public:
         for (int b = 0; b < s.batch; b++)
             for (int h = 0; h < s.n_kv_heads; h++) {
                 mkv_packed_counts ct;
-                if (mkv_cuda_packed_selection(plans_[0], b, h, NULL, NULL, &ct, &err) != MKV_OK)
+                if (mkv_cuda_mosaic_selection(plans_[0], b, h, NULL, NULL, &ct, &err) != MKV_OK)
                     return 0;
                 if (!select_only_)
                     bytes += ct.device_bytes;
@@ -463,7 +463,7 @@ public:
     }
     uint64_t cache_bytes(const bench_case &c) const override
     {
-        return c.packed.empty() ? 0 : mkv_cuda_packed_bytes(c.packed[0]->c);
+        return c.packed.empty() ? 0 : mkv_cuda_mosaic_bytes(c.packed[0]->c);
     }
 };
 

@@ -2,7 +2,9 @@
  *
  * Every function here exists in every build: with CUDA it is implemented in
  * the kernels/ .cu files; without, lib/gpu/cuda_absent.c returns MKV_EUNSUP ("built
- * without CUDA"). Functions never exit; CUDA errors become MKV_EGPU with the
+ * without CUDA"). The benchmark (last) is not in the library: the programs
+ * that benchmark link kernels/bench.cu, or kernels/bench_absent.c without
+ * CUDA. Functions never exit; CUDA errors become MKV_EGPU with the
  * CUDA error string and the call that failed. */
 #ifndef MKV_CUDA_H
 #define MKV_CUDA_H
@@ -161,7 +163,8 @@ int mkv_cuda_quest_selection(const mkv_quest_plan *p, int32_t *pages, int32_t *c
                              mkv_error *err);
 
 /* ------------------------------------------ packed MosaicKV attention (GPU)
- * DESIGN.md 5.2 over the packed format of lib/mosaic/packed.h, computing
+ * The GPU twin of mkv_mosaic_attend (kernels/mosaic_attend.cu): DESIGN.md
+ * 5.2 over the packed format of lib/mosaic/packed.h, computing
  * what mkv_mosaic_attend computes (rules 1-4 of that file's top comment)
  * in float32 instead of double: the same budget, block scores and
  * selection (ties to the earlier block), attention over the kept elements
@@ -240,7 +243,7 @@ typedef struct {
 
 /* Host copy of a cache: tables and pools.  Pool pointers may be NULL (the
  * pool is then allocated and left for the caller to fill on the device,
- * see mkv_cuda_packed_pools). */
+ * see mkv_cuda_mosaic_pools). */
 typedef struct {
     int head_dim;              /* 64 or 128 */
     int block;                 /* B */
@@ -263,16 +266,16 @@ typedef struct mkv_packed_plan mkv_packed_plan;
 
 /* Check the tables (offsets inside the pools, dims, segments in order and
  * contiguous block numbering) and copy everything to the device. */
-int mkv_cuda_packed_upload(const mkv_packed_layout *l, mkv_packed_cache **out, mkv_error *err);
-void mkv_cuda_packed_free(mkv_packed_cache *c);
+int mkv_cuda_mosaic_upload(const mkv_packed_layout *l, mkv_packed_cache **out, mkv_error *err);
+void mkv_cuda_mosaic_free(mkv_packed_cache *c);
 /* Device pointers of the pools (for callers that fill them on the device). */
 typedef struct {
     void *records;
     uint16_t *blockkeys, *rotations, *dense_k, *dense_v;
 } mkv_packed_pools;
-int mkv_cuda_packed_pools(mkv_packed_cache *c, mkv_packed_pools *pools, mkv_error *err);
+int mkv_cuda_mosaic_pools(mkv_packed_cache *c, mkv_packed_pools *pools, mkv_error *err);
 /* Device bytes of the cache (pools and tables). */
-uint64_t mkv_cuda_packed_bytes(const mkv_packed_cache *c);
+uint64_t mkv_cuda_mosaic_bytes(const mkv_packed_cache *c);
 
 typedef struct {
     int batch, n_kv_heads, n_heads;
@@ -281,17 +284,17 @@ typedef struct {
     int agg_sum;               /* block score over the group's heads: 0 max, 1 sum */
 } mkv_packed_params;
 
-int mkv_cuda_packed_plan(const mkv_packed_cache *c, const mkv_packed_params *pp, const int32_t *heads,
+int mkv_cuda_mosaic_plan(const mkv_packed_cache *c, const mkv_packed_params *pp, const int32_t *heads,
                          const int64_t *pos, mkv_packed_plan **out, mkv_error *err);
-void mkv_cuda_packed_plan_free(mkv_packed_plan *p);
+void mkv_cuda_mosaic_plan_free(mkv_packed_plan *p);
 /* Rotation of q, scoring and selection: the first half of a step, alone
  * for timing the scoring stage. */
-int mkv_cuda_packed_select(const mkv_packed_plan *p, const float *q, void *stream, mkv_error *err);
+int mkv_cuda_mosaic_select(const mkv_packed_plan *p, const float *q, void *stream, mkv_error *err);
 /* Attention over the dense tokens and the last selection, and the merge
  * into out. */
-int mkv_cuda_packed_attend(const mkv_packed_plan *p, const float *q, float *out, void *stream, mkv_error *err);
+int mkv_cuda_mosaic_attend(const mkv_packed_plan *p, const float *q, float *out, void *stream, mkv_error *err);
 /* Both: one decode step. */
-int mkv_cuda_packed_run(const mkv_packed_plan *p, const float *q, float *out, void *stream, mkv_error *err);
+int mkv_cuda_mosaic_run(const mkv_packed_plan *p, const float *q, float *out, void *stream, mkv_error *err);
 
 /* What the last step of (request, KV head) attended; synchronises.
  * blocks (may be NULL): [n_blocks of its cache head] 1 for each block
@@ -307,10 +310,10 @@ typedef struct {
     int64_t dense_tokens;      /* dense rows attended */
     uint64_t device_bytes;     /* bytes this request and KV head read from the cache on the device */
 } mkv_packed_counts;
-int mkv_cuda_packed_selection(const mkv_packed_plan *p, int request, int kv_head, uint8_t *blocks,
+int mkv_cuda_mosaic_selection(const mkv_packed_plan *p, int request, int kv_head, uint8_t *blocks,
                               uint8_t *attended, mkv_packed_counts *counts, mkv_error *err);
 
-/* ------------------------------------------------- GPU encode (kernels/encode.cu)
+/* ------------------------------------------------- GPU encode (kernels/mosaic_encode.cu)
  * The GPU half of the dual buffer (DESIGN.md 5.3): new tokens are packed
  * at once with a segment's strategy and rotation. */
 typedef struct {
@@ -337,7 +340,7 @@ int mkv_cuda_mosaic_encode(const mkv_cuda_strategy *s, int d, int64_t n, int blo
  * become [start + len, start + len + n) of that segment.  MKV_EUSAGE when
  * the head has no temporary region or its capacity is exceeded.  Plans
  * made before an append do not see the new tokens: make a new plan. */
-int mkv_cuda_packed_append(mkv_packed_cache *c, int head, const float *k, const float *v, int64_t n,
+int mkv_cuda_mosaic_append(mkv_packed_cache *c, int head, const float *k, const float *v, int64_t n,
                            void *stream, mkv_error *err);
 
 /* ------------------------------------- segment rotations (cuSOLVER, batched)
@@ -348,7 +351,7 @@ int mkv_cuda_packed_append(mkv_packed_cache *c, int head, const float *k, const 
  * component of each positive.  syevjBatched (Jacobi) for d <= 32, where
  * cuSOLVER's batched Jacobi solver is limited to, else the batched
  * cusolverDnXsyevBatched. */
-int mkv_cuda_rotations(const double *gram, int d, int batch, double *R, double *evals, mkv_error *err);
+int mkv_cuda_eigh_batched(const double *gram, int d, int batch, double *R, double *evals, mkv_error *err);
 
 /* ------------------------------------------------ attention benchmark (GPU)
  * Synthetic random caches of one attention shape (default LLaMA-3.1-8B: 32

@@ -1,4 +1,4 @@
-/* GPU decode attention (kernels/attn_dense.cu, kernels/attn_quest.cu)
+/* GPU decode attention (kernels/dense_attend.cu, kernels/quest_attend.cu)
  * against CPU references computed here in double precision:
  *  - dense: exact softmax attention over each request's tokens, for bf16
  *    and fp16 K/V, head_dim 64 and 128, 1, 4 and 8 query heads per KV head,

@@ -1,5 +1,5 @@
-/* Packed MosaicKV on the GPU (kernels/attn_packed.cu, kernels/encode.cu,
- * lib/gpu/gpu_packed.c) against the CPU:
+/* Packed MosaicKV on the GPU (kernels/mosaic_attend.cu, kernels/mosaic_encode.cu,
+ * lib/gpu/gpu_method.c) against the CPU:
  *  - attention: heads compressed by the CPU compressor (mkv_mosaic_compress)
  *    from random KV-like data, fixed and dynamic strategies, several
  *    segments, groups g = 1, 2, 4, uniform2d's first-r channels, head_dim
@@ -12,7 +12,7 @@
  *    rounding (SCORE_TOL) of the selection threshold; where they agree the
  *    outputs must agree within TOL in L2 per query head (relative to the
  *    output with |v| for v, see rel_err), and bytes_read as
- *    lib/gpu/gpu_packed.c counts it must equal the CPU's; in every case the
+ *    lib/gpu/gpu_method.c counts it must equal the CPU's; in every case the
  *    output must match a double-precision reference computed here over
  *    the GPU's own selection (keys and values rebuilt from the stored
  *    arrays, one softmax over all attended tokens);
@@ -58,7 +58,7 @@
 
 #include "core/attn.h"
 #include "core/eigen.h"
-#include "gpu/gpu_packed.h"
+#include "gpu/gpu_method.h"
 #include "core/half.h"
 #include "methods/method.h"
 #include "mkv_cuda.h"
@@ -440,7 +440,7 @@ static void expect_full(mkv_packed_cache *cache, int head, const float *k, const
     mkv_error err = {0};
     char capstr[32];
     snprintf(capstr, sizeof capstr, "%lld", (long long)cap);
-    const int rc = mkv_cuda_packed_append(cache, head, k, v, n, NULL, &err);
+    const int rc = mkv_cuda_mosaic_append(cache, head, k, v, n, NULL, &err);
     ck_assert_msg(rc == MKV_EUSAGE, "%s: appending %lld tokens past a capacity of %lld returned %d (%s)", what,
                   (long long)n, (long long)cap, rc, err.msg);
     ck_assert_msg(strstr(err.msg, "temporary region") != NULL
@@ -639,7 +639,7 @@ static void run_case(const pcase *pc, pstats *st)
     mkv_gpu_layout lay;
     ck_assert_msg(mkv_gpu_layout_build(hp, nh, pc->temp, &lay, &err) == MKV_OK, "layout: %s", err.msg);
     mkv_packed_cache *cache = NULL;
-    ck_assert_msg(mkv_cuda_packed_upload(&lay.l, &cache, &err) == MKV_OK, "upload: %s", err.msg);
+    ck_assert_msg(mkv_cuda_mosaic_upload(&lay.l, &cache, &err) == MKV_OK, "upload: %s", err.msg);
 
     /* The temporary region: pc->temp new tokens per head, encoded by the
      * GPU; the reference packs the same tokens with the CPU encoder. */
@@ -667,7 +667,7 @@ static void run_case(const pcase *pc, pstats *st)
             float *dz = dalloc(sizeof(float) * (size_t)(cap + 1) * d);
             ck_assert(mkv_cuda_memset(dz, 0, sizeof(float) * (size_t)(cap + 1) * d, &err) == MKV_OK);
             expect_full(cache, i, dz, dz, cap + 1, cap, pc->label);
-            ck_assert_msg(mkv_cuda_packed_append(cache, i, dk, dv, n, NULL, &err) == MKV_OK, "append: %s", err.msg);
+            ck_assert_msg(mkv_cuda_mosaic_append(cache, i, dk, dv, n, NULL, &err) == MKV_OK, "append: %s", err.msg);
             expect_full(cache, i, dz, dz, cap - n + 1, cap, pc->label);
             mkv_cuda_free(dz);
             mkv_cuda_free(dk);
@@ -725,15 +725,15 @@ static void run_case(const pcase *pc, pstats *st)
         mkv_packed_params p1 = pp;
         int64_t past = end;
         p1.batch = 1;
-        ck_assert_int_eq(mkv_cuda_packed_plan(cache, &p1, heads, &past, &plan, &err), MKV_EUSAGE);
+        ck_assert_int_eq(mkv_cuda_mosaic_plan(cache, &p1, heads, &past, &plan, &err), MKV_EUSAGE);
         ck_assert_msg(strstr(err.msg, "position") != NULL, "%s: message: %s", pc->label, err.msg);
         ck_assert_ptr_null(plan);
     }
-    ck_assert_msg(mkv_cuda_packed_plan(cache, &pp, heads, pos, &plan, &err) == MKV_OK, "plan: %s", err.msg);
+    ck_assert_msg(mkv_cuda_mosaic_plan(cache, &pp, heads, pos, &plan, &err) == MKV_OK, "plan: %s", err.msg);
     float *dq = dalloc(sizeof(float) * qn), *dout = dalloc(sizeof(float) * qn);
     ck_assert(mkv_cuda_upload(dq, q, sizeof(float) * qn, &err) == MKV_OK);
     ck_assert(mkv_cuda_memset(dout, 0xff, sizeof(float) * qn, &err) == MKV_OK);
-    ck_assert_msg(mkv_cuda_packed_run(plan, dq, dout, NULL, &err) == MKV_OK, "run: %s", err.msg);
+    ck_assert_msg(mkv_cuda_mosaic_run(plan, dq, dout, NULL, &err) == MKV_OK, "run: %s", err.msg);
     ck_assert_msg(mkv_cuda_synchronize(&err) == MKV_OK, "kernels failed: %s", err.msg);
     ck_assert(mkv_cuda_download(out, dout, sizeof(float) * qn, &err) == MKV_OK);
 
@@ -751,7 +751,7 @@ static void run_case(const pcase *pc, pstats *st)
             const float *ob = out + ((size_t)b * nh + i) * G * d;
             mkv_packed_counts ct;
             memset(att, 0, (size_t)end);
-            ck_assert_msg(mkv_cuda_packed_selection(plan, (int)b, i, blk, att, &ct, &err) == MKV_OK, "%s", err.msg);
+            ck_assert_msg(mkv_cuda_mosaic_selection(plan, (int)b, i, blk, att, &ct, &err) == MKV_OK, "%s", err.msg);
             int64_t n_att = 0;
             for (int64_t t = 0; t < end; t++) {
                 ck_assert_msg(!att[t] || t <= pos[b], "%s: token %lld after the query at %lld attended", pc->label,
@@ -855,8 +855,8 @@ static void run_case(const pcase *pc, pstats *st)
     free(tmp);
     mkv_cuda_free(dq);
     mkv_cuda_free(dout);
-    mkv_cuda_packed_plan_free(plan);
-    mkv_cuda_packed_free(cache);
+    mkv_cuda_mosaic_plan_free(plan);
+    mkv_cuda_mosaic_free(cache);
     mkv_gpu_layout_free(&lay);
     free(q);
     free(out);
@@ -933,7 +933,7 @@ START_TEST(test_ties)
 END_TEST
 
 /* Long heads: a segment of 1024 blocks (two compaction windows of the
- * attention, WIN in kernels/attn_packed.cu, four blocks a tile), heads of
+ * attention, WIN in kernels/mosaic_attend.cu, four blocks a tile), heads of
  * 5000+ and 9000 blocks (the selection's passes take several loads per
  * thread), the latter with every score tied (eq_cut over 9000 blocks). */
 START_TEST(test_long_heads)
@@ -1135,7 +1135,7 @@ START_TEST(test_rotations)
             free(G);
             free(w);
         }
-        ck_assert_msg(mkv_cuda_rotations(C, d, batch, R, ev, &err) == MKV_OK, "rotations d=%d: %s", d, err.msg);
+        ck_assert_msg(mkv_cuda_eigh_batched(C, d, batch, R, ev, &err) == MKV_OK, "rotations d=%d: %s", d, err.msg);
         double worst_orth = 0, worst_proj = 0, worst_ev = 0;
         for (int b = 0; b < batch; b++) {
             const double *Rb = R + (size_t)b * dd;
@@ -1187,39 +1187,39 @@ START_TEST(test_refusals)
 
     mkv_packed_layout bad = lay.l;
     bad.head_dim = 96;
-    ck_assert_int_eq(mkv_cuda_packed_upload(&bad, &cache, &err), MKV_EUNSUP);
+    ck_assert_int_eq(mkv_cuda_mosaic_upload(&bad, &cache, &err), MKV_EUNSUP);
     ck_assert_msg(strstr(err.msg, "head_dim 96") != NULL, "message: %s", err.msg);
     bad = lay.l;
     bad.block = 3;
-    ck_assert_int_eq(mkv_cuda_packed_upload(&bad, &cache, &err), MKV_EUNSUP);
+    ck_assert_int_eq(mkv_cuda_mosaic_upload(&bad, &cache, &err), MKV_EUNSUP);
     ck_assert_msg(strstr(err.msg, "block of 3") != NULL, "message: %s", err.msg);
     /* overlapping record parts */
     mkv_packed_seg seg0 = lay.segs[0];
     lay.segs[0].vval_off = lay.segs[0].kmask_off;
-    ck_assert_int_eq(mkv_cuda_packed_upload(&lay.l, &cache, &err), MKV_EUSAGE);
+    ck_assert_int_eq(mkv_cuda_mosaic_upload(&lay.l, &cache, &err), MKV_EUSAGE);
     ck_assert_ptr_null(cache);
     lay.segs[0] = seg0;
 
-    ck_assert_int_eq(mkv_cuda_packed_upload(&lay.l, &cache, &err), MKV_OK);
+    ck_assert_int_eq(mkv_cuda_mosaic_upload(&lay.l, &cache, &err), MKV_OK);
     int32_t heads[1] = {0};
     int64_t pos[1] = {600};   /* past the cache */
     mkv_packed_params pp = {1, 1, 4, 0, 0.1, 0};
     mkv_packed_plan *plan = NULL;
-    ck_assert_int_eq(mkv_cuda_packed_plan(cache, &pp, heads, pos, &plan, &err), MKV_EUSAGE);
+    ck_assert_int_eq(mkv_cuda_mosaic_plan(cache, &pp, heads, pos, &plan, &err), MKV_EUSAGE);
     ck_assert_msg(strstr(err.msg, "position 600") != NULL, "message: %s", err.msg);
     pos[0] = 599;
     pp.n_heads = 16;   /* 16 query heads per KV head */
-    ck_assert_int_eq(mkv_cuda_packed_plan(cache, &pp, heads, pos, &plan, &err), MKV_EUNSUP);
+    ck_assert_int_eq(mkv_cuda_mosaic_plan(cache, &pp, heads, pos, &plan, &err), MKV_EUNSUP);
     ck_assert_msg(strstr(err.msg, "16 query heads per KV head") != NULL, "message: %s", err.msg);
     ck_assert_ptr_null(plan);
     pp.n_heads = 4;
-    ck_assert_int_eq(mkv_cuda_packed_plan(cache, &pp, heads, pos, &plan, &err), MKV_OK);
+    ck_assert_int_eq(mkv_cuda_mosaic_plan(cache, &pp, heads, pos, &plan, &err), MKV_OK);
     /* no temporary region to append to */
     float *dk = dalloc(sizeof(float) * 64);
-    ck_assert_int_eq(mkv_cuda_packed_append(cache, 0, dk, dk, 1, NULL, &err), MKV_EUSAGE);
+    ck_assert_int_eq(mkv_cuda_mosaic_append(cache, 0, dk, dk, 1, NULL, &err), MKV_EUSAGE);
     mkv_cuda_free(dk);
-    mkv_cuda_packed_plan_free(plan);
-    mkv_cuda_packed_free(cache);
+    mkv_cuda_mosaic_plan_free(plan);
+    mkv_cuda_mosaic_free(cache);
     mkv_gpu_layout_free(&lay);
     mkv_mosaic_head_free(&h);
     free_head_data(&hd);
@@ -1262,7 +1262,7 @@ static int check_clean_failure(mkv_status want)
     l.n_dense_rows = 10;
     l.dense_k = l.dense_v = dense;
     mkv_packed_cache *c = (mkv_packed_cache *)&l;   /* must be reset to NULL */
-    int rc = mkv_cuda_packed_upload(&l, &c, &err);
+    int rc = mkv_cuda_mosaic_upload(&l, &c, &err);
     if (rc != (int)want || err.msg[0] == '\0' || c != NULL) {
         fprintf(stderr, "check_gpu_packed: FAIL: upload without a GPU returned %d '%s', want %d\n", rc, err.msg,
                 (int)want);

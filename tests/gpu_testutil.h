@@ -1,6 +1,7 @@
-/* What the GPU test programs (check_gpu, check_gpu_attn, check_gpu_packed)
- * share: whether to skip, and the run.  Without CUDA or without a GPU the
- * program checks that the entry points fail cleanly, then skips (77). */
+/* What the GPU test programs (check_gpu, check_gpu_attn, check_gpu_packed,
+ * check_gpu_methods) share: whether to skip, and the run.  Without CUDA or
+ * without a GPU the program checks that the entry points fail cleanly,
+ * then skips (77). */
 #ifndef MKV_GPU_TESTUTIL_H
 #define MKV_GPU_TESTUTIL_H
 

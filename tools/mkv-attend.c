@@ -28,7 +28,7 @@
 #include "core/mkv.h"
 #include "gpu/bench_options.h"
 #include "gpu/evaluate_gpu.h"
-#include "gpu/gpu_packed.h"
+#include "gpu/gpu_method.h"
 #include "methods/evaluate.h"
 #include "methods/method.h"
 #include "mkv_cuda.h"

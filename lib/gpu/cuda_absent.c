@@ -137,15 +137,9 @@ int mkv_cuda_quest_selection(const mkv_quest_plan *p, int32_t *pages, int32_t *c
     return mkv_fail(err, MKV_EUNSUP, "GPU Quest attention: built without CUDA");
 }
 
-int mkv_bench_attention(const mkv_bench_opts *o, FILE *tsv, FILE *log, mkv_error *err)
-{
-    (void)o; (void)tsv; (void)log;
-    return mkv_fail(err, MKV_EUNSUP, "GPU benchmark: built without CUDA");
-}
-
 /* ---- packed MosaicKV attention, GPU encode, rotations ---- */
 
-int mkv_cuda_packed_upload(const mkv_packed_layout *l, mkv_packed_cache **out, mkv_error *err)
+int mkv_cuda_mosaic_upload(const mkv_packed_layout *l, mkv_packed_cache **out, mkv_error *err)
 {
     (void)l;
     if (out)
@@ -153,17 +147,17 @@ int mkv_cuda_packed_upload(const mkv_packed_layout *l, mkv_packed_cache **out, m
     return mkv_fail(err, MKV_EUNSUP, "GPU packed attention: built without CUDA");
 }
 
-void mkv_cuda_packed_free(mkv_packed_cache *c) { (void)c; }
+void mkv_cuda_mosaic_free(mkv_packed_cache *c) { (void)c; }
 
-int mkv_cuda_packed_pools(mkv_packed_cache *c, mkv_packed_pools *pools, mkv_error *err)
+int mkv_cuda_mosaic_pools(mkv_packed_cache *c, mkv_packed_pools *pools, mkv_error *err)
 {
     (void)c; (void)pools;
     return mkv_fail(err, MKV_EUNSUP, "GPU packed attention: built without CUDA");
 }
 
-uint64_t mkv_cuda_packed_bytes(const mkv_packed_cache *c) { (void)c; return 0; }
+uint64_t mkv_cuda_mosaic_bytes(const mkv_packed_cache *c) { (void)c; return 0; }
 
-int mkv_cuda_packed_plan(const mkv_packed_cache *c, const mkv_packed_params *pp, const int32_t *heads,
+int mkv_cuda_mosaic_plan(const mkv_packed_cache *c, const mkv_packed_params *pp, const int32_t *heads,
                          const int64_t *pos, mkv_packed_plan **out, mkv_error *err)
 {
     (void)c; (void)pp; (void)heads; (void)pos;
@@ -172,27 +166,27 @@ int mkv_cuda_packed_plan(const mkv_packed_cache *c, const mkv_packed_params *pp,
     return mkv_fail(err, MKV_EUNSUP, "GPU packed attention: built without CUDA");
 }
 
-void mkv_cuda_packed_plan_free(mkv_packed_plan *p) { (void)p; }
+void mkv_cuda_mosaic_plan_free(mkv_packed_plan *p) { (void)p; }
 
-int mkv_cuda_packed_select(const mkv_packed_plan *p, const float *q, void *stream, mkv_error *err)
+int mkv_cuda_mosaic_select(const mkv_packed_plan *p, const float *q, void *stream, mkv_error *err)
 {
     (void)p; (void)q; (void)stream;
     return mkv_fail(err, MKV_EUNSUP, "GPU packed attention: built without CUDA");
 }
 
-int mkv_cuda_packed_attend(const mkv_packed_plan *p, const float *q, float *out, void *stream, mkv_error *err)
+int mkv_cuda_mosaic_attend(const mkv_packed_plan *p, const float *q, float *out, void *stream, mkv_error *err)
 {
     (void)p; (void)q; (void)out; (void)stream;
     return mkv_fail(err, MKV_EUNSUP, "GPU packed attention: built without CUDA");
 }
 
-int mkv_cuda_packed_run(const mkv_packed_plan *p, const float *q, float *out, void *stream, mkv_error *err)
+int mkv_cuda_mosaic_run(const mkv_packed_plan *p, const float *q, float *out, void *stream, mkv_error *err)
 {
     (void)p; (void)q; (void)out; (void)stream;
     return mkv_fail(err, MKV_EUNSUP, "GPU packed attention: built without CUDA");
 }
 
-int mkv_cuda_packed_selection(const mkv_packed_plan *p, int request, int kv_head, uint8_t *blocks,
+int mkv_cuda_mosaic_selection(const mkv_packed_plan *p, int request, int kv_head, uint8_t *blocks,
                               uint8_t *attended, mkv_packed_counts *counts, mkv_error *err)
 {
     (void)p; (void)request; (void)kv_head; (void)blocks; (void)attended; (void)counts;
@@ -208,14 +202,14 @@ int mkv_cuda_mosaic_encode(const mkv_cuda_strategy *s, int d, int64_t n, int blo
     return mkv_fail(err, MKV_EUNSUP, "GPU encode: built without CUDA");
 }
 
-int mkv_cuda_packed_append(mkv_packed_cache *c, int head, const float *k, const float *v, int64_t n,
+int mkv_cuda_mosaic_append(mkv_packed_cache *c, int head, const float *k, const float *v, int64_t n,
                            void *stream, mkv_error *err)
 {
     (void)c; (void)head; (void)k; (void)v; (void)n; (void)stream;
     return mkv_fail(err, MKV_EUNSUP, "GPU encode: built without CUDA");
 }
 
-int mkv_cuda_rotations(const double *gram, int d, int batch, double *R, double *evals, mkv_error *err)
+int mkv_cuda_eigh_batched(const double *gram, int d, int batch, double *R, double *evals, mkv_error *err)
 {
     (void)gram; (void)d; (void)batch; (void)R; (void)evals;
     return mkv_fail(err, MKV_EUNSUP, "GPU rotations: built without CUDA");

@@ -2,7 +2,7 @@
 #include "config.h"
 #include "gpu/evaluate_gpu.h"
 
-#include "gpu/gpu_packed.h"
+#include "gpu/gpu_method.h"
 
 int mkv_gpu_eval_attend(const mkv_method *m, const mkv_params *p, mkv_cdump *c, int layer, int head,
                         const mkv_eval_queries *q, mkv_eval_answers *a, mkv_error *err)

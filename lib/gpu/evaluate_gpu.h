@@ -1,5 +1,5 @@
 /* The GPU as the device of an evaluation (lib/methods/evaluate.h): the
- * per-method GPU drivers of lib/gpu/gpu_packed.h behind the device hook. */
+ * per-method GPU drivers of lib/gpu/gpu_method.h behind the device hook. */
 #ifndef MKV_EVALUATE_GPU_H
 #define MKV_EVALUATE_GPU_H
 

@@ -190,7 +190,7 @@ typedef struct {
 /* Build the layout of n heads (same head_dim and block size).  With
  * temp_tokens > 0 every head that has a segment gets a temporary region
  * for that many tokens after its T tokens, with its last segment's
- * strategy and rotations (what mkv_cuda_packed_append encodes with).
+ * strategy and rotations (what mkv_cuda_mosaic_append encodes with).
  * MKV_EUNSUP (with the reason) for shapes the GPU kernel does not take. */
 int mkv_gpu_layout_build(const mkv_mosaic_head *const *heads, int n, int64_t temp_tokens, mkv_gpu_layout *out,
                          mkv_error *err);

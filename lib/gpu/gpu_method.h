@@ -1,16 +1,14 @@
-/* GPU attention over compressed dumps, host side.
- *
- * 1. Conversion at load, in one place (DESIGN.md 5.1): loaded MosaicKV
- *    heads become the GPU layout of kernels/mkv_cuda.h through
- *    mkv_gpu_layout_build of lib/mosaic/packed.h, the format's module.
- * 2. Per-method drivers that answer all queries of one dump head on the
- *    GPU, for mkv-attend --device gpu: mosaic and uniform2d (the packed
- *    kernel), quest (the Quest-style kernel), full (the dense kernel).
- *    Each reports the output, the attended tokens and bytes_read exactly
- *    as the method's CPU attend does, so the two devices' tables compare
- *    row by row. */
-#ifndef MKV_GPU_PACKED_H
-#define MKV_GPU_PACKED_H
+/* GPU attention over compressed dumps, host side: the methods' GPU paths,
+ * which answer all queries of one dump head on the GPU, for mkv-attend
+ * --device gpu: mosaic and uniform2d (the packed kernel over the GPU
+ * layout that mkv_gpu_layout_build of lib/mosaic/packed.h converts loaded
+ * heads to, in one place), quest (the Quest-style kernel), full (the
+ * dense kernel); one file each in lib/gpu/, listed in lib/gpu/gpu_method.c.
+ * Each reports the output, the attended tokens and bytes_read exactly
+ * as the method's CPU attend does, so the two devices' tables compare row
+ * by row. */
+#ifndef MKV_GPU_METHOD_H
+#define MKV_GPU_METHOD_H
 
 #include <stddef.h>
 #include <stdint.h>

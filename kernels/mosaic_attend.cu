@@ -1,4 +1,4 @@
-/* Packed MosaicKV decode attention on the GPU (see attn_packed.cuh for the
+/* Packed MosaicKV decode attention on the GPU (see mosaic_attend.cuh for the
  * stages and kernels/mkv_cuda.h for the layout and the semantics, which
  * are those of mkv_mosaic_attend in lib/mosaic/method.c). */
 #include <algorithm>
@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <vector>
 
-#include "attn_packed.cuh"
+#include "mosaic_attend.cuh"
 
 extern "C" {
 #include "core/attn.h"
@@ -1242,7 +1242,7 @@ int cache_sync_seg(mkv_packed_cache *c, int64_t row, cudaStream_t st, mkv_error 
 
 }  // namespace mkv_packed
 
-extern "C" int mkv_cuda_packed_upload(const mkv_packed_layout *l, mkv_packed_cache **out, mkv_error *err)
+extern "C" int mkv_cuda_mosaic_upload(const mkv_packed_layout *l, mkv_packed_cache **out, mkv_error *err)
 {
     if (out == NULL)
         return mkv_fail(err, MKV_EUSAGE, "packed cache: NULL result pointer");
@@ -1271,9 +1271,9 @@ extern "C" int mkv_cuda_packed_upload(const mkv_packed_layout *l, mkv_packed_cac
     return MKV_OK;
 }
 
-extern "C" void mkv_cuda_packed_free(mkv_packed_cache *c) { delete c; }
+extern "C" void mkv_cuda_mosaic_free(mkv_packed_cache *c) { delete c; }
 
-extern "C" int mkv_cuda_packed_pools(mkv_packed_cache *c, mkv_packed_pools *p, mkv_error *err)
+extern "C" int mkv_cuda_mosaic_pools(mkv_packed_cache *c, mkv_packed_pools *p, mkv_error *err)
 {
     if (c == NULL || p == NULL)
         return mkv_fail(err, MKV_EUSAGE, "packed cache: NULL cache or pools");
@@ -1285,7 +1285,7 @@ extern "C" int mkv_cuda_packed_pools(mkv_packed_cache *c, mkv_packed_pools *p, m
     return MKV_OK;
 }
 
-extern "C" uint64_t mkv_cuda_packed_bytes(const mkv_packed_cache *c)
+extern "C" uint64_t mkv_cuda_mosaic_bytes(const mkv_packed_cache *c)
 {
     if (c == NULL)
         return 0;
@@ -1346,7 +1346,7 @@ size_t attend_smem_for(int D, int dkmax, int dvmax, int stage_bytes)
 
 }  // namespace
 
-extern "C" int mkv_cuda_packed_plan(const mkv_packed_cache *c, const mkv_packed_params *pp, const int32_t *heads,
+extern "C" int mkv_cuda_mosaic_plan(const mkv_packed_cache *c, const mkv_packed_params *pp, const int32_t *heads,
                                     const int64_t *pos, mkv_packed_plan **out, mkv_error *err)
 {
     const char *what = "packed attention";
@@ -1542,9 +1542,9 @@ extern "C" int mkv_cuda_packed_plan(const mkv_packed_cache *c, const mkv_packed_
     return MKV_OK;
 }
 
-extern "C" void mkv_cuda_packed_plan_free(mkv_packed_plan *p) { delete p; }
+extern "C" void mkv_cuda_mosaic_plan_free(mkv_packed_plan *p) { delete p; }
 
-extern "C" int mkv_cuda_packed_select(const mkv_packed_plan *p, const float *q, void *stream, mkv_error *err)
+extern "C" int mkv_cuda_mosaic_select(const mkv_packed_plan *p, const float *q, void *stream, mkv_error *err)
 {
     const char *what = "packed selection";
     if (p == NULL)
@@ -1593,7 +1593,7 @@ extern "C" int mkv_cuda_packed_select(const mkv_packed_plan *p, const float *q, 
     return MKV_OK;
 }
 
-extern "C" int mkv_cuda_packed_attend(const mkv_packed_plan *p, const float *q, float *out, void *stream,
+extern "C" int mkv_cuda_mosaic_attend(const mkv_packed_plan *p, const float *q, float *out, void *stream,
                                       mkv_error *err)
 {
     const char *what = "packed attention";
@@ -1635,13 +1635,13 @@ extern "C" int mkv_cuda_packed_attend(const mkv_packed_plan *p, const float *q, 
     return launch_merge(&p->sp, p->pp.batch, p->pp.n_kv_heads, p->G, c->head_dim, out, st, err);
 }
 
-extern "C" int mkv_cuda_packed_run(const mkv_packed_plan *p, const float *q, float *out, void *stream, mkv_error *err)
+extern "C" int mkv_cuda_mosaic_run(const mkv_packed_plan *p, const float *q, float *out, void *stream, mkv_error *err)
 {
-    int rc = mkv_cuda_packed_select(p, q, stream, err);
-    return rc != MKV_OK ? rc : mkv_cuda_packed_attend(p, q, out, stream, err);
+    int rc = mkv_cuda_mosaic_select(p, q, stream, err);
+    return rc != MKV_OK ? rc : mkv_cuda_mosaic_attend(p, q, out, stream, err);
 }
 
-extern "C" int mkv_cuda_packed_selection(const mkv_packed_plan *p, int request, int kv_head, uint8_t *blocks,
+extern "C" int mkv_cuda_mosaic_selection(const mkv_packed_plan *p, int request, int kv_head, uint8_t *blocks,
                                          uint8_t *attended, mkv_packed_counts *counts, mkv_error *err)
 {
     if (p == NULL || request < 0 || request >= p->pp.batch || kv_head < 0 || kv_head >= p->pp.n_kv_heads)

@@ -1,4 +1,4 @@
-/* Packed MosaicKV attention: what attn_packed.cu, encode.cu and bench.cu
+/* Packed MosaicKV attention: what mosaic_attend.cu, mosaic_encode.cu and bench.cu
  * share (C++; the C door is kernels/mkv_cuda.h).
  *
  * One decode step is four kernels on one stream:
@@ -33,8 +33,8 @@
  *                  of R_v, like scores): a partial (m, l, acc);
  *   merge_kernel   (attn_core.cuh) over each job's partials.
  * The layout and semantics are in mkv_cuda.h. */
-#ifndef MKV_ATTN_PACKED_CUH
-#define MKV_ATTN_PACKED_CUH
+#ifndef MKV_MOSAIC_ATTEND_CUH
+#define MKV_MOSAIC_ATTEND_CUH
 
 #include <vector>
 

@@ -14,7 +14,7 @@
 
 #include <cusolverDn.h>
 
-#include "attn_packed.cuh"
+#include "mosaic_attend.cuh"
 
 using namespace mkv_packed;
 
@@ -249,7 +249,7 @@ extern "C" int mkv_cuda_mosaic_encode(const mkv_cuda_strategy *cs, int d, int64_
     return MKV_OK;
 }
 
-extern "C" int mkv_cuda_packed_append(mkv_packed_cache *c, int head, const float *k, const float *v, int64_t n,
+extern "C" int mkv_cuda_mosaic_append(mkv_packed_cache *c, int head, const float *k, const float *v, int64_t n,
                                       void *stream, mkv_error *err)
 {
     const char *what = "packed append";
@@ -330,7 +330,7 @@ void to_convention(const double *V, const double *W, int d, double *R, double *e
 
 }  // namespace
 
-extern "C" int mkv_cuda_rotations(const double *gram, int d, int batch, double *R, double *evals, mkv_error *err)
+extern "C" int mkv_cuda_eigh_batched(const double *gram, int d, int batch, double *R, double *evals, mkv_error *err)
 {
     const char *what = "GPU rotations";
     if (gram == NULL || R == NULL || evals == NULL || d < 1 || batch < 1)

@@ -1,10 +1,12 @@
-/* Chat templates, shape-only models and model format detection.
+/* Chat templates, shape-only models, model format detection, and the
+ * model run and capture of lib/model.
  *
  * References: the conversations Hugging Face's apply_chat_template renders
  * for the templates quoted here (SmolLM2-135M-Instruct, Qwen2.5, Llama-3,
  * Llama-2, Mistral), written out by hand; the published parameter counts of
  * each model a shape copies; statistics of the random weights; files this
- * test writes with known contents.
+ * test writes with known contents; stories260K's published greedy sample;
+ * RoPE recomputed here in double precision from its formula.
  */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
@@ -17,9 +19,13 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "vocab/chat.h"
+#include "io/dump.h"
+#include "model/capture.h"
 #include "model/model_load.h"
+#include "model/prompt.h"
+#include "model/run_model.h"
 #include "model/shapes.h"
+#include "vocab/chat.h"
 #include "testutil.h"
 
 /* ------------------------------------------------------------ chat */
@@ -415,6 +421,250 @@ START_TEST(test_llama2c_tokenizer_search)
 }
 END_TEST
 
+/* ------------------------------------------------------------ run and capture */
+
+START_TEST(test_layer_list)
+{
+    mkv_error err;
+    int *l, n;
+    ck_assert_int_eq(mkv_layer_list_parse("4,0-2,1", 5, &l, &n, &err), MKV_OK);
+    ck_assert_int_eq(n, 4);
+    ck_assert(l[0] == 0 && l[1] == 1 && l[2] == 2 && l[3] == 4);
+    free(l);
+    ck_assert_int_eq(mkv_layer_list_parse(NULL, 3, &l, &n, &err), MKV_OK);
+    ck_assert(n == 3 && l[0] == 0 && l[1] == 1 && l[2] == 2);
+    free(l);
+    const char *bad[] = {"5", "3-1", "1,,2", "-1", "a", "2-", ""};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        ck_assert_msg(mkv_layer_list_parse(bad[i], 5, &l, &n, &err) == MKV_EUSAGE, "'%s'", bad[i]);
+    ck_assert_str_eq(err.msg, "invalid value '' for --layers: expected a list of layers like 0,3,5-7");
+}
+END_TEST
+
+static void write_text(const char *path, const char *text)
+{
+    FILE *fp = fopen(path, "wb");
+    ck_assert_ptr_nonnull(fp);
+    ck_assert_int_eq(fputs(text, fp) >= 0, 1);
+    ck_assert_int_eq(fclose(fp), 0);
+}
+
+START_TEST(test_token_ids)
+{
+    char path[600];
+    mkv_error err;
+    mkv_idbuf ids = {0};
+    test_path(path, sizeof path, "ids.txt");
+    write_text(path, "  3\n7\t 11\r\n");
+    ck_assert_int_eq(mkv_idbuf_push(&ids, 1, &err), MKV_OK);   /* a BOS before the file's */
+    ck_assert_int_eq(mkv_read_token_ids(path, 12, &ids, &err), MKV_OK);
+    ck_assert_int_eq((int)ids.n, 4);
+    ck_assert(ids.ids[0] == 1 && ids.ids[1] == 3 && ids.ids[2] == 7 && ids.ids[3] == 11);
+    ids.n = 0;
+    ck_assert_int_eq(mkv_read_token_ids(path, 11, &ids, &err), MKV_EFORMAT);
+    ck_assert_msg(strstr(err.msg, "token id 11 at index 2 is outside the vocabulary of 11"), "%s", err.msg);
+    write_text(path, "1 2x 5");
+    ids.n = 0;
+    ck_assert_int_eq(mkv_read_token_ids(path, 12, &ids, &err), MKV_EFORMAT);
+    ck_assert_msg(strstr(err.msg, "'2x' is not a token id"), "%s", err.msg);
+    write_text(path, " \n");
+    ids.n = 0;
+    ck_assert_int_eq(mkv_read_token_ids(path, 12, &ids, &err), MKV_EFORMAT);
+    ck_assert_msg(strstr(err.msg, "no token ids"), "%s", err.msg);
+    free(ids.ids);
+}
+END_TEST
+
+START_TEST(test_output_overwrites)
+{
+    char a[600], b[600], link_a[600], dot_a[700];
+    test_path(a, sizeof a, "in.txt");
+    test_path(b, sizeof b, "other.txt");
+    test_path(link_a, sizeof link_a, "hard.txt");
+    snprintf(dot_a, sizeof dot_a, "%s/./in.txt", test_tmpdir());
+    write_text(a, "x");
+    write_text(b, "x");
+    unlink(link_a);
+    ck_assert_int_eq(link(a, link_a), 0);
+    ck_assert(mkv_output_overwrites(a, a));
+    ck_assert(mkv_output_overwrites(dot_a, a));
+    ck_assert(mkv_output_overwrites(link_a, a));
+    ck_assert(!mkv_output_overwrites(b, a));
+    ck_assert(!mkv_output_overwrites("-", "-"));
+    ck_assert(!mkv_output_overwrites(a, "-"));
+}
+END_TEST
+
+/* The published sample of stories260K, greedy from BOS + the prompt. */
+static const char *const PUBLISHED =
+    "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. "
+    "One day, she saw a big, red ball. She wanted to play with it, but it was too high.";
+
+START_TEST(test_run_published_sample)
+{
+    if (!test_models_dir()) {
+        printf("note: no stories260K: run test skipped\n");
+        return;
+    }
+    mkv_error err;
+    mkv_prompt_opts po;
+    mkv_prompt_opts_init(&po);
+    po.text = "Once upon a time";
+    mkv_run_model_opts mo = {0};
+    mo.path = test_model_file("stories260K.bin");
+    mo.need_tokenizer = 1;
+    mo.generate = 24;
+    mkv_run_model m;
+    ck_assert_int_eq(mkv_run_model_open(&mo, &po, &m, &err), MKV_OK);
+    ck_assert_int_eq(m.n_layers, 5);
+    ck_assert(m.prompt.bos && m.prompt.tokens[0] == m.model->cfg.bos_id);
+
+    mkv_run_opts ro;
+    mkv_run_opts_init(&ro);
+    ro.generate = 24;
+    ro.chunk = 2;   /* a prompt of three chunks */
+    ro.last_logits = 1;
+    mkv_run r;
+    ck_assert_int_eq(mkv_run_init(&r, m.model, m.prompt.tokens, m.prompt.n, &ro, &err), MKV_OK);
+    ck_assert_int_eq(mkv_run_go(&r, NULL, NULL, &err), MKV_OK);
+    ck_assert_int_eq(mkv_forward_pos(r.fwd), (int)r.n_total);
+    ck_assert_int_eq((int)r.n_total, (int)m.prompt.n + 24);
+    char *text = mkv_continuation_text(m.lm.tok, r.tokens, r.n_prompt, r.n_total);
+    ck_assert_ptr_nonnull(text);
+    size_t len = strlen(text);
+    ck_assert_msg(len > 60 && strncmp(PUBLISHED + strlen(po.text), text, len) == 0, "'%s'", text);
+    /* the logits after the last token run: their argmax continues the sample */
+    int best = 0;
+    for (int i = 1; i < m.model->cfg.vocab_size; i++)
+        if (r.logits[i] > r.logits[best])
+            best = i;
+    size_t plen;
+    const char *piece = mkv_tokenizer_piece(m.lm.tok, r.tokens[r.n_total - 1], best, &plen);
+    ck_assert_ptr_nonnull(piece);
+    ck_assert_msg(strncmp(PUBLISHED + strlen(po.text) + len, piece, plen) == 0, "'%.*s'", (int)plen, piece);
+    free(text);
+    mkv_run_free(&r);
+
+    /* more than the context left */
+    ck_assert_int_eq(mkv_run_check(&m.model->cfg, m.prompt.n, 512, &err), MKV_EFORMAT);
+    ck_assert_int_eq(mkv_run_check(&m.model->cfg, 0, 0, &err), MKV_EFORMAT);
+    mkv_run_model_free(&m);
+}
+END_TEST
+
+/* Capture stories260K's layers 1 and 3 with keys before or after RoPE. */
+static void capture_stories(const mkv_model *model, const mkv_prompt *p, int pre, const char *path)
+{
+    mkv_error err;
+    static const int layers[] = {1, 3};
+    mkv_capture_opts co;
+    mkv_capture_opts_init(&co);
+    co.run.chunk = 3;
+    co.run.generate = 3;
+    co.layers = layers;
+    co.n_layers = 2;
+    co.k_rope_pre = pre;
+    co.window = 4;
+    mkv_capture *cap;
+    ck_assert_int_eq(mkv_capture_create(model, p->tokens, p->n, &co, &cap, &err), MKV_OK);
+    ck_assert_int_eq(cap->n_queries, 7);
+    mkv_dump_meta meta;
+    mkv_dump_meta_init(&meta);
+    mkv_capture_meta(cap, &meta);
+    meta.dtype = MKV_DTYPE_F32;
+    ck_assert_str_eq(meta.k_rope, pre ? "pre" : "post");
+    mkv_dump_write_opts wo;
+    mkv_dump_write_opts_init(&wo);
+    mkv_dump_writer *w;
+    ck_assert_int_eq(mkv_dump_create(path, &meta, &wo, &w, &err), MKV_OK);
+    ck_assert_int_eq(mkv_capture_set_attrs(w, &model->cfg, layers, 2, "test", &err), MKV_OK);
+    ck_assert_int_eq(mkv_capture_write(cap, w, &err), MKV_OK);
+    ck_assert_int_eq(mkv_dump_commit(w, &err), MKV_OK);
+    mkv_capture_free(cap);
+}
+
+/* Rotate [n][d] rows at positions pos0.. by llama2.c's RoPE (pairs 2j, 2j+1,
+ * angle pos * theta^(-2j/d)), in double. */
+static void rope_rows(double *x, int n, int d, int pos0, double theta)
+{
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < d / 2; j++) {
+            double a = (pos0 + i) * pow(theta, -2.0 * j / d), c = cos(a), s = sin(a);
+            double *v = x + (size_t)i * d + 2 * j, x0 = v[0], x1 = v[1];
+            v[0] = x0 * c - x1 * s;
+            v[1] = x0 * s + x1 * c;
+        }
+}
+
+START_TEST(test_capture_pre_post)
+{
+    if (!test_models_dir()) {
+        printf("note: no stories260K: capture test skipped\n");
+        return;
+    }
+    mkv_error err;
+    mkv_loaded_model lm;
+    ck_assert_int_eq(mkv_model_load(test_model_file("stories260K.bin"), NULL, &lm, &err), MKV_OK);
+    mkv_prompt_opts po;
+    mkv_prompt_opts_init(&po);
+    po.text = "Once upon a time there";
+    mkv_prompt p;
+    ck_assert_int_eq(mkv_prompt_tokens(&lm, "stories260K.bin", &po, &p, &err), MKV_OK);
+    char post_path[600], pre_path[600];
+    test_path(post_path, sizeof post_path, "post.h5");
+    test_path(pre_path, sizeof pre_path, "pre.h5");
+    capture_stories(lm.model, &p, 0, post_path);
+    capture_stories(lm.model, &p, 1, pre_path);
+
+    mkv_dump *post, *pre;
+    ck_assert_int_eq(mkv_dump_open(post_path, &post, &err), MKV_OK);
+    ck_assert_int_eq(mkv_dump_open(pre_path, &pre, &err), MKV_OK);
+    const mkv_dump_meta *m = mkv_dump_meta_of(post);
+    int T = (int)p.n + 3, W = 7, d = m->head_dim;
+    ck_assert_int_eq((int)m->n_tokens, T);
+    ck_assert_int_eq((int)m->n_queries, W);
+    int32_t qpos[7], tokens[64];
+    ck_assert_int_eq(mkv_dump_read_query_pos(post, qpos, &err), MKV_OK);
+    for (int i = 0; i < W; i++)
+        ck_assert_int_eq(qpos[i], (int)p.n - 4 + i);
+    ck_assert_int_eq(mkv_dump_read_tokens(pre, tokens, &err), MKV_OK);
+    for (size_t i = 0; i < p.n; i++)
+        ck_assert_int_eq(tokens[i], p.tokens[i]);
+
+    /* RoPE applied here to the pre-RoPE keys and queries gives the post-RoPE ones */
+    size_t most = (size_t)m->n_heads * T * d;
+    float *a = malloc(most * sizeof *a), *b = malloc(most * sizeof *b);
+    double *x = malloc(most * sizeof *x);
+    ck_assert(a && b && x);
+    for (int layer = 0; layer < 2; layer++)
+        for (int kind = 0; kind < 2; kind++) {
+            int heads = kind ? m->n_heads : m->n_kv_heads, n = kind ? W : T, pos0 = kind ? qpos[0] : 0;
+            char k = kind ? 'q' : 'k';
+            ck_assert_int_eq(mkv_dump_read(post, layer, k, 0, heads, 0, n, a, &err), MKV_OK);
+            ck_assert_int_eq(mkv_dump_read(pre, layer, k, 0, heads, 0, n, b, &err), MKV_OK);
+            for (size_t i = 0; i < (size_t)heads * n * d; i++)
+                x[i] = b[i];
+            double worst = 0;
+            for (int h = 0; h < heads; h++) {
+                rope_rows(x + (size_t)h * n * d, n, d, pos0, m->rope_theta);
+                for (size_t i = (size_t)h * n * d; i < (size_t)(h + 1) * n * d; i++)
+                    worst = fmax(worst, fabs(x[i] - a[i]) / (fabs(a[i]) + 1e-3));
+            }
+            ck_assert_msg(worst < 1e-4, "layer %d %c: relative error %g", layer, k, worst);
+            ck_assert_int_eq(mkv_dump_read(post, layer, 'v', 0, m->n_kv_heads, 0, T, a, &err), MKV_OK);
+            ck_assert_int_eq(mkv_dump_read(pre, layer, 'v', 0, m->n_kv_heads, 0, T, b, &err), MKV_OK);
+            ck_assert_int_eq(memcmp(a, b, (size_t)m->n_kv_heads * T * d * sizeof *a), 0);
+        }
+    free(a);
+    free(b);
+    free(x);
+    mkv_dump_close(post);
+    mkv_dump_close(pre);
+    free(p.tokens);
+    mkv_loaded_model_free(&lm);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("capture");
@@ -428,6 +678,11 @@ int main(void)
     tcase_add_test(tc, test_memory_estimate);
     tcase_add_test(tc, test_detect);
     tcase_add_test(tc, test_llama2c_tokenizer_search);
+    tcase_add_test(tc, test_layer_list);
+    tcase_add_test(tc, test_token_ids);
+    tcase_add_test(tc, test_output_overwrites);
+    tcase_add_test(tc, test_run_published_sample);
+    tcase_add_test(tc, test_capture_pre_post);
     suite_add_tcase(s, tc);
     return test_run(s);
 }

@@ -70,6 +70,11 @@ if cmp -s a.h5 c.h5; then fail "seeds 5 and 6 gave the same file"; else pass; fi
 
 # the model parameters of the synthetic_params attribute are accepted back
 expect "--param" 0 '' "$CAPTURE" $SMALL --param 'rank=4 noise=0.05' --param attn_mass=0.9 -o p.h5
+# -P is --param, and takes the assignments as a comma list too
+expect "-P comma list" 0 '' "$CAPTURE" $SMALL -P rank=4,noise=0.05 -P attn_mass=0.9 -o pc.h5
+if cmp -s p.h5 pc.h5; then pass; else fail "-P rank=4,noise=0.05 gave other bytes than --param 'rank=4 noise=0.05'"; fi
+expect "-P mixed separators" 0 '' "$CAPTURE" $SMALL -P 'rank=4, noise=0.05,attn_mass=0.9' -o pm.h5
+if cmp -s p.h5 pm.h5; then pass; else fail "-P 'rank=4, noise=0.05,attn_mass=0.9' gave other bytes"; fi
 
 expect "--help" 0 '' "$CAPTURE" --help
 if head -n 1 got.out | grep -q '^Usage: mkv-capture MODEL '; then pass
@@ -106,6 +111,8 @@ expect "--layers 0" 2 "$P: invalid value '0' for --layers: must be in 1..1000" "
 expect "--seed -1" 2 "$P: invalid value '-1' for --seed: expected an integer in 0..18446744073709551615" "$CAPTURE" --synthetic --seed -1 -o x.h5
 expect "--rope-theta 0" 2 "$P: invalid value '0' for --rope-theta: must be in 1..1e+12" "$CAPTURE" --synthetic --rope-theta 0 -o x.h5
 expect "--param without =" 2 "$P: invalid value 'rank' for --param: expected KEY=VALUE" "$CAPTURE" --synthetic --param rank -o x.h5
+expect "-P without =" 2 "$P: invalid value 'noise' for --param: expected KEY=VALUE" "$CAPTURE" --synthetic -P rank=4,noise -o x.h5
+expect "-P empty list" 2 "$P: invalid value ',' for --param: expected KEY=VALUE[,KEY=VALUE...]" "$CAPTURE" --synthetic -P , -o x.h5
 expect "--param out of range" 2 "$P: --param: attn_mass=1 must be in (0, 1)" "$CAPTURE" --synthetic --param attn_mass=1 -o x.h5
 expect "--param unknown" 2 "$P: --param: unknown synthetic parameter 'colour' (known: seed, rank, noise, outliers, outlier_scale, region_len, region_sigma, value_sigma, targets, sink, recent_window, salience, query_content, attn_mass)" "$CAPTURE" --synthetic --param colour=red -o x.h5
 expect "--format with --synthetic" 2 "$P: --format is not an option of --synthetic$TRY" "$CAPTURE" --synthetic --format npy -o x.h5
@@ -131,7 +138,7 @@ fi
 # ---------------------------------------------------------------- h5py
 if "$PY" -c 'import h5py, numpy' 2>/dev/null; then
     expect "bf16, no deflate, chunk 100" 0 '' "$CAPTURE" $SMALL --dtype bf16 --deflate 0 --chunk 100 -o bf.h5
-    if "$PY" - a.h5 bf.h5 <<'EOF'
+    if "$PY" - a.h5 bf.h5 pc.h5 <<'EOF'
 import sys
 import h5py
 import numpy as np
@@ -183,6 +190,12 @@ def check(path, dtype, compressed, chunk):
 
 f = check(sys.argv[1], np.float16, True, 300)
 check(sys.argv[2], np.uint16, False, 100)
+
+# what -P rank=4,noise=0.05 -P attn_mass=0.9 set, as h5py reads it back
+sp = h5py.File(sys.argv[3], "r").attrs["synthetic_params"]
+sp = dict(kv.split("=") for kv in (sp.decode() if isinstance(sp, bytes) else sp).split())
+if (sp["rank"], sp["noise"], sp["attn_mass"]) != ("4", "0.05", "0.9"):
+    fail("-P: synthetic_params %r" % sp)
 
 # statistics of the model, recomputed from the file
 sp = f.attrs["synthetic_params"]

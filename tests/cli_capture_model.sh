@@ -350,6 +350,29 @@ EOF
     expect "output over the model" 2 "$P: output 'model.bin' would overwrite the input" \
         "$CAPTURE" model.bin --token-ids prompt.ids -o model.bin
     if cmp -s model.bin "$STORIES"; then pass; else fail "the model was overwritten"; fi
+    # no other input is overwritten either: the prompt file, the token ids,
+    # the tokenizer found beside the checkpoint (also by another name)
+    printf 'Once upon a time' >prompt.txt
+    cp prompt.txt prompt.keep
+    cp prompt.ids ids.keep
+    mkdir beside
+    cp "$STORIES" beside/model.bin
+    cp "$MODELS/tok512.bin" beside/tok512.bin
+    expect "output over the prompt file" 2 "$P: output 'prompt.txt' would overwrite the input" \
+        "$CAPTURE" "$STORIES" -f prompt.txt -o prompt.txt
+    if cmp -s prompt.txt prompt.keep; then pass; else fail "the prompt file was overwritten"; fi
+    expect "output over the token ids" 2 "$P: output './prompt.ids' would overwrite the input" \
+        "$CAPTURE" "$STORIES" --token-ids prompt.ids -o ./prompt.ids
+    if cmp -s prompt.ids ids.keep; then pass; else fail "the token ids were overwritten"; fi
+    expect "output over the token ids of a shape" 2 "$P: output 'prompt.ids' would overwrite the input" \
+        "$CAPTURE" --shape llama3.1-8b --layers 0 --vocab 512 --token-ids prompt.ids -o prompt.ids
+    if cmp -s prompt.ids ids.keep; then pass; else fail "the token ids were overwritten by --shape"; fi
+    expect "output over the tokenizer found beside" 2 "$P: output 'beside/tok512.bin' would overwrite the input" \
+        "$CAPTURE" beside/model.bin -p 'Once upon a time' -o beside/tok512.bin
+    if cmp -s beside/tok512.bin "$MODELS/tok512.bin"; then pass; else fail "the tokenizer was overwritten"; fi
+    expect "output over the tokenizer given" 2 "$P: output 'beside/../beside/tok512.bin' would overwrite the input" \
+        "$CAPTURE" alone.bin --tokenizer beside/tok512.bin -p hi -o beside/../beside/tok512.bin
+    if cmp -s beside/tok512.bin "$MODELS/tok512.bin"; then pass; else fail "the given tokenizer was overwritten"; fi
     expect "--chat without a template" 1 "$P: '$STORIES': the model has no chat template" \
         "$CAPTURE" "$STORIES" --chat -p hi -o x.h5
     expect "--layers outside" 2 "$P: invalid value '5' for --layers: the model has 5 layers (0..4)" \

@@ -12,7 +12,7 @@
  *   mkv-capture --synthetic -o kv.h5                 # 2 layers, 8/2 heads, d 64, 1K tokens
  *   mkv-capture --synthetic --layers 4 --heads 32 --kv-heads 8 --head-dim 128 \
  *               --tokens 8K --queries 32 --seed 7 -o kv.h5
- *   mkv-capture --synthetic --param 'rank=16 outliers=2' --dtype f32 -o kv.h5
+ *   mkv-capture --synthetic -P rank=16,outliers=2 --dtype f32 -o kv.h5
  *   mkv-capture --synthetic --tokens 4K -o - | mkv-analyze check -
  *   mkv-capture --import cache.safetensors --heads 32 --model llama-3.1-8b -o kv.h5
  *   mkv-capture --import vllm_kv/ --heads 32 --rope-theta 500000 -o kv.h5
@@ -23,29 +23,21 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
-#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
-#include "vocab/chat.h"
 #include "cli/cli.h"
-#include "io/dump.h"
-#include "model/forward.h"
-#include "io/import.h"
 #include "core/log.h"
 #include "core/mkv.h"
-#include "model/model.h"
-#include "model/model_load.h"
-#include "core/rng.h"
-#include "model/sampler.h"
-#include "model/shapes.h"
+#include "io/dump.h"
+#include "io/import.h"
 #include "io/synthetic.h"
-#include "core/tensor.h"
-#include "vocab/tokenizer.h"
+#include "model/capture.h"
+#include "model/model_load.h"
+#include "model/prompt.h"
+#include "model/run_model.h"
 
 enum {
     OPT_SYNTHETIC = MKV_OPT_FIRST_TOOL,
@@ -59,7 +51,6 @@ enum {
     OPT_TOKENS,
     OPT_QUERIES,
     OPT_SEED,
-    OPT_PARAM,
     OPT_ROPE_THETA,
     OPT_MODEL,
     OPT_DTYPE,
@@ -101,7 +92,7 @@ static const struct option longopts[] = {
     {"tokens", required_argument, NULL, OPT_TOKENS},
     {"queries", required_argument, NULL, OPT_QUERIES},
     {"seed", required_argument, NULL, OPT_SEED},
-    {"param", required_argument, NULL, OPT_PARAM},
+    {"param", required_argument, NULL, 'P'},
     {"rope-theta", required_argument, NULL, OPT_ROPE_THETA},
     {"model", required_argument, NULL, OPT_MODEL},
     {"dtype", required_argument, NULL, OPT_DTYPE},
@@ -126,7 +117,7 @@ static const struct option longopts[] = {
     {NULL, 0, NULL, 0}};
 
 /* Leading ':' so a missing value is told apart from an unknown option. */
-#define SHORTOPTS ":" MKV_COMMON_SHORTOPTS "o:p:f:"
+#define SHORTOPTS ":" MKV_COMMON_SHORTOPTS "o:p:f:P:"
 
 /* Model mode defaults. */
 #define DEFAULT_WINDOW 32
@@ -190,7 +181,7 @@ static void usage(FILE *fp, int status)
             "      --tokens N       context length T, K/M suffixes (default 1K)\n"
             "      --queries N      queries at positions T-N..T-1 (default 16)\n"
             "      --seed N         random seed, 0..2^64-1 (default 1)\n"
-            "      --param K=V      set a model parameter (repeatable; 'K=V K=V' works):\n"
+            "  -P, --param K=V,...  set model parameters (repeatable; 'K=V K=V' works too):\n"
             "                       rank, noise, outliers, outlier_scale, region_len,\n"
             "                       region_sigma, value_sigma, targets, sink,\n"
             "                       recent_window, salience, query_content, attn_mass\n\n"
@@ -222,9 +213,8 @@ typedef struct {
     const char *model;
     const char *layers;       /* --layers as given: a count or a list, by mode */
     int k_rope_pre;
-    /* prompt */
-    const char *prompt, *prompt_file, *token_ids, *tokenizer, *system;
-    int chat, special, bos;   /* bos: -1 model default, 0 no, 1 yes */
+    mkv_prompt_opts prompt;
+    const char *tokenizer;
     /* capture */
     int64_t window, generate, vocab, max_memory;
     double temperature, top_p;
@@ -261,7 +251,7 @@ static uint64_t parse_seed(const char *arg)
     return (uint64_t)v;
 }
 
-/* --param 'K=V K=V ...' */
+/* -P 'K=V,K=V ...': assignments separated by commas or blanks. */
 static void parse_params(mkv_synthetic_params *p, const char *arg)
 {
     char *copy = strdup(arg);
@@ -270,7 +260,7 @@ static void parse_params(mkv_synthetic_params *p, const char *arg)
         exit(1);
     }
     int n = 0;
-    for (char *save = NULL, *tok = strtok_r(copy, " \t", &save); tok; tok = strtok_r(NULL, " \t", &save)) {
+    for (char *save = NULL, *tok = strtok_r(copy, ", \t", &save); tok; tok = strtok_r(NULL, ", \t", &save)) {
         char *eq = strchr(tok, '=');
         mkv_error err;
         mkv_error_clear(&err);
@@ -287,7 +277,7 @@ static void parse_params(mkv_synthetic_params *p, const char *arg)
     }
     free(copy);
     if (n == 0) {
-        mkv_usage_error("invalid value '%s' for --param: expected KEY=VALUE", arg);
+        mkv_usage_error("invalid value '%s' for --param: expected KEY=VALUE[,KEY=VALUE...]", arg);
         exit(2);
     }
 }
@@ -307,7 +297,7 @@ static const struct {
     {OPT_TOKENS, MODE_SYNTHETIC | MODE_SHAPE},
     {OPT_QUERIES, MODE_SYNTHETIC},
     {OPT_SEED, MODE_SYNTHETIC | MODE_MODEL | MODE_SHAPE},
-    {OPT_PARAM, MODE_SYNTHETIC},
+    {'P', MODE_SYNTHETIC},
     {OPT_ROPE_THETA, MODE_SYNTHETIC | MODE_IMPORT},
     {'p', MODE_MODEL},
     {'f', MODE_MODEL},
@@ -358,21 +348,6 @@ static void refuse_options(const capture_args *a)
         }
 }
 
-/* --list-shapes: one TSV row per shape. */
-static void list_shapes(void)
-{
-    printf("name\tlayers\tdim\theads\tkv_heads\thead_dim\thidden\tvocab\tcontext\trope_theta\t"
-           "tied\tqkv_bias\tmodel\n");
-    for (int i = 0; mkv_shape_at(i); i++) {
-        const mkv_shape *s = mkv_shape_at(i);
-        printf("%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%.0f\t%s\t%s\t%s\n", s->name, s->n_layers,
-               s->dim, s->n_heads, s->n_kv_heads, s->head_dim, s->hidden_dim, s->vocab_size,
-               s->max_seq_len, s->rope_theta, s->tied_classifier ? "yes" : "no",
-               s->has_qkv_bias ? "yes" : "no", s->description);
-    }
-    exit(0);
-}
-
 /* Say which two modes were both asked for: --synthetic, --import, --shape,
  * then the MODEL operand. */
 static void set_mode(capture_args *a, const char **first, mode m, const char *what)
@@ -394,7 +369,7 @@ static void parse_args(int argc, char **argv, capture_args *a)
     mkv_dump_write_opts_init(&a->wo);
     a->dtype = MKV_DTYPE_F16;
     a->rope_theta = 10000.0;
-    a->bos = -1;
+    mkv_prompt_opts_init(&a->prompt);
     a->window = DEFAULT_WINDOW;
     a->top_p = 1.0;
     mkv_common_opts common;
@@ -413,8 +388,8 @@ static void parse_args(int argc, char **argv, capture_args *a)
             mkv_print_version(stdout);
             exit(0);
         case OPT_LIST_SHAPES:
-            list_shapes();
-            break;
+            mkv_shape_list(stdout);
+            exit(0);
         case '?':
         case ':':
             bad_option(opt, argv);
@@ -423,10 +398,10 @@ static void parse_args(int argc, char **argv, capture_args *a)
             a->output = optarg;
             break;
         case 'p':
-            a->prompt = optarg;
+            a->prompt.text = optarg;
             break;
         case 'f':
-            a->prompt_file = optarg;
+            a->prompt.file = optarg;
             break;
         case OPT_SYNTHETIC:   /* the mode is settled after parsing, from given[] */
             break;
@@ -479,7 +454,7 @@ static void parse_args(int argc, char **argv, capture_args *a)
         case OPT_SEED:
             a->syn.seed = parse_seed(optarg);
             break;
-        case OPT_PARAM:
+        case 'P':
             parse_params(&a->syn, optarg);
             break;
         case OPT_ROPE_THETA:
@@ -510,22 +485,22 @@ static void parse_args(int argc, char **argv, capture_args *a)
             a->tokenizer = optarg;
             break;
         case OPT_TOKEN_IDS:
-            a->token_ids = optarg;
+            a->prompt.token_ids = optarg;
             break;
         case OPT_CHAT:
-            a->chat = 1;
+            a->prompt.chat = 1;
             break;
         case OPT_SYSTEM:
-            a->system = optarg;
+            a->prompt.system = optarg;
             break;
         case OPT_SPECIAL:
-            a->special = 1;
+            a->prompt.special = 1;
             break;
         case OPT_BOS:
-            a->bos = 1;
+            a->prompt.bos = 1;
             break;
         case OPT_NO_BOS:
-            a->bos = 0;
+            a->prompt.bos = 0;
             break;
         case OPT_WINDOW:
             a->window = parse_size_or_exit(optarg, "window", 0, INT32_MAX);
@@ -638,32 +613,16 @@ static void check_import_args(capture_args *a)
 
 /* Everything a model capture holds, freed in one place. */
 typedef struct {
-    mkv_loaded_model lm;      /* MODEL mode */
-    mkv_model *model;         /* lm.model or the shape-only model */
-    int *layer_index;         /* original index of each captured layer */
-    int n_selected;
-    int32_t *tokens;          /* prompt, then generated tokens: [n_prompt + generate] */
-    size_t n_prompt, n_total;
-    mkv_forward *fwd;
+    mkv_run_model m;
+    mkv_capture *cap;
     mkv_dump_writer *writer;
-    float *logits;
-    float *scratch;           /* one transposed chunk: [heads][n][head_dim] */
-    const char *chat_family;
-    int bos;
 } model_run;
 
 static void model_run_free(model_run *r)
 {
     mkv_dump_abort(r->writer);
-    mkv_forward_free(r->fwd);
-    if (r->lm.model)
-        mkv_loaded_model_free(&r->lm);
-    else
-        mkv_model_free(r->model);
-    free(r->layer_index);
-    free(r->tokens);
-    free(r->logits);
-    mkv_free(r->scratch);
+    mkv_capture_free(r->cap);
+    mkv_run_model_free(&r->m);
 }
 
 /* Exit with the message and status of err, after freeing the run. */
@@ -674,496 +633,30 @@ static void fail_run(model_run *r, const mkv_error *err)
     exit(mkv_exit_code(err->code));
 }
 
-static int cmp_int(const void *x, const void *y)
+/* A usage error when the output would replace the input file input (the
+ * MODEL is protected by the dump writer itself). */
+static void refuse_overwrite(model_run *r, const char *output, const char *input)
 {
-    int a = *(const int *)x, b = *(const int *)y;
-    return (a > b) - (a < b);
-}
-
-/* --layers LIST ("0,3,5-7") against a model of n layers: sorted, without
- * repeats, into a malloc'd array.  NULL list: every layer.  On a bad list
- * the message is printed and NULL returned with *status the exit status. */
-static int *parse_layer_list(const char *list, int n, int *count, int *status)
-{
-    int *out = malloc((size_t)n * sizeof *out);
-    char *seen = calloc((size_t)n, 1);
-    *status = 2;
-    if (!out || !seen) {
-        mkv_usage_error("out of memory");
-        *status = 1;
-        goto fail;
-    }
-    int k = 0;
-    for (const char *p = list; p;) {
-        char *end;
-        errno = 0;
-        long lo = strtol(p, &end, 10), hi = lo;
-        int ok = end != p && errno == 0 && (*p >= '0' && *p <= '9');
-        if (ok && *end == '-') {
-            const char *q = end + 1;
-            hi = strtol(q, &end, 10);
-            ok = end != q && errno == 0 && (*q >= '0' && *q <= '9') && hi >= lo;
-        }
-        if (!ok || (*end != ',' && *end != '\0')) {
-            mkv_usage_error("invalid value '%s' for --layers: expected a list of layers like 0,3,5-7",
-                            list);
-            goto fail;
-        }
-        if (hi >= n) {
-            mkv_usage_error("invalid value '%s' for --layers: the model has %d layers (0..%d)", list, n,
-                            n - 1);
-            goto fail;
-        }
-        for (long l = lo; l <= hi; l++)
-            if (!seen[l]) {
-                seen[l] = 1;
-                out[k++] = (int)l;
-            }
-        p = *end == '\0' ? NULL : end + 1;
-    }
-    if (!list)
-        for (k = 0; k < n; k++)
-            out[k] = k;
-    free(seen);
-    qsort(out, (size_t)k, sizeof *out, cmp_int);
-    *count = k;
-    return out;
-fail:
-    free(out);
-    free(seen);
-    return NULL;
-}
-
-/* Read a whole file ("-" = stdin) into a malloc'd NUL-terminated buffer. */
-static int read_all(const char *path, char **data, size_t *len, mkv_error *err)
-{
-    FILE *fp = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
-    const char *name = fp == stdin ? "(stdin)" : path;
-    if (!fp)
-        return mkv_fail_errno(err, MKV_EIO, errno, "cannot open '%s'", path);
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    int rc = MKV_OK;
-    while (buf) {
-        if (n + 1 >= cap) {
-            char *bigger = cap > SIZE_MAX / 2 ? NULL : realloc(buf, cap * 2);
-            if (!bigger) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = bigger;
-            cap *= 2;
-        }
-        size_t got = fread(buf + n, 1, cap - n - 1, fp);
-        n += got;
-        if (got == 0)
-            break;
-    }
-    if (!buf)
-        rc = mkv_fail(err, MKV_ENOMEM, "'%s': out of memory", name);
-    else if (ferror(fp))
-        rc = mkv_fail_errno(err, MKV_EIO, errno, "'%s': read error", name);
-    if (fp != stdin)
-        fclose(fp);
-    if (rc) {
-        free(buf);
-        return rc;
-    }
-    buf[n] = '\0';
-    *data = buf;
-    *len = n;
-    return MKV_OK;
-}
-
-/* --token-ids FILE: whitespace-separated decimal ids below vocab. */
-static int read_token_ids(const char *path, int vocab, mkv_idbuf *ids, mkv_error *err)
-{
-    char *text;
-    size_t len;
-    int rc = read_all(path, &text, &len, err);
-    if (rc)
-        return rc;
-    const char *name = strcmp(path, "-") == 0 ? "(stdin)" : path;
-    size_t base = ids->n;   /* a BOS the caller put first is not in the file */
-    char *p = text;
-    for (;;) {
-        while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
-            p++;
-        if (*p == '\0' || (size_t)(p - text) >= len)
-            break;
-        char *end;
-        errno = 0;
-        long v = strtol(p, &end, 10);
-        int sep = *end == '\0' || *end == ' ' || *end == '\t' || *end == '\n' || *end == '\r';
-        if (end == p || !sep || errno) {
-            int n = (int)strcspn(p, " \t\r\n");
-            rc = mkv_fail(err, MKV_EFORMAT, "'%s': '%.*s' is not a token id", name, n > 40 ? 40 : n, p);
-            break;
-        }
-        if (v < 0 || v >= vocab) {
-            rc = mkv_fail(err, MKV_EFORMAT,
-                          "'%s': token id %ld at index %zu is outside the vocabulary of %d", name, v,
-                          ids->n - base, vocab);
-            break;
-        }
-        if ((rc = mkv_idbuf_push(ids, (int32_t)v, err)))
-            break;
-        p = end;
-    }
-    free(text);
-    if (!rc && ids->n == base)
-        rc = mkv_fail(err, MKV_EFORMAT, "'%s': no token ids", name);
-    return rc;
-}
-
-/* The prompt text: -p, -f, or stdin when it is not a terminal. */
-static int read_prompt(const capture_args *a, char **text, size_t *len, mkv_error *err)
-{
-    if (a->prompt) {
-        *text = strdup(a->prompt);
-        *len = strlen(a->prompt);
-        return *text ? MKV_OK : mkv_fail(err, MKV_ENOMEM, "out of memory");
-    }
-    if (a->prompt_file)
-        return read_all(a->prompt_file, text, len, err);
-    if (isatty(STDIN_FILENO))
-        return mkv_fail(err, MKV_EUSAGE,
-                        "no prompt: give -p TEXT, -f FILE or --token-ids FILE, or pipe the prompt "
-                        "to standard input");
-    return read_all("-", text, len, err);
-}
-
-/* Prompt tokens of a MODEL capture. */
-static int model_prompt(const capture_args *a, model_run *r, mkv_error *err)
-{
-    const mkv_model_config *c = &r->model->cfg;
-    mkv_idbuf ids = {0};
-    int rc;
-    if (a->token_ids) {
-        /* ids are taken as they are; only an explicit --bos adds one */
-        r->bos = a->bos == 1;
-        if (r->bos && c->bos_id < 0)
-            return mkv_fail(err, MKV_EUSAGE, "--bos: the model has no BOS token");
-        if (r->bos && (rc = mkv_idbuf_push(&ids, c->bos_id, err)))
-            return rc;
-        if ((rc = read_token_ids(a->token_ids, c->vocab_size, &ids, err))) {
-            free(ids.ids);
-            return rc;
-        }
-        r->tokens = ids.ids;
-        r->n_prompt = ids.n;
-        return MKV_OK;
-    }
-    char *text;
-    size_t len;
-    if ((rc = read_prompt(a, &text, &len, err)))
-        return rc;
-    if (len == 0) {
-        free(text);
-        return mkv_fail(err, MKV_EFORMAT, "empty prompt%s",
-                        a->prompt ? "" : a->prompt_file && strcmp(a->prompt_file, "-") != 0
-                                             ? " file" : " on standard input");
-    }
-    const char *tmpl = r->lm.chat_template;
-    r->bos = r->lm.add_bos;
-    if (a->chat) {
-        mkv_chat_family fam;
-        if (memchr(text, '\0', len))
-            rc = mkv_fail(err, MKV_EFORMAT, "the prompt contains a NUL byte, which --chat cannot carry");
-        else if (!tmpl)
-            rc = mkv_fail(err, MKV_EUNSUP, "'%s': the model has no chat template", a->model_path);
-        else if ((rc = mkv_chat_detect(tmpl, &fam, err)) == MKV_OK) {
-            char *chat;
-            if ((rc = mkv_chat_render(tmpl, a->system, text, &chat, err)) == MKV_OK) {
-                free(text);
-                text = chat;
-                len = strlen(chat);
-                r->chat_family = mkv_chat_family_name(fam);
-                /* the template decides whether the conversation starts with BOS */
-                r->bos = mkv_chat_wants_bos(tmpl);
-            }
-        }
-        if (rc) {
-            free(text);
-            return rc;
-        }
-    }
-    if (a->bos >= 0)
-        r->bos = a->bos;
-    const mkv_tokenizer *t = r->lm.tok;
-    if (r->bos && t->bos_id < 0) {
-        if (a->bos == 1) {
-            free(text);
-            return mkv_fail(err, MKV_EUSAGE, "--bos: the model has no BOS token");
-        }
-        r->bos = 0;   /* a default the vocabulary cannot honour */
-    }
-    int flags = (r->bos ? MKV_ENCODE_BOS : 0) | (a->chat || a->special ? MKV_ENCODE_SPECIAL : 0);
-    rc = mkv_tokenizer_encode(t, text, len, flags, &r->tokens, &r->n_prompt, err);
-    free(text);
-    return rc;
-}
-
-/* Prompt tokens of a shape-only capture: --token-ids, or --tokens N seeded
- * random ids (the first BOS when the shape's tokenizer adds one). */
-static int shape_prompt(const capture_args *a, const mkv_shape *s, const mkv_model_config *c,
-                        model_run *r, mkv_error *err)
-{
-    mkv_idbuf ids = {0};
-    int rc;
-    r->bos = a->bos >= 0 ? a->bos : (a->token_ids ? 0 : s->add_bos && c->bos_id >= 0);
-    if (r->bos && c->bos_id < 0)
-        return mkv_fail(err, MKV_EUSAGE, "--bos: shape %s with a vocabulary of %d has no BOS token",
-                        s->name, c->vocab_size);
-    if (a->token_ids) {
-        if ((r->bos && (rc = mkv_idbuf_push(&ids, c->bos_id, err))) ||
-            (rc = read_token_ids(a->token_ids, c->vocab_size, &ids, err))) {
-            free(ids.ids);
-            return rc;
-        }
-        r->tokens = ids.ids;
-        r->n_prompt = ids.n;
-        return MKV_OK;
-    }
-    size_t n = (size_t)a->syn.n_tokens;
-    r->tokens = malloc(n * sizeof *r->tokens);
-    if (!r->tokens)
-        return mkv_fail(err, MKV_ENOMEM, "out of memory for %zu prompt tokens", n);
-    mkv_rng rng;
-    const uint64_t key[1] = {UINT64_C(0x70726f6d7074)}; /* "prompt": apart from the weights' streams */
-    mkv_rng_seed_stream(&rng, a->syn.seed, key, 1);
-    for (size_t i = 0; i < n; i++)
-        r->tokens[i] = (int32_t)mkv_rng_below(&rng, (uint64_t)c->vocab_size);
-    if (r->bos)
-        r->tokens[0] = c->bos_id;
-    r->n_prompt = n;
-    return MKV_OK;
-}
-
-static double gib(uint64_t bytes) { return (double)bytes / (1024.0 * 1024.0 * 1024.0); }
-
-/* Build the shape-only model of cfg after checking that a run of r's
- * tokens fits in memory. */
-static int build_shape(const capture_args *a, const mkv_shape *s, const mkv_model_config *cfg,
-                       model_run *r, mkv_error *err)
-{
-    uint64_t weights = (uint64_t)mkv_model_storage_floats(cfg) * sizeof(float);
-    uint64_t need = weights + mkv_run_bytes_estimate(cfg, (int)r->n_total, (int)a->wo.chunk_tokens,
-                                                     a->threads);
-    uint64_t limit = a->max_memory > 0 ? (uint64_t)a->max_memory : mkv_available_memory();
-    if (limit > 0 && need > limit)
-        return mkv_fail(err, MKV_ENOMEM,
-                        "shape %s with %d layers and a vocabulary of %d needs about %.1f GiB "
-                        "(weights %.1f GiB), more than the %.1f GiB %s; build fewer layers "
-                        "(--layers) or a smaller vocabulary (--vocab)",
-                        s->name, cfg->n_layers, cfg->vocab_size, gib(need), gib(weights), gib(limit),
-                        a->max_memory > 0 ? "of --max-memory" : "available");
-    mkv_info("building shape %s: %d layers, %.2f GiB of random weights, seed %" PRIu64, s->name,
-             cfg->n_layers, gib(weights), a->syn.seed);
-    return mkv_shape_build(cfg, r->layer_index, a->syn.seed, a->threads, &r->model, err);
-}
-
-/* ---------------------------------------------------------------- capture hook */
-
-typedef struct {
-    mkv_dump_writer *w;
-    const mkv_model_config *cfg;
-    int *dump_layer;          /* model layer -> dump layer, -1 when not captured */
-    int k_pre;                /* store pre-RoPE keys and queries */
-    int q_first;              /* first position whose query is captured */
-    float *scratch;
-    mkv_progress progress;
-    int progress_on;
-} capture_state;
-
-/* [n][heads][d] rows from src into [heads][n][d] at dst. */
-static void to_head_major(const float *src, int n, int heads, int d, float *dst)
-{
-    for (int h = 0; h < heads; h++)
-        for (int i = 0; i < n; i++)
-            memcpy(dst + ((size_t)h * n + i) * d, src + ((size_t)i * heads + h) * d, (size_t)d * sizeof(float));
-}
-
-/* Undo RoPE on [heads][n][d] vectors at positions pos0..pos0+n-1: the
- * forward pass hands out queries only after RoPE. */
-static void unrotate(const mkv_model_config *c, float *x, int heads, int n, int pos0)
-{
-    int half = c->rope_dim / 2;
-    int stride = c->rope_layout == MKV_ROPE_INTERLEAVED ? 2 : 1;
-    int second = c->rope_layout == MKV_ROPE_INTERLEAVED ? 1 : half;
-    for (int i = 0; i < n; i++)
-        for (int j = 0; j < half; j++) {
-            double cs, sn;
-            mkv_rope_angle(c, pos0 + i, j, &cs, &sn);
-            for (int h = 0; h < heads; h++) {
-                float *a = x + ((size_t)h * n + i) * c->head_dim + j * stride, *b = a + second;
-                double x0 = *a, x1 = *b;
-                *a = (float)(x0 * cs + x1 * sn);
-                *b = (float)(-x0 * sn + x1 * cs);
-            }
-        }
-}
-
-static int capture_hook(void *user, const mkv_capture_batch *b, mkv_error *err)
-{
-    capture_state *s = user;
-    const mkv_model_config *c = s->cfg;
-    int layer = s->dump_layer[b->layer], d = c->head_dim, rc;
-    if (layer >= 0) {
-        to_head_major(s->k_pre ? b->k_pre : b->k, b->n, c->n_kv_heads, d, s->scratch);
-        if ((rc = mkv_dump_write(s->w, layer, 'k', 0, c->n_kv_heads, b->pos0, b->n, s->scratch, err)))
-            return rc;
-        to_head_major(b->v, b->n, c->n_kv_heads, d, s->scratch);
-        if ((rc = mkv_dump_write(s->w, layer, 'v', 0, c->n_kv_heads, b->pos0, b->n, s->scratch, err)))
-            return rc;
-        int first = b->pos0 > s->q_first ? b->pos0 : s->q_first;
-        int m = b->pos0 + b->n - first;
-        if (m > 0) {
-            const float *q = b->q + (size_t)(first - b->pos0) * c->n_heads * d;
-            to_head_major(q, m, c->n_heads, d, s->scratch);
-            if (s->k_pre)
-                unrotate(c, s->scratch, c->n_heads, m, first);
-            if ((rc = mkv_dump_write(s->w, layer, 'q', 0, c->n_heads, first - s->q_first, m, s->scratch, err)))
-                return rc;
-        }
-    }
-    if (s->progress_on)
-        mkv_progress_update(&s->progress, (int64_t)b->pos0 * c->n_layers + (int64_t)(b->layer + 1) * b->n);
-    return MKV_OK;
-}
-
-static double now_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-/* The continuation as text: each generated token's bytes after its
- * predecessor (so a leading space after BOS is dropped as in decoding). */
-static void print_generated(const mkv_tokenizer *t, const int32_t *tokens, size_t n_prompt,
-                            size_t n_total, FILE *fp)
-{
-    for (size_t i = n_prompt; i < n_total; i++) {
-        size_t len;
-        const char *piece = mkv_tokenizer_piece(t, i > 0 ? tokens[i - 1] : -1, tokens[i], &len);
-        if (piece)
-            fwrite(piece, 1, len, fp);
+    mkv_error err;
+    mkv_error_clear(&err);
+    if (input && mkv_output_overwrites(output, input)) {
+        mkv_fail(&err, MKV_EUSAGE, "output '%s' would overwrite the input", output);
+        fail_run(r, &err);
     }
 }
 
-static char *generated_text(const mkv_tokenizer *t, const int32_t *tokens, size_t n_prompt,
-                            size_t n_total)
+/* The root attribute capture_params: how the run was made. */
+static void capture_params(const capture_args *a, const model_run *r, char *buf, size_t size)
 {
-    char *buf = NULL;
-    size_t size = 0;
-    FILE *fp = open_memstream(&buf, &size);
-    if (!fp)
-        return NULL;
-    print_generated(t, tokens, n_prompt, n_total, fp);
-    fclose(fp);
-    return buf;
-}
-
-/* Prefill the prompt, then generate; every processed position goes
- * through capture_hook into the writer. */
-static int run_forward(const capture_args *a, model_run *r, capture_state *cs, mkv_error *err)
-{
-    const mkv_model_config *c = &r->model->cfg;
-    int gen = (int)a->generate, rc;
-    if (gen > 0) {
-        r->logits = malloc((size_t)c->vocab_size * sizeof *r->logits);
-        if (!r->logits)
-            return mkv_fail(err, MKV_ENOMEM, "out of memory for the logits");
-    }
-    cs->progress_on = r->n_prompt > (size_t)a->wo.chunk_tokens;
-    if (cs->progress_on)
-        mkv_progress_start(&cs->progress, "prefill", (int64_t)r->n_prompt * c->n_layers);
-    double t0 = now_seconds();
-    rc = mkv_forward_run(r->fwd, r->tokens, r->n_prompt, r->logits,
-                         gen > 0 ? MKV_LOGITS_LAST : MKV_LOGITS_NONE, err);
-    if (cs->progress_on) {
-        mkv_progress_finish(&cs->progress);
-        cs->progress_on = 0;
-    }
-    if (rc)
-        return rc;
-    double t1 = now_seconds();
-    mkv_info("prefill: %zu tokens in %.2f s (%.1f tokens/s)", r->n_prompt, t1 - t0,
-             (double)r->n_prompt / (t1 - t0 > 1e-9 ? t1 - t0 : 1e-9));
-    mkv_sampler sampler;
-    mkv_sampler_init(&sampler, (float)a->temperature, (float)a->top_p, a->syn.seed);
-    for (int i = 0; i < gen && rc == MKV_OK; i++) {
-        int next = mkv_sample(&sampler, r->logits, c->vocab_size, err);
-        if (next < 0) {
-            rc = err->code ? err->code : MKV_ENOMEM;
-            break;
-        }
-        r->tokens[r->n_prompt + (size_t)i] = next;
-        /* the last token is run only for its K, V and query */
-        rc = mkv_forward_run(r->fwd, &r->tokens[r->n_prompt + (size_t)i], 1, r->logits,
-                             i + 1 < gen ? MKV_LOGITS_LAST : MKV_LOGITS_NONE, err);
-    }
-    mkv_sampler_free(&sampler);
-    if (rc)
-        return rc;
-    if (gen > 0) {
-        double t2 = now_seconds();
-        mkv_info("generate: %d tokens in %.2f s (%.1f tokens/s)", gen, t2 - t1,
-                 gen / (t2 - t1 > 1e-9 ? t2 - t1 : 1e-9));
-        if (r->lm.tok && mkv_log_get_level() >= MKV_LOG_INFO) {
-            char *text = generated_text(r->lm.tok, r->tokens, r->n_prompt, r->n_total);
-            mkv_info("generated: %s", text ? text : "(out of memory)");
-            free(text);
-        }
-    }
-    return MKV_OK;
-}
-
-/* Root attributes beyond the normative ones: which layers, how captured. */
-static int write_capture_attrs(const capture_args *a, const model_run *r, int n_queries,
-                               mkv_error *err)
-{
-    char layers[8192];
-    size_t at = 0;
-    layers[0] = '\0';
-    for (int i = 0; i < r->n_selected && at < sizeof layers; i++)
-        at += (size_t)snprintf(layers + at, sizeof layers - at, "%s%d", i ? "," : "", r->layer_index[i]);
-    char params[1024];
-    int n = snprintf(params, sizeof params,
+    const mkv_prompt *p = &r->m.prompt;
+    int n = snprintf(buf, size,
                      "format=%s prompt_tokens=%zu window=%d generate=%" PRId64
                      " temperature=%g top_p=%g seed=%" PRIu64 " bos=%d chat=%s",
-                     a->mode == MODE_SHAPE ? "shape" : mkv_model_format_name(r->lm.format),
-                     r->n_prompt, n_queries - (int)a->generate, a->generate, a->temperature,
-                     a->top_p, a->syn.seed, r->bos, r->chat_family ? r->chat_family : "none");
-    if (a->mode == MODE_SHAPE && n > 0 && (size_t)n < sizeof params)
-        snprintf(params + n, sizeof params - (size_t)n, " vocab=%d", r->model->cfg.vocab_size);
-    /* What it takes to rotate pre-RoPE keys like the model (rope_theta is
-     * in the core attributes): the rotated channels, their pairing and any
-     * per-pair frequency divisors (Llama 3.1's "llama3" scaling). */
-    const mkv_model_config *cfg = &r->model->cfg;
-    char rope[64];
-    snprintf(rope, sizeof rope, "dim=%d layout=%s", cfg->rope_dim,
-             cfg->rope_layout == MKV_ROPE_HALF ? "half" : "interleaved");
-    int rc;
-    if ((rc = mkv_dump_set_attr(r->writer, "layer_index", layers, err)) ||
-        (rc = mkv_dump_set_attr(r->writer, "capture_params", params, err)) ||
-        (rc = mkv_dump_set_attr(r->writer, "rope", rope, err)))
-        return rc;
-    if (cfg->has_rope_freq_factors) {
-        char factors[MKV_ROPE_MAX_PAIRS * 18];
-        size_t fat = 0;
-        factors[0] = '\0';
-        for (int j = 0; j < cfg->rope_dim / 2 && fat < sizeof factors; j++)
-            fat += (size_t)snprintf(factors + fat, sizeof factors - fat, "%s%.9g", j ? "," : "",
-                                    (double)cfg->rope_freq_factors[j]);
-        if ((rc = mkv_dump_set_attr(r->writer, "rope_freq_factors", factors, err)))
-            return rc;
-    }
-    if (a->mode == MODE_SHAPE && (rc = mkv_dump_set_attr(r->writer, "weights", "random", err)))
-        return rc;
-    return MKV_OK;
+                     r->m.shape ? "shape" : mkv_model_format_name(r->m.lm.format), p->n,
+                     r->cap->n_queries - (int)a->generate, a->generate, a->temperature, a->top_p,
+                     a->syn.seed, p->bos, p->chat_family ? p->chat_family : "none");
+    if (r->m.shape && n > 0 && (size_t)n < size)
+        snprintf(buf + n, size - (size_t)n, " vocab=%d", r->m.model->cfg.vocab_size);
 }
 
 static int capture_model(const capture_args *a)
@@ -1172,162 +665,86 @@ static int capture_model(const capture_args *a)
     memset(&r, 0, sizeof r);
     mkv_error err;
     mkv_error_clear(&err);
-    int rc;
-    const mkv_shape *shape = NULL;
-
-    if (a->given[OPT_SYSTEM] && !a->chat)
-        misuse("--system needs --chat");
-    if (!!a->prompt + !!a->prompt_file + !!a->token_ids > 1)
-        misuse("give only one of -p, -f and --token-ids");
-    if (a->token_ids && (a->chat || a->special))
-        misuse(a->chat ? "--chat applies to text prompts, not --token-ids"
-                       : "--special applies to text prompts, not --token-ids");
-    if (a->token_ids && a->given[OPT_TOKENS])
+    const mkv_prompt_opts *po = &a->prompt;
+    if (mkv_prompt_opts_check(po, &err))
+        misuse(err.msg);
+    if (po->token_ids && a->given[OPT_TOKENS])
         misuse("--tokens and --token-ids exclude each other");
     if (a->print && strcmp(a->output, "-") == 0)
         misuse("--print and -o - both write to standard output");
+    refuse_overwrite(&r, a->output, po->file);
+    refuse_overwrite(&r, a->output, po->token_ids);
+    refuse_overwrite(&r, a->output, a->tokenizer);
 
-    /* 1. the model (a shape-only one is built once its prompt is known) */
-    mkv_model_config cfg;
-    if (a->mode == MODE_SHAPE) {
-        shape = mkv_shape_find(a->shape);
-        if (!shape) {
-            mkv_usage_error("unknown shape '%s' (known: %s)", a->shape, mkv_shape_names());
-            exit(2);
-        }
-        if (!(r.layer_index = parse_layer_list(a->layers, shape->n_layers, &r.n_selected, &rc)))
-            exit(rc);
-        if ((rc = mkv_shape_config(shape, r.n_selected, (int)a->vocab, &cfg, &err)))
-            fail_run(&r, &err);
-    } else {
-        mkv_model_load_opts lo = {a->tokenizer, !a->token_ids || a->print};
-        if ((rc = mkv_model_load(a->model_path, &lo, &r.lm, &err)))
-            fail_run(&r, &err);
-        r.model = r.lm.model;
-        cfg = r.model->cfg;
-        if (!(r.layer_index = parse_layer_list(a->layers, cfg.n_layers, &r.n_selected, &rc))) {
-            model_run_free(&r);
-            exit(rc);
-        }
-    }
-    const mkv_model_config *c = &cfg;
-
-    /* 2. the tokens */
-    rc = a->mode == MODE_SHAPE ? shape_prompt(a, shape, c, &r, &err) : model_prompt(a, &r, &err);
-    if (rc)
+    /* 1. the model and the prompt */
+    int chunk = (int)a->wo.chunk_tokens;
+    mkv_run_model_opts mo = {a->model_path, a->shape, a->tokenizer, !po->token_ids || a->print,
+                             a->layers, (int)a->vocab, a->syn.seed, (size_t)a->syn.n_tokens,
+                             a->max_memory, a->threads, chunk, (int)a->generate};
+    if (mkv_run_model_open(&mo, po, &r.m, &err))
         fail_run(&r, &err);
-    if (r.n_prompt == 0) {
-        mkv_fail(&err, MKV_EFORMAT, "empty prompt");
-        fail_run(&r, &err);
-    }
-    if (r.n_prompt > (size_t)c->max_seq_len) {
-        mkv_fail(&err, MKV_EFORMAT, "the prompt has %zu tokens, more than the context of %d", r.n_prompt,
-                 c->max_seq_len);
-        fail_run(&r, &err);
-    }
-    if (r.n_prompt + (size_t)a->generate > (size_t)c->max_seq_len) {
-        mkv_fail(&err, MKV_EFORMAT,
-                 "the prompt has %zu tokens; %" PRId64 " more to generate exceed the context of %d",
-                 r.n_prompt, a->generate, c->max_seq_len);
-        fail_run(&r, &err);
-    }
-    r.n_total = r.n_prompt + (size_t)a->generate;
-    int32_t *all = realloc(r.tokens, r.n_total * sizeof *all);
-    if (!all) {
-        mkv_fail(&err, MKV_ENOMEM, "out of memory for %zu tokens", r.n_total);
-        fail_run(&r, &err);
-    }
-    r.tokens = all;
-    if (a->mode == MODE_SHAPE && (rc = build_shape(a, shape, c, &r, &err)))
-        fail_run(&r, &err);
+    refuse_overwrite(&r, a->output, r.m.lm.tokenizer_path[0] ? r.m.lm.tokenizer_path : NULL);
+    const mkv_model_config *c = &r.m.model->cfg;
+    const mkv_prompt *p = &r.m.prompt;
     mkv_info("%s: %s, %d layers, dim %d, %d/%d heads, head_dim %d, vocab %d, context %d",
-             c->name, a->mode == MODE_SHAPE ? "random weights" : mkv_model_format_name(r.lm.format),
+             c->name, r.m.shape ? "random weights" : mkv_model_format_name(r.m.lm.format),
              c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->vocab_size,
              c->max_seq_len);
-    int window = a->window < (int64_t)r.n_prompt ? (int)a->window : (int)r.n_prompt;
-    int n_queries = window + (int)a->generate;
-    mkv_info("prompt: %zu tokens%s; capturing %d of %d layers, queries of %d positions",
-             r.n_prompt, r.bos ? " (BOS first)" : "", r.n_selected, c->n_layers, n_queries);
+    int window = a->window < (int64_t)p->n ? (int)a->window : (int)p->n;
+    mkv_info("prompt: %zu tokens%s; capturing %d of %d layers, queries of %d positions", p->n,
+             p->bos ? " (BOS first)" : "", r.m.n_layers, c->n_layers, window + (int)a->generate);
 
-    /* 3. the forward pass, sized to this run */
-    int chunk = (int)a->wo.chunk_tokens;
-    mkv_forward_opts fo = {a->threads, chunk, (int)r.n_total};
-    if ((rc = mkv_forward_create(r.model, &fo, &r.fwd, &err)))
-        fail_run(&r, &err);
-    int widest = c->n_heads > c->n_kv_heads ? c->n_heads : c->n_kv_heads;
-    r.scratch = mkv_alloc((size_t)chunk * (size_t)widest, (size_t)c->head_dim * sizeof(float),
-                          "capture buffer", &err);
-    if (!r.scratch)
+    /* 2. the forward pass, sized to this run */
+    mkv_capture_opts co;
+    mkv_capture_opts_init(&co);
+    co.run.threads = a->threads;
+    co.run.chunk = chunk;
+    co.run.generate = (int)a->generate;
+    co.run.temperature = a->temperature;
+    co.run.top_p = a->top_p;
+    co.run.seed = a->syn.seed;
+    /* a shape-only model is built from the selected layers alone */
+    co.layers = r.m.shape ? NULL : r.m.layer_index;
+    co.n_layers = r.m.n_layers;
+    co.k_rope_pre = a->k_rope_pre;
+    co.window = window;
+    if (mkv_capture_create(r.m.model, p->tokens, p->n, &co, &r.cap, &err))
         fail_run(&r, &err);
 
-    /* 4. the dump, created before the long work so output errors come first */
+    /* 3. the dump, created before the long work so output errors come first */
     mkv_dump_meta meta;
     mkv_dump_meta_init(&meta);
-    snprintf(meta.model, sizeof meta.model, "%s", a->model ? a->model : c->name);
-    meta.n_layers = r.n_selected;
-    meta.n_heads = c->n_heads;
-    meta.n_kv_heads = c->n_kv_heads;
-    meta.head_dim = c->head_dim;
-    meta.rope_theta = c->rope_theta;
-    snprintf(meta.k_rope, sizeof meta.k_rope, "%s", a->k_rope_pre ? "pre" : "post");
-    snprintf(meta.source, sizeof meta.source, "capture");
-    meta.n_tokens = (int64_t)r.n_total;
-    meta.n_queries = n_queries;
+    mkv_capture_meta(r.cap, &meta);
+    if (a->model)
+        snprintf(meta.model, sizeof meta.model, "%s", a->model);
     meta.dtype = a->dtype;
-    meta.has_tokens = 1;
     mkv_dump_write_opts wo = a->wo;
     wo.protect = a->model_path;
-    if ((rc = mkv_dump_create(a->output, &meta, &wo, &r.writer, &err)) ||
-        (rc = write_capture_attrs(a, &r, n_queries, &err)))
+    char params[1024];
+    capture_params(a, &r, params, sizeof params);
+    if (mkv_dump_create(a->output, &meta, &wo, &r.writer, &err) ||
+        mkv_capture_set_attrs(r.writer, c, r.m.layer_index, r.m.n_layers, params, &err) ||
+        (r.m.shape && mkv_dump_set_attr(r.writer, "weights", "random", &err)))
         fail_run(&r, &err);
 
-    capture_state cs;
-    memset(&cs, 0, sizeof cs);
-    cs.w = r.writer;
-    cs.cfg = c;
-    cs.k_pre = a->k_rope_pre;
-    cs.q_first = (int)r.n_prompt - window;
-    cs.scratch = r.scratch;
-    cs.dump_layer = malloc((size_t)c->n_layers * sizeof *cs.dump_layer);
-    if (!cs.dump_layer) {
-        mkv_fail(&err, MKV_ENOMEM, "out of memory");
+    /* 4. the run, then commit */
+    const mkv_run *run = &r.cap->run;
+    if (mkv_capture_write(r.cap, r.writer, &err))
         fail_run(&r, &err);
+    if (a->generate > 0 && r.m.lm.tok && mkv_log_get_level() >= MKV_LOG_INFO) {
+        char *text = mkv_continuation_text(r.m.lm.tok, run->tokens, run->n_prompt, run->n_total);
+        mkv_info("generated: %s", text ? text : "(out of memory)");
+        free(text);
     }
-    /* a shape-only model is built from the selected layers alone */
-    for (int l = 0; l < c->n_layers; l++)
-        cs.dump_layer[l] = a->mode == MODE_SHAPE ? l : -1;
-    if (a->mode != MODE_SHAPE)
-        for (int i = 0; i < r.n_selected; i++)
-            cs.dump_layer[r.layer_index[i]] = i;
-    mkv_forward_set_capture(r.fwd, capture_hook, &cs);
-    rc = run_forward(a, &r, &cs, &err);
-    free(cs.dump_layer);
-    if (rc)
-        fail_run(&r, &err);
-
-    /* 5. tokens and query positions, then commit */
-    int32_t *qpos = malloc((size_t)(n_queries > 0 ? n_queries : 1) * sizeof *qpos);
-    if (!qpos) {
-        mkv_fail(&err, MKV_ENOMEM, "out of memory");
-        fail_run(&r, &err);
-    }
-    for (int i = 0; i < n_queries; i++)
-        qpos[i] = cs.q_first + i;
-    rc = mkv_dump_write_tokens(r.writer, r.tokens, &err);
-    if (!rc)
-        rc = mkv_dump_write_query_pos(r.writer, qpos, &err);
-    free(qpos);
-    if (rc)
-        fail_run(&r, &err);
     mkv_dump_writer *w = r.writer;
     r.writer = NULL;   /* commit frees it whatever the outcome */
-    if ((rc = mkv_dump_commit(w, &err)))
+    if (mkv_dump_commit(w, &err))
         fail_run(&r, &err);
     mkv_info("wrote %s: %s, %zu tokens (%zu generated), %d layers, %d queries",
-             strcmp(a->output, "-") == 0 ? "stdout" : a->output, meta.model, r.n_total,
-             r.n_total - r.n_prompt, r.n_selected, n_queries);
+             strcmp(a->output, "-") == 0 ? "stdout" : a->output, meta.model, run->n_total,
+             run->n_total - run->n_prompt, r.m.n_layers, r.cap->n_queries);
     if (a->print) {
-        print_generated(r.lm.tok, r.tokens, r.n_prompt, r.n_total, stdout);
+        mkv_print_continuation(r.m.lm.tok, run->tokens, run->n_prompt, run->n_total, stdout);
         fputc('\n', stdout);
         if (fflush(stdout) != 0) {
             mkv_fail_errno(&err, MKV_EIO, errno, "cannot write to standard output");

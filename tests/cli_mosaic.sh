@@ -89,7 +89,7 @@ awk -v e="$err" 'BEGIN { exit !(e != "" && e < 5e-3) }' || fail "keep=1 budget=1
 # a corrupt bitmap (one kept group of the first compressed key of layer 1,
 # KV head 1 cleared) is refused at load: exit 1, one line naming the file,
 # layer, head and array, with the counts worked out here from the file
-"$COMPRESS" raw.h5 -o bitmap.h5 --method mosaic -p strategy=fixed -p energy=1 -q ||
+"$COMPRESS" raw.h5 -o bitmap.h5 --method mosaic -P strategy=fixed,energy=1 -q ||
     fail "mkv-compress energy=1"
 want=$("$PY" - <<'PY'
 import h5py
@@ -100,7 +100,7 @@ with h5py.File("bitmap.h5", "r+") as f:
     first = int(bitmap[0])
     bitmap[0] = first & (first - 1)
     kept = sum(bin(int(b)).count("1") for b in bitmap[0:nbytes])
-    print("mkv-attend: layer 1 head 1: 'bitmap.h5': layer 1, KV head 1: array 'k/bitmap': token %d "
+    print("mkv-attend: 'bitmap.h5': layer 1, KV head 1: array 'k/bitmap': token %d "
           "(segment 0) keeps %d of %d groups, the strategy keeps r/g = %d" % (start, kept, dprime // g, r // g))
 PY
 )

@@ -297,8 +297,13 @@ static int run_batch(batch *b, int threads, mkv_error *err)
 {
     int n_kv = b->s->m->n_kv_heads, t;
     int rc = mkv_run_tasks(b->n_layers * n_kv, threads, attend_task, b, &t, err);
-    if (rc != MKV_OK && t >= 0)
-        mkv_error_prefix(err, "layer %d head %d", b->first_layer + t / n_kv, t % n_kv);
+    if (rc != MKV_OK && t >= 0) {
+        /* name the head unless the message (from a method's load) does */
+        char tag[64];
+        snprintf(tag, sizeof tag, "layer %d, KV head %d:", b->first_layer + t / n_kv, t % n_kv);
+        if (!strstr(err->msg, tag))
+            mkv_error_prefix(err, "layer %d head %d", b->first_layer + t / n_kv, t % n_kv);
+    }
     return rc;
 }
 

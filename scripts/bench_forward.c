@@ -1,5 +1,5 @@
 /* bench_forward: the measurements behind the "CPU forward pass" section of
- * docs/BENCHMARKS.md (issue 3).  scripts/bench-cpu builds and drives it;
+ * docs/BENCHMARKS.md.  scripts/bench-cpu builds and drives it;
  * every mode prints tab-separated rows with a header line.
  *
  *   bench_forward gemm --mode full --threads 2     # one sgemm per shape, BLAS threads

@@ -115,6 +115,11 @@ refuse "--contexts ''" 2 "$E: invalid value '' for --contexts: empty list" --ben
 refuse "--contexts ," 2 "$E: invalid value ',' for --contexts: empty list" --bench --contexts ,
 refuse "--contexts 32K,,64K" 2 "$E: invalid value '32K,,64K' for --contexts: empty entry" --bench --contexts 32K,,64K
 refuse "--budgets 0.1, (trailing comma)" 2 "$E: invalid value '0.1,' for --budgets: empty entry" --bench --budgets 0.1,
+refuse "--heads 32" 2 "$E: invalid value '32' for --heads: expected Q/KV, KV dividing Q (e.g. 32/8)" --bench --heads 32
+refuse "--heads 32/5" 2 "$E: invalid value '32/5' for --heads: expected Q/KV, KV dividing Q (e.g. 32/8)" --bench --heads 32/5
+refuse "--head-dim 96" 2 "$E: invalid value '96' for --head-dim: expected 64 or 128" --bench --head-dim 96
+refuse "--head-dim 256" 2 "$E: invalid value '256' for --head-dim: must be in 64..128" --bench --head-dim 256
+refuse "--mem-fraction 2" 2 "$E: invalid value '2' for --mem-fraction: must be in 0.01..1" --bench --mem-fraction 2
 refuse "--batches ,4 (leading comma)" 2 "$E: invalid value ',4' for --batches: empty entry" --bench --batches ,4
 long=$(printf '1K,%.0s' $(seq 200))1K
 refuse "--contexts of 601 characters" 2 "$E: invalid value for --contexts: longer than 511 characters" \
@@ -218,7 +223,7 @@ refuse "-P segment=4 shorter than block 8" 2 "$E: parameter 'segment' must be at
     --bench -P segment=4 --contexts 4K --batches 1
 refuse "-P segment=8,block=16" 2 "$E: parameter 'segment' must be at least 'block'; $try" \
     --bench -P segment=8,block=16
-need_bench="$E: benchmark options (--contexts, --batches, --budgets, --methods, --variant, -P, --runs, --warmup) need --bench; $try"
+need_bench="$E: benchmark options (--contexts, --batches, --budgets, --methods, --variant, -P, --runs, --warmup, --heads, --head-dim, --fp16, --mem-fraction) need --bench; $try"
 for opt in "--contexts 32K" "--batches 4" "--budgets 0.1" "--methods full" "--variant" "-P keep=0.5" \
     "--param block=8" "--runs 30" "--warmup 5"; do
     # shellcheck disable=SC2086 # the option and its value are two words

@@ -35,8 +35,8 @@
 
 enum {
     OPT_SUMMARY = MKV_OPT_FIRST_TOOL, OPT_BUDGET, OPT_BENCH, OPT_CONTEXTS, OPT_BATCHES, OPT_BUDGETS, OPT_RUNS,
-    OPT_WARMUP, OPT_METHODS, OPT_VARIANT, OPT_CHECK_CPU, OPT_OLD_KEEP, OPT_OLD_DPRIME, OPT_OLD_SEGMENT,
-    OPT_OLD_BLOCK
+    OPT_WARMUP, OPT_METHODS, OPT_VARIANT, OPT_CHECK_CPU, OPT_HEADS, OPT_HEAD_DIM, OPT_FP16, OPT_MEM_FRACTION,
+    OPT_OLD_KEEP, OPT_OLD_DPRIME, OPT_OLD_SEGMENT, OPT_OLD_BLOCK
 };
 
 static const struct option longopts[] = {
@@ -57,6 +57,10 @@ static const struct option longopts[] = {
     {"param", required_argument, NULL, 'P'},
     {"runs", required_argument, NULL, OPT_RUNS},
     {"warmup", required_argument, NULL, OPT_WARMUP},
+    {"heads", required_argument, NULL, OPT_HEADS},
+    {"head-dim", required_argument, NULL, OPT_HEAD_DIM},
+    {"fp16", no_argument, NULL, OPT_FP16},
+    {"mem-fraction", required_argument, NULL, OPT_MEM_FRACTION},
     /* spellings that moved to -P, kept to say so */
     {"keep", optional_argument, NULL, OPT_OLD_KEEP},
     {"dprime", optional_argument, NULL, OPT_OLD_DPRIME},
@@ -110,7 +114,11 @@ static void usage(FILE *fp, int status)
             "                       both: sink (default 4), recent (default 64)\n"
             "      --runs N         timed steps per measurement (default 30)\n"
             "      --warmup N       untimed steps first (default 5)\n"
-            "  The shape is LLaMA-3.1-8B's: 32 query heads, 8 KV heads, head_dim 128, bf16.\n\n",
+            "      --heads Q/KV     query and KV heads (default 32/8)\n"
+            "      --head-dim D     64 or 128 (default 128)\n"
+            "      --fp16           fp16 K/V instead of bf16\n"
+            "      --mem-fraction F share of the free device memory to use (default 0.9)\n"
+            "  The default shape is LLaMA-3.1-8B's: 32 query heads, 8 KV heads, head_dim 128, bf16.\n\n",
             mkv_progname(), mkv_progname());
     mkv_common_usage(fp, MKV_COMMON_THREADS | MKV_COMMON_DEVICE);
     exit(status);
@@ -128,7 +136,9 @@ typedef struct {
     int bench;
     mkv_bench_opts bo;
     int variant;
-    mkv_bench_params bench_params;  /* -P */
+    mkv_bench_params bench_params;
+    const char *bench_param_args[MKV_BENCH_MAX_LIST];  /* -P, read once the shape is known */
+    int n_bench_params;
     int bench_opt_seen;         /* a benchmark option was given (refused without --bench) */
     mkv_common_opts common;
 } attend_args;
@@ -175,8 +185,6 @@ static void parse_args(int argc, char **argv, attend_args *a)
     mkv_common_init(&a->common);
     mkv_bench_opts_default(&a->bo);
     mkv_error perr;
-    if (mkv_bench_params_init(&a->bench_params, &a->bo, &perr))
-        misuse(perr.msg);
     opterr = 0;   /* bad_option prints the one-line message */
     int opt;
     double budget, list[MKV_BENCH_MAX_LIST];
@@ -247,10 +255,38 @@ static void parse_args(int argc, char **argv, attend_args *a)
             a->bench_opt_seen = 1;
             break;
         case 'P':
-            if (mkv_params_parse_list(&a->bench_params.params, optarg, &perr) < 0) {
-                mkv_usage_error("%s", perr.msg);
+            if (a->n_bench_params == MKV_BENCH_MAX_LIST)
+                misuse("too many -P options");
+            a->bench_param_args[a->n_bench_params++] = optarg;
+            a->bench_opt_seen = 1;
+            break;
+        case OPT_HEADS: {
+            char extra;
+            if (sscanf(optarg, "%d/%d%c", &a->bo.n_heads, &a->bo.n_kv_heads, &extra) != 2 || a->bo.n_heads < 1 ||
+                a->bo.n_kv_heads < 1 || a->bo.n_heads > 1024 || a->bo.n_heads % a->bo.n_kv_heads) {
+                mkv_usage_error("invalid value '%s' for --heads: expected Q/KV, KV dividing Q (e.g. 32/8)", optarg);
                 exit(2);
             }
+            a->bench_opt_seen = 1;
+            break;
+        }
+        case OPT_HEAD_DIM:
+            if (mkv_parse_int(optarg, "head-dim", 64, 128, &v))
+                exit(2);
+            if (v != 64 && v != 128) {
+                mkv_usage_error("invalid value '%s' for --head-dim: expected 64 or 128", optarg);
+                exit(2);
+            }
+            a->bo.head_dim = (int)v;
+            a->bench_opt_seen = 1;
+            break;
+        case OPT_FP16:
+            a->bo.is_bf16 = 0;
+            a->bench_opt_seen = 1;
+            break;
+        case OPT_MEM_FRACTION:
+            if (mkv_parse_double(optarg, "mem-fraction", 0.01, 1, &a->bo.mem_fraction))
+                exit(2);
             a->bench_opt_seen = 1;
             break;
         case OPT_RUNS:
@@ -293,13 +329,21 @@ static void parse_args(int argc, char **argv, attend_args *a)
             misuse("-r, --summary and --check-cpu apply to a dump, not to --bench");
         if (a->variant)
             a->bo.methods |= MKV_BENCH_DENSE_VARIANT;
+        /* after --head-dim, which the default of keydim is a fraction of */
+        if (mkv_bench_params_init(&a->bench_params, &a->bo, &perr))
+            misuse(perr.msg);
+        for (int i = 0; i < a->n_bench_params; i++)
+            if (mkv_params_parse_list(&a->bench_params.params, a->bench_param_args[i], &perr) < 0) {
+                mkv_usage_error("%s", perr.msg);
+                exit(2);
+            }
         if (mkv_bench_params_apply(&a->bench_params, &a->bo, &perr))
             misuse(perr.msg);
         return;
     }
     if (a->bench_opt_seen)
         misuse("benchmark options (--contexts, --batches, --budgets, --methods, --variant, -P, --runs, "
-               "--warmup) need --bench");
+               "--warmup, --heads, --head-dim, --fp16, --mem-fraction) need --bench");
     if (optind >= argc)
         misuse("missing COMPRESSED (a dump made by mkv-compress)");
     if (argc - optind > 1) {

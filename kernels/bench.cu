@@ -287,7 +287,7 @@ static void packed_geometry(const mkv_bench_opts *o, mkv_packed_seg *g)
     g->rk = g->rv = r;
     g->gk = g->gv = 1;
     g->pvk = g->pvv = r < dp;
-    g->kdim = g->bk_width = dp;   /* block keys: the mean over the d' channels (DESIGN.md 5.1) */
+    g->kdim = g->bk_width = dp;   /* block keys: the mean over the d' channels (docs/DESIGN.md 5.1) */
     g->kbound = 0;
     g->kmask_off = align16((int64_t)B * r * 2);
     g->vval_off = g->kmask_off + align16((int64_t)B * (dp / 32) * 4);

@@ -163,7 +163,7 @@ int mkv_cuda_quest_selection(const mkv_quest_plan *p, int32_t *pages, int32_t *c
                              mkv_error *err);
 
 /* ------------------------------------------ packed MosaicKV attention (GPU)
- * The GPU twin of mkv_mosaic_attend (kernels/mosaic_attend.cu): DESIGN.md
+ * The GPU twin of mkv_mosaic_attend (kernels/mosaic_attend.cu): docs/DESIGN.md
  * 5.2 over the packed format of lib/mosaic/packed.h, computing
  * what mkv_mosaic_attend computes (rules 1-4 of that file's top comment)
  * in float32 instead of double: the same budget, block scores and
@@ -314,7 +314,7 @@ int mkv_cuda_mosaic_selection(const mkv_packed_plan *p, int request, int kv_head
                               uint8_t *attended, mkv_packed_counts *counts, mkv_error *err);
 
 /* ------------------------------------------------- GPU encode (kernels/mosaic_encode.cu)
- * The GPU half of the dual buffer (DESIGN.md 5.3): new tokens are packed
+ * The GPU half of the dual buffer (docs/DESIGN.md 5.3): new tokens are packed
  * at once with a segment's strategy and rotation. */
 typedef struct {
     int rotate, r, g, dprime, pervector;   /* as mkv_mosaic_strategy (lib/mosaic/packed.h) */

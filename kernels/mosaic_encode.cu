@@ -1,4 +1,4 @@
-/* GPU encode of new tokens (the GPU half of the dual buffer, DESIGN.md
+/* GPU encode of new tokens (the GPU half of the dual buffer, docs/DESIGN.md
  * 5.3) and batched eigendecompositions of segment Gram matrices.
  *
  * Encoding follows mkv_mosaic_encode (lib/mosaic/mosaic.c) step by step in

@@ -335,7 +335,7 @@ static int by_rank(const void *a, const void *b)
 
 /* The selection of one query at pos (G heads q) against the rule,
  * recomputed here from the head's stored arrays (lib/mosaic/method.c
- * ATTENTION 1-3, DESIGN.md 5.2, mkv_cuda.h), the temporary region's tmp_n
+ * ATTENTION 1-3, docs/DESIGN.md 5.2, mkv_cuda.h), the temporary region's tmp_n
  * tokens included:
  *   fixed = the sink, recent and temporary tokens <= pos (always
  *           attended, counted towards the budget);

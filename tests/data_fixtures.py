@@ -1,7 +1,7 @@
 """Dumps for the CLI tests, written and checked with h5py + numpy only.
 
 The point is independence from libmosaickv: valid dumps are written here
-straight from DESIGN.md section 4, corruptions are applied with h5py, and
+straight from docs/DESIGN.md 4, corruptions are applied with h5py, and
 `compare-stats` recomputes `mkv-analyze stats` with numpy.
 
   data_fixtures.py valid OUT [--dtype float32|float16|bfloat16] [--layers L]

@@ -106,7 +106,7 @@ static int run_info(const mkv_subcommand *cmd, const mkv_common_opts *common, in
     }
     const mkv_dump_meta *m = mkv_dump_meta_of(d);
     /* K and V at 16 bits per value: the "logical" size compression ratios
-     * are quoted against (DESIGN.md section 7). */
+     * are quoted against (docs/DESIGN.md 7). */
     uint64_t dense = 2u * 2u * (uint64_t)m->n_layers * (uint64_t)m->n_kv_heads *
                      (uint64_t)m->n_tokens * (uint64_t)m->head_dim;
     char b1[64], b2[64], b3[64];

@@ -1,5 +1,5 @@
 /* Symmetric eigendecomposition and the Gram ("covariance") matrix of KV
- * vectors: the rotation of MosaicKV (DESIGN.md section 5.1 step 3) and of
+ * vectors: the rotation of MosaicKV (docs/DESIGN.md 5.1 step 3) and of
  * the analyses in mkv-analyze.
  *
  * Matrices are row-major double arrays: M[i * d + j] is row i, column j.

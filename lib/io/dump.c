@@ -1,4 +1,4 @@
-/* KV dump format v1: reader and atomic writer (DESIGN.md section 4). */
+/* KV dump format v1: reader and atomic writer (docs/DESIGN.md 4). */
 #include "config.h"
 #include "io/dump.h"
 #include "io/dump_priv.h"

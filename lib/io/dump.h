@@ -1,4 +1,4 @@
-/* KV dump format, version 1 (DESIGN.md section 4, man/mosaickv.5).
+/* KV dump format, version 1 (docs/DESIGN.md 4, man/mosaickv.5).
  *
  *   /                attrs mkv_format="mosaickv-dump", mkv_version=1, model,
  *                    n_layers, n_heads, n_kv_heads, head_dim, rope_theta,

@@ -1,4 +1,4 @@
-/* Fidelity metrics of compressed attention (DESIGN.md section 7) and the
+/* Fidelity metrics of compressed attention (docs/DESIGN.md 7) and the
  * summary statistics mkv-attend reports over them. */
 #ifndef MKV_METRICS_H
 #define MKV_METRICS_H

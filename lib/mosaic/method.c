@@ -1,5 +1,5 @@
 /* Method "mosaic": MosaicKV dynamic two-dimensional (sequence x channel)
- * compression, DESIGN.md 5.1 and 5.2. The pieces are in lib/mosaic/mosaic.h,
+ * compression, docs/DESIGN.md 5.1 and 5.2. The pieces are in lib/mosaic/mosaic.h,
  * the packed format (conventions for rotations, bitmaps, block keys and
  * value order; the stored arrays; store and load) in lib/mosaic/packed.h;
  * this file puts them together and is where the algorithm is described.

@@ -1,4 +1,4 @@
-/* MosaicKV pieces (DESIGN.md section 5.1, 5.2): rotation, truncation by
+/* MosaicKV pieces (docs/DESIGN.md 5.1, 5.2): rotation, truncation by
  * energy, per-vector selection, packing, block keys, strategy search,
  * and compression and CPU attention of a whole head. The
  * methods "mosaic" and "uniform2d" (lib/mosaic/method.c, whose top comment
@@ -184,7 +184,7 @@ int mkv_mosaic_compress_store(const mkv_mosaic_config *c, const mkv_head_kv *in,
  * segments starting <= p. */
 int64_t mkv_mosaic_select_tokens(const mkv_mosaic_head *h, const mkv_mosaic_attn_opts *o, const float *q,
                                  int G, int64_t p, double scale, double *qt, uint8_t *att);
-/* DESIGN.md 5.2 over the packed state: see lib/mosaic/method.c. */
+/* docs/DESIGN.md 5.2 over the packed state: see lib/mosaic/method.c. */
 int mkv_mosaic_attend(const mkv_mosaic_head *h, const mkv_mosaic_attn_opts *o,
                       const mkv_attend_query *q, mkv_attend_result *res, mkv_error *err);
 

@@ -191,16 +191,7 @@ static void parse_args(int argc, char **argv, attend_args *a)
     long v;
     while ((opt = getopt_long(argc, argv, SHORTOPTS, longopts, NULL)) != -1) {
         switch (opt) {
-        case 'h':
-            usage(stdout, 0);
-            break;
-        case MKV_OPT_VERSION:
-            mkv_print_version(stdout);
-            exit(0);
-        case '?':
-        case ':':
-            bad_option(opt, argv);
-            break;
+        MKV_TOOL_STANDARD_CASES
         case 'o':
             /* '-' is stdout, where the table goes anyway */
             a->output = strcmp(optarg, "-") == 0 ? NULL : optarg;

@@ -381,19 +381,10 @@ static void parse_args(int argc, char **argv, capture_args *a)
         if (opt >= 0 && opt < OPT_END)
             a->given[opt] = 1;
         switch (opt) {
-        case 'h':
-            usage(stdout, 0);
-            break;
-        case MKV_OPT_VERSION:
-            mkv_print_version(stdout);
-            exit(0);
+        MKV_TOOL_STANDARD_CASES
         case OPT_LIST_SHAPES:
             mkv_shape_list(stdout);
             exit(0);
-        case '?':
-        case ':':
-            bad_option(opt, argv);
-            break;
         case 'o':
             a->output = optarg;
             break;

@@ -184,16 +184,7 @@ static void parse_args(int argc, char **argv, compress_args *a)
     int opt;
     while ((opt = getopt_long(argc, argv, SHORTOPTS, longopts, NULL)) != -1) {
         switch (opt) {
-        case 'h':
-            usage(stdout, 0);
-            break;
-        case MKV_OPT_VERSION:
-            mkv_print_version(stdout);
-            exit(0);
-        case '?':
-        case ':':
-            bad_option(opt, argv);
-            break;
+        MKV_TOOL_STANDARD_CASES
         case 'o':
             a->output = optarg;
             break;

@@ -85,6 +85,21 @@ void mkv_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)))
  * 'NEW'; try 'PROG --help'" on stderr, exit 2. */
 void mkv_renamed_option(const char *old, const char *new_spelling) __attribute__((noreturn));
 
+/* The cases every tool's getopt_long loop over `opt` starts with: -h
+ * (the tool's usage(stdout, 0)), --version, and an option getopt_long
+ * rejected (bad_option of MKV_TOOL_MISUSE). */
+#define MKV_TOOL_STANDARD_CASES                                                \
+    case 'h':                                                                  \
+        usage(stdout, 0);                                                      \
+        break;                                                                 \
+    case MKV_OPT_VERSION:                                                      \
+        mkv_print_version(stdout);                                             \
+        exit(0);                                                               \
+    case '?':                                                                  \
+    case ':':                                                                  \
+        bad_option(opt, argv);                                                 \
+        break;
+
 /* Print "PROG: <err->msg>" to stderr. */
 void mkv_report(const mkv_error *err);
 

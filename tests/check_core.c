@@ -8,6 +8,7 @@
 #include <math.h>
 
 #include "cli/cli.h"
+#include "core/attn.h"
 #include "core/half.h"
 #include "core/log.h"
 #include "core/tensor.h"
@@ -248,6 +249,29 @@ START_TEST(option_parsing)
 }
 END_TEST
 
+/* Ranking and top-k against orders worked out by hand: ties go to the
+ * lower index, and top-k returns its indices in ascending order. */
+START_TEST(rank_and_topk)
+{
+    const double scores[7] = {0.5, 2.0, -1.0, 2.0, 0.5, 3.0, -INFINITY};
+    int64_t order[7], idx[7];
+    ck_assert_int_eq(mkv_rank(scores, 7, order), 0);
+    const int64_t want[7] = {5, 1, 3, 0, 4, 2, 6};
+    for (int i = 0; i < 7; i++)
+        ck_assert_int_eq(order[i], want[i]);
+    ck_assert_int_eq(mkv_topk(scores, 7, 3, idx), 3);
+    ck_assert_int_eq(idx[0], 1);
+    ck_assert_int_eq(idx[1], 3);
+    ck_assert_int_eq(idx[2], 5);
+    ck_assert_int_eq(mkv_topk(scores, 7, 4, idx), 4); /* 0 and 4 tie at 0.5: the lower wins */
+    ck_assert_int_eq(idx[0], 0);
+    ck_assert_int_eq(idx[3], 5);
+    ck_assert_int_eq(mkv_topk(scores, 7, 0, idx), 0);
+    ck_assert_int_eq(mkv_topk(scores, 7, 99, idx), 7);
+    ck_assert_int_eq(mkv_rank(scores, 0, order), 0);
+}
+END_TEST
+
 START_TEST(error_context)
 {
     mkv_error err;
@@ -275,6 +299,7 @@ int main(void)
     tcase_add_test(tc, sizes_and_alloc);
     tcase_add_test(tc, option_parsing);
     tcase_add_test(tc, error_context);
+    tcase_add_test(tc, rank_and_topk);
     suite_add_tcase(s, tc);
     return test_run(s);
 }

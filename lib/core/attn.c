@@ -91,11 +91,9 @@ static int by_index(const void *a, const void *b)
     return i < j ? -1 : i > j;
 }
 
-int64_t mkv_topk(const double *scores, int64_t n, int64_t k, int64_t *idx)
+int mkv_rank(const double *scores, int64_t n, int64_t *order)
 {
-    if (k > n)
-        k = n;
-    if (k <= 0)
+    if (n <= 0)
         return 0;
     ranked *r = malloc(sizeof(ranked) * (size_t)n);
     if (!r)
@@ -106,9 +104,25 @@ int64_t mkv_topk(const double *scores, int64_t n, int64_t k, int64_t *idx)
     }
     /* the CPU reference favours clarity: a full sort is fine at these sizes */
     qsort(r, (size_t)n, sizeof(ranked), by_score_desc);
-    for (int64_t i = 0; i < k; i++)
-        idx[i] = r[i].index;
+    for (int64_t i = 0; i < n; i++)
+        order[i] = r[i].index;
     free(r);
+    return 0;
+}
+
+int64_t mkv_topk(const double *scores, int64_t n, int64_t k, int64_t *idx)
+{
+    if (k > n)
+        k = n;
+    if (k <= 0)
+        return 0;
+    int64_t *order = malloc(sizeof(int64_t) * (size_t)n);
+    if (!order || mkv_rank(scores, n, order) != 0) {
+        free(order);
+        return -1;
+    }
+    memcpy(idx, order, sizeof(int64_t) * (size_t)k);
+    free(order);
     qsort(idx, (size_t)k, sizeof(int64_t), by_index);
     return k;
 }

@@ -30,6 +30,10 @@ void mkv_osm_finish(const mkv_osm *s, float *out);
  * result is clamped to 1..n. Sink and recent tokens count towards it. */
 int64_t mkv_budget_tokens(double budget, int64_t n);
 
+/* order [n] = the indices 0..n-1 by score, highest first (ties: lower
+ * index first). 0, or -1 when out of memory. Thread-safe. */
+int mkv_rank(const double *scores, int64_t n, int64_t *order);
+
 /* Indices of the k largest scores of n (ties: lower index first), written
  * to idx[0..k) in ascending index order. k is clamped to n. Returns the
  * number written, or -1 when out of memory. Thread-safe. */

@@ -186,19 +186,6 @@ int64_t mkv_bl_score_pages(const mkv_bl_selection *s, const float *q, int G, int
     return visible;
 }
 
-typedef struct {
-    double score;
-    int64_t index;
-} ranked;
-
-/* Higher score first, then lower index. */
-static int by_score_desc(const void *a, const void *b)
-{
-    const ranked *x = a, *y = b;
-    if (x->score != y->score)
-        return x->score > y->score ? -1 : 1;
-    return x->index < y->index ? -1 : x->index > y->index;
-}
 
 int64_t mkv_bl_select(const mkv_bl_selection *s, const double *score, int64_t T, int64_t p,
                       uint8_t *attended, mkv_error *err)
@@ -218,16 +205,16 @@ int64_t mkv_bl_select(const mkv_bl_selection *s, const double *score, int64_t T,
         return count;
 
     int64_t visible = p / s->page + 1;
-    ranked *order = mkv_alloc((size_t)visible, sizeof *order, "page ranking", err);
+    int64_t *order = mkv_alloc((size_t)visible, sizeof *order, "page ranking", err);
     if (!order)
         return -1;
-    for (int64_t i = 0; i < visible; i++) {
-        order[i].score = score[i];
-        order[i].index = i;
+    if (mkv_rank(score, visible, order) != 0) {
+        mkv_free(order);
+        mkv_fail(err, MKV_ENOMEM, "out of memory for the page ranking");
+        return -1;
     }
-    qsort(order, (size_t)visible, sizeof *order, by_score_desc);
     for (int64_t i = 0; i < visible && count < budget; i++) {
-        int64_t t0 = order[i].index * s->page, t1 = t0 + s->page;
+        int64_t t0 = order[i] * s->page, t1 = t0 + s->page;
         if (t1 > n)
             t1 = n;
         for (int64_t t = t0; t < t1; t++)

@@ -1510,6 +1510,42 @@ START_TEST(cdump_round_trip_counts_bytes)
 }
 END_TEST
 
+/* A dump without queries compresses (the output loss is not measured: NaN
+ * in its table, which the file takes for that table alone) and loads back;
+ * uniform2d likewise. */
+START_TEST(cdump_without_queries)
+{
+    head_data hd;
+    head_data_make(&hd, 53, 400, 32, 2, 0);
+    const mkv_method *methods[] = {&mkv_method_mosaic, &mkv_method_uniform2d};
+    for (int k = 0; k < 2; k++) {
+        mkv_params p;
+        mkv_error err;
+        char path[256];
+        test_path(path, sizeof path, "noq.h5");
+        write_dump(&hd, methods[k], "segment=128 recent=16", &p, path);
+        mkv_cdump *cd;
+        ck_assert_int_eq(mkv_cdump_open(path, &cd, &err), MKV_OK);
+        void *state;
+        ck_assert_msg(methods[k]->load(&p, cd, 0, 0, &state, &err) == MKV_OK, "%s", err.msg);
+        int64_t dims[3];
+        ck_assert_int_eq(mkv_cdump_shape(cd, 0, 0, "k/loss", dims), 2);
+        float *loss = malloc((size_t)(dims[0] * dims[1]) * sizeof *loss);
+        ck_assert_int_eq(mkv_cdump_get(cd, 0, 0, "k/loss", MKV_EL_F32_OR_NAN, loss, (size_t)(dims[0] * dims[1]),
+                                       &err), MKV_OK);
+        for (int64_t s = 0; s < dims[0]; s++) {
+            ck_assert(loss[2 * s] >= 0 && loss[2 * s] <= 1);
+            ck_assert(isnan(loss[2 * s + 1]));
+        }
+        free(loss);
+        methods[k]->free_state(state);
+        mkv_cdump_close(cd);
+        unlink(path);
+    }
+    head_data_free(&hd);
+}
+END_TEST
+
 /* Overwrite element `at` of dataset `name` of layer 0, KV head 0 with the
  * raw bits `bits` (1 or 2 bytes, the dataset's own element size). */
 static void poke(const char *path, const char *name, hsize_t at, unsigned bits)
@@ -1647,6 +1683,7 @@ static Suite *mosaic_suite(void)
     tc = tcase_create("method");
     tcase_add_test(tc, bad_parameters_refused);
     tcase_add_test(tc, cdump_round_trip_counts_bytes);
+    tcase_add_test(tc, cdump_without_queries);
     tcase_add_test(tc, load_refuses_corrupt_arrays);
     suite_add_tcase(s, tc);
     return s;

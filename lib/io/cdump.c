@@ -37,6 +37,7 @@ size_t mkv_el_size(mkv_el_type t)
     switch (t) {
     case MKV_EL_F16: return 2;
     case MKV_EL_F32: return 4;
+    case MKV_EL_F32_OR_NAN: return 4;
     case MKV_EL_U8: return 1;
     case MKV_EL_I16: return 2;
     case MKV_EL_I32: return 4;
@@ -46,8 +47,8 @@ size_t mkv_el_size(mkv_el_type t)
 
 static const char *el_name(mkv_el_type t)
 {
-    static const char *names[] = {"float16", "float32", "uint8", "int16", "int32"};
-    return (unsigned)t < 5 ? names[t] : "unknown";
+    static const char *names[] = {"float16", "float32", "uint8", "int16", "int32", "float32"};
+    return (unsigned)t < 6 ? names[t] : "unknown";
 }
 
 /* Size of one element in the caller's buffers (float32 for both floats). */
@@ -57,7 +58,8 @@ static hid_t file_type(mkv_el_type t, hid_t f16)
 {
     switch (t) {
     case MKV_EL_F16: return f16;
-    case MKV_EL_F32: return H5T_IEEE_F32LE;
+    case MKV_EL_F32:
+    case MKV_EL_F32_OR_NAN: return H5T_IEEE_F32LE;
     case MKV_EL_U8: return H5T_STD_U8LE;
     case MKV_EL_I16: return H5T_STD_I16LE;
     case MKV_EL_I32: return H5T_STD_I32LE;
@@ -69,7 +71,8 @@ static hid_t mem_type(mkv_el_type t, hid_t f16)
 {
     switch (t) {
     case MKV_EL_F16: return f16;   /* converted by lib/core/half.c beforehand */
-    case MKV_EL_F32: return H5T_NATIVE_FLOAT;
+    case MKV_EL_F32:
+    case MKV_EL_F32_OR_NAN: return H5T_NATIVE_FLOAT;
     case MKV_EL_U8: return H5T_NATIVE_UINT8;
     case MKV_EL_I16: return H5T_NATIVE_INT16;
     case MKV_EL_I32: return H5T_NATIVE_INT32;
@@ -465,11 +468,12 @@ static void format_index(size_t i, int rank, const int64_t *dims, char *buf, siz
 static int to_storage(const char *label, mkv_el_type type, int rank, const int64_t *dims, const void *data,
                       size_t numel, void *dst, mkv_error *err)
 {
-    if (type == MKV_EL_F16 || type == MKV_EL_F32) {
+    if (type == MKV_EL_F16 || type == MKV_EL_F32 || type == MKV_EL_F32_OR_NAN) {
         const float *x = data;
         for (size_t i = 0; i < numel; i++) {
             /* the largest float16 is 65504; beyond it rounding gives Inf */
-            int nonfinite = !isfinite(x[i]), too_big = type == MKV_EL_F16 && fabsf(x[i]) >= 65520.0f;
+            int nonfinite = type == MKV_EL_F32_OR_NAN ? isinf(x[i]) : !isfinite(x[i]);
+            int too_big = type == MKV_EL_F16 && fabsf(x[i]) >= 65520.0f;
             if (nonfinite || too_big) {
                 char at[80];
                 format_index(i, rank, dims, at, sizeof at);
@@ -951,7 +955,7 @@ static int type_matches(hid_t ft, mkv_el_type t, char *desc, size_t size)
         int half = bytes == 2 && H5Tget_fields(ft, &spos, &epos, &esize, &mpos, &msize) >= 0 &&
                    esize == 5 && msize == 10;
         snprintf(desc, size, bytes == 2 && !half ? "a 16-bit float other than IEEE binary16" : "float%zu", bytes * 8);
-        return (t == MKV_EL_F16 && half) || (t == MKV_EL_F32 && bytes == 4);
+        return (t == MKV_EL_F16 && half) || ((t == MKV_EL_F32 || t == MKV_EL_F32_OR_NAN) && bytes == 4);
     }
     if (cls == H5T_INTEGER) {
         int is_signed = H5Tget_sign(ft) == H5T_SGN_2;
@@ -1012,6 +1016,12 @@ int mkv_cdump_get(mkv_cdump *c, int layer, int head, const char *name, mkv_el_ty
     if (!rc && raw)
         mkv_f16_to_f32_n(raw, out, numel);
     mkv_free(raw);
+    if (!rc && type == MKV_EL_F32_OR_NAN) {
+        for (size_t i = 0; i < numel && !rc; i++)
+            if (isinf(((const float *)out)[i]))
+                rc = mkv_fail(err, MKV_EFORMAT, "'%s': %s: %s at index %zu", c->path, path,
+                              ((const float *)out)[i] < 0 ? "-Inf" : "Inf", i);
+    }
     if (!rc && (type == MKV_EL_F16 || type == MKV_EL_F32)) {
         int64_t bad = mkv_find_nonfinite(out, numel);
         if (bad >= 0) {
@@ -1130,7 +1140,7 @@ int mkv_cdump_get_shaped(mkv_cdump *c, int layer, int head, const char *name, mk
     size_t numel = 1;
     for (int i = 0; i < rank; i++)
         numel *= (size_t)dims[i];
-    size_t el = type == MKV_EL_F16 || type == MKV_EL_F32 ? sizeof(float) : mkv_el_size(type);
+    size_t el = mem_size(type);
     void *buf = mkv_alloc(numel ? numel : 1, el, name, err);
     if (!buf)
         return MKV_ENOMEM;

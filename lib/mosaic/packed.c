@@ -159,7 +159,7 @@ static int store_tensor(const mkv_mosaic_tensor *t, const mkv_mosaic_head *h, ch
         mkv_free(table);
         snprintf(name, sizeof name, "%c/loss", x);
         if (rc == MKV_OK)
-            rc = mkv_cdump_put_rows(w, layer, head, name, MKV_EL_F32, t->nseg, MKV_MOSAIC_LOSS_COLS, t->loss,
+            rc = mkv_cdump_put_rows(w, layer, head, name, MKV_EL_F32_OR_NAN, t->nseg, MKV_MOSAIC_LOSS_COLS, t->loss,
                                     err);
     }
     if (rc == MKV_OK && x == 'k' && t->nseg > 0) {
@@ -283,7 +283,7 @@ static int load_tensor(mkv_cdump *c, int layer, int head, char x, mkv_mosaic_hea
         }
         mkv_free(table);
         snprintf(name, sizeof name, "%c/loss", x);
-        rc = mkv_cdump_get_shaped(c, layer, head, name, MKV_EL_F32, 2, ldims, (void **)&t->loss, err);
+        rc = mkv_cdump_get_shaped(c, layer, head, name, MKV_EL_F32_OR_NAN, 2, ldims, (void **)&t->loss, err);
         if (rc == MKV_OK && x == 'k') {
             int32_t *bd = NULL;
             int64_t bdims[2] = {t->nseg, MKV_MOSAIC_BLOCKDIM_COLS};

@@ -17,9 +17,11 @@
 
 #include <hdf5.h>
 #include <math.h>
+#include <zlib.h>
 
 #include "io/cdump.h"
 #include "methods/compress.h"
+#include "methods/evaluate.h"
 #include "core/log.h"
 #include "methods/method.h"
 #include "methods/metrics.h"
@@ -595,6 +597,91 @@ START_TEST(compress_layer_every_head)
 }
 END_TEST
 
+/* Write x as a one-layer raw dump at path, value (0, 0, 0) of v replaced by
+ * v000 when non-zero. */
+static void write_raw(const char *path, const head_data *x, float v000)
+{
+    mkv_dump_meta m;
+    fill_meta(&m);
+    strcpy(m.source, "synthetic");
+    m.has_tokens = 0;
+    mkv_dump_write_opts o;
+    mkv_dump_write_opts_init(&o);
+    mkv_dump_writer *w;
+    mkv_error err;
+    ck_assert_msg(mkv_dump_create(path, &m, &o, &w, &err) == MKV_OK, "%s", err.msg);
+    static head_data y;
+    y = *x;
+    if (v000 != 0)
+        y.v[0][0][0] = v000;
+    ck_assert_int_eq(mkv_dump_write(w, 0, 'k', 0, MKVH, 0, MT, &y.k[0][0][0], &err), MKV_OK);
+    ck_assert_int_eq(mkv_dump_write(w, 0, 'v', 0, MKVH, 0, MT, &y.v[0][0][0], &err), MKV_OK);
+    ck_assert_int_eq(mkv_dump_write(w, 0, 'q', 0, MNH, 0, MW, &y.q[0][0][0], &err), MKV_OK);
+    ck_assert_int_eq(mkv_dump_write_query_pos(w, m_qpos, &err), MKV_OK);
+    ck_assert_msg(mkv_dump_commit(w, &err) == MKV_OK, "%s", err.msg);
+}
+
+/* A compressed dump records the digest of its source's K and V (zlib's
+ * CRC-32 of their little-endian float32 bytes, computed here on the arrays
+ * written), and evaluation refuses a reference of the same shape whose K
+ * and V differ in one value. */
+START_TEST(source_digest_recorded_and_checked)
+{
+    static head_data x;
+    make_data(&x, 12, 1);
+    char raw[256], other[256], comp[256];
+    test_path(raw, sizeof raw, "digest-raw.h5");
+    test_path(other, sizeof other, "digest-other.h5");
+    test_path(comp, sizeof comp, "digest-full.h5");
+    write_raw(raw, &x, 0);
+    write_raw(other, &x, 0.5f);
+
+    uLong crc = crc32(0L, Z_NULL, 0);
+    const float *arrays[2] = {&x.k[0][0][0], &x.v[0][0][0]};
+    for (int a = 0; a < 2; a++)
+        for (size_t i = 0; i < (size_t)MKVH * MT * MD; i++) {
+            uint32_t bits;
+            memcpy(&bits, &arrays[a][i], 4);
+            unsigned char le[4] = {bits & 0xff, (bits >> 8) & 0xff, (bits >> 16) & 0xff, bits >> 24};
+            crc = crc32(crc, le, 4);
+        }
+    char want[32];
+    snprintf(want, sizeof want, "crc32:%08lx", (unsigned long)crc);
+
+    const mkv_method *full = mkv_method_find("full");
+    mkv_params p;
+    mkv_params_init(&p, full->params);
+    mkv_compressor c = {.method = full, .params = &p};
+    mkv_compress_bytes bytes;
+    mkv_error err;
+    ck_assert_msg(mkv_compress_dump(&c, raw, comp, 1, &bytes, &err) == MKV_OK, "%s", err.msg);
+    mkv_cdump *cd;
+    ck_assert_int_eq(mkv_cdump_open(comp, &cd, &err), MKV_OK);
+    ck_assert_str_eq(mkv_cdump_meta_of(cd)->source_digest, want);
+    mkv_cdump_close(cd);
+
+    const char *refs[2] = {raw, other};
+    for (int r = 0; r < 2; r++) {
+        mkv_eval e;
+        mkv_eval_inputs in = {.compressed = comp, .reference = refs[r]};
+        ck_assert_msg(mkv_eval_open(&e, &in, &err) == MKV_OK, "%s", err.msg);
+        mkv_eval_row *rows = calloc((size_t)mkv_eval_n_rows(&e), sizeof *rows);
+        int rc = mkv_eval_run(&e, 1, rows, &err);
+        if (r == 0)
+            ck_assert_msg(rc == MKV_OK, "%s", err.msg);
+        else {
+            ck_assert_int_eq(rc, MKV_EFORMAT);
+            ck_assert_msg(strstr(err.msg, "is not the dump") && strstr(err.msg, want), "%s", err.msg);
+        }
+        free(rows);
+        mkv_eval_close(&e);
+    }
+    unlink(raw);
+    unlink(other);
+    unlink(comp);
+}
+END_TEST
+
 /* A method that fails on KV head 1 without saying why. */
 static int fail_on_head1(const mkv_params *p, const mkv_head_kv *in, mkv_cdump_writer *w, mkv_error *err)
 {
@@ -643,6 +730,7 @@ static Suite *methods_suite(void)
     tcase_add_test(tc, generous_equals_exact);
     tcase_add_test(tc, full_exact_on_f16_values);
     tcase_add_test(tc, compress_layer_every_head);
+    tcase_add_test(tc, source_digest_recorded_and_checked);
     tcase_add_test(tc, compress_layer_names_failing_head);
     suite_add_tcase(s, tc);
     return s;

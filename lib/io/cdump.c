@@ -591,6 +591,11 @@ uint64_t mkv_cdump_total_bytes(const mkv_cdump_writer *w)
     return b;
 }
 
+void mkv_cdump_set_source_digest(mkv_cdump_writer *w, const char *digest)
+{
+    snprintf(w->meta.source_digest, sizeof w->meta.source_digest, "%s", digest);
+}
+
 int mkv_cdump_commit(mkv_cdump_writer *w, mkv_error *err)
 {
     const mkv_dump_meta *m = &w->meta.raw;
@@ -621,6 +626,8 @@ int mkv_cdump_commit(mkv_cdump_writer *w, mkv_error *err)
             (rc = mkv_h5_attr_put_int(f, "physical_bytes", (int64_t)w->total, err)) == MKV_OK)
             rc = mkv_h5_attr_put_double(f, "compression_ratio",
                                         (double)w->meta.logical_bytes / (double)w->total, err);
+        if (!rc && w->meta.source_digest[0])
+            rc = mkv_h5_attr_put_str(f, "source_digest", w->meta.source_digest, err);
     }
     if (rc)
         mkv_h5_discard(&w->out);
@@ -849,7 +856,10 @@ static int read_meta(mkv_cdump *c, mkv_error *err)
         return mkv_fail(err, MKV_EFORMAT, "'%s': negative byte counts", c->path);
     cm->logical_bytes = (uint64_t)logical;
     cm->physical_bytes = (uint64_t)physical;
-    /* raw_source is ours, not part of the required layout */
+    /* source_digest and raw_source are ours, not part of the required layout */
+    if (mkv_h5_has_attr(f, "source_digest") &&
+        mkv_h5_attr_get_str(f, "source_digest", cm->source_digest, sizeof cm->source_digest, err))
+        return mkv_error_prefix(err, "'%s'", c->path);
     if (mkv_h5_has_attr(f, "raw_source") &&
         mkv_h5_attr_get_str(f, "raw_source", m->source, sizeof m->source, err))
         return mkv_error_prefix(err, "'%s'", c->path);

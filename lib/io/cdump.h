@@ -43,6 +43,7 @@ typedef struct {
     char method[32];
     char params[1024];        /* canonical "key=value key=value ..." */
     char source[512];         /* path of the raw dump */
+    char source_digest[MKV_KV_DIGEST_TEXT];  /* mkv_kv_digest_text of its K and V; "" when not recorded */
     mkv_dump_meta raw;        /* shape and model attributes of the raw dump (n_queries = W) */
     uint64_t logical_bytes;
     uint64_t physical_bytes;
@@ -67,6 +68,8 @@ int mkv_cdump_put_attr_double(mkv_cdump_writer *w, int layer, int head, const ch
 /* Physical bytes counted so far for one head / in total. */
 uint64_t mkv_cdump_head_bytes(const mkv_cdump_writer *w, int layer, int head);
 uint64_t mkv_cdump_total_bytes(const mkv_cdump_writer *w);
+/* The digest of the source's K and V (mkv_kv_digest_text), recorded at commit. */
+void mkv_cdump_set_source_digest(mkv_cdump_writer *w, const char *digest);
 /* Finish: writes the byte totals and ratio, fsyncs, renames. Frees w. */
 int mkv_cdump_commit(mkv_cdump_writer *w, mkv_error *err);
 void mkv_cdump_abort(mkv_cdump_writer *w);

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zlib.h>
 
 #include "io/h5file.h"
 #include "core/half.h"
@@ -480,6 +481,28 @@ int mkv_dump_read_finite(mkv_dump *d, int layer, char kind, int h0, int nh, int6
     return mkv_fail(err, MKV_EFORMAT, "'%s': /layers/%02d/%c: %s at [%d,%lld,%d]", mkv_dump_path(d),
                     layer, kind, isnan(v) ? "NaN" : v > 0 ? "Inf" : "-Inf", h0 + (int)(row / nt),
                     (long long)(t0 + row % nt), (int)(bad % hd));
+}
+
+uint32_t mkv_kv_digest_update(uint32_t crc, const float *x, size_t n)
+{
+    unsigned char buf[4096];
+    size_t fill = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, &x[i], 4);
+        for (int b = 0; b < 4; b++)
+            buf[fill++] = (unsigned char)(bits >> (8 * b));
+        if (fill == sizeof buf || i + 1 == n) {
+            crc = (uint32_t)crc32(crc, buf, (uInt)fill);
+            fill = 0;
+        }
+    }
+    return crc;
+}
+
+void mkv_kv_digest_text(uint32_t crc, char text[MKV_KV_DIGEST_TEXT])
+{
+    snprintf(text, MKV_KV_DIGEST_TEXT, "crc32:%08" PRIx32, crc);
 }
 
 int mkv_dump_read_query_pos(mkv_dump *d, int32_t *out, mkv_error *err)

@@ -62,6 +62,14 @@ int mkv_dump_read(mkv_dump *d, int layer, char kind, int h0, int nh,
 int mkv_dump_read_finite(mkv_dump *d, int layer, char kind, int h0, int nh, int64_t t0, int64_t nt,
                          float *out, mkv_error *err);
 int mkv_dump_read_tokens(mkv_dump *d, int32_t *out, mkv_error *err);     /* [T] */
+/* The content digest of a dump's K and V that a compressed dump records of
+ * its source: CRC-32 (zlib's) over the float32 values, little-endian, of
+ * /layers/00/k then /layers/00/v, then layer 01, ..., each laid out as
+ * mkv_dump_read gives it ([n_kv_heads][T][head_dim]). Feed the arrays in
+ * that order, starting from crc = 0; the text is "crc32:%08x". */
+uint32_t mkv_kv_digest_update(uint32_t crc, const float *x, size_t n);
+#define MKV_KV_DIGEST_TEXT 16
+void mkv_kv_digest_text(uint32_t crc, char text[MKV_KV_DIGEST_TEXT]);
 int mkv_dump_read_query_pos(mkv_dump *d, int32_t *out, mkv_error *err);  /* [W] */
 /* Bytes the datasets take in the file (after deflate) and uncompressed. */
 int mkv_dump_storage_bytes(mkv_dump *d, uint64_t *stored, uint64_t *raw, mkv_error *err);

@@ -127,6 +127,7 @@ int mkv_compress_dump(const mkv_compressor *c, const char *input, const char *ou
              mkv_dump_path(d), m->n_layers, m->n_kv_heads, m->n_tokens, m->head_dim, m->n_queries,
              c->method->name, cm.params[0] ? cm.params : "no parameters", threads);
     mkv_layer_kv layer = {.k = k, .v = v, .q = q, .query_pos = query_pos};
+    uint32_t digest = 0;
     mkv_progress progress;
     mkv_progress_start(&progress, "compressing", m->n_layers);
     for (int l = 0; l < m->n_layers && !rc; l++) {
@@ -135,6 +136,7 @@ int mkv_compress_dump(const mkv_compressor *c, const char *input, const char *ou
             (rc = mkv_dump_read_finite(d, l, 'v', 0, m->n_kv_heads, 0, m->n_tokens, v, err)) ||
             (rc = mkv_dump_read_finite(d, l, 'q', 0, m->n_heads, 0, m->n_queries, q, err)))
             break;
+        digest = mkv_kv_digest_update(mkv_kv_digest_update(digest, k, kv_n), v, kv_n);
         rc = mkv_compress_layer(c, m, &layer, threads, w, err);
         mkv_progress_update(&progress, l + 1);
     }
@@ -143,6 +145,9 @@ int mkv_compress_dump(const mkv_compressor *c, const char *input, const char *ou
         bytes->logical_bytes = cm.raw.n_layers * (uint64_t)cm.raw.n_kv_heads * 2 *
                                (uint64_t)m->n_tokens * (uint64_t)m->head_dim * 2;
         bytes->physical_bytes = mkv_cdump_total_bytes(w);
+        char text[MKV_KV_DIGEST_TEXT];
+        mkv_kv_digest_text(digest, text);
+        mkv_cdump_set_source_digest(w, text);
         rc = mkv_cdump_commit(w, err);
         w = NULL;
     }

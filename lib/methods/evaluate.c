@@ -334,6 +334,7 @@ int mkv_eval_run(mkv_eval *s, int threads, mkv_eval_row *rows, mkv_error *err)
     pthread_mutex_init(&b.mu, NULL);
     pthread_mutex_init(&b.device_mu, NULL);
     mkv_progress_start(&progress, "attending", (int64_t)m->n_layers * m->n_kv_heads);
+    uint32_t digest = 0;
     for (int l0 = 0; l0 < m->n_layers && !rc; l0 += per_batch) {
         b.first_layer = l0;
         b.n_layers = m->n_layers - l0 < per_batch ? m->n_layers - l0 : per_batch;
@@ -346,10 +347,20 @@ int mkv_eval_run(mkv_eval *s, int threads, mkv_eval_row *rows, mkv_error *err)
                 (rc = mkv_dump_read_finite(s->raw, l0 + i, 'q', 0, m->n_heads, 0, m->n_queries,
                                            b.q + i * q_layer, err)))
                 break;
+            else
+                digest = mkv_kv_digest_update(mkv_kv_digest_update(digest, b.k + i * kv_layer, kv_layer),
+                                              b.v + i * kv_layer, kv_layer);
         if (!rc)
             rc = run_batch(&b, threads, err);
     }
     mkv_progress_finish(&progress);
+    /* the K and V attended exactly must be those that were compressed */
+    char text[MKV_KV_DIGEST_TEXT];
+    mkv_kv_digest_text(digest, text);
+    if (!rc && s->cm->source_digest[0] && strcmp(text, s->cm->source_digest) != 0)
+        rc = mkv_fail(err, MKV_EFORMAT, "'%s' is not the dump '%s' was made from: its K and V have digest %s, "
+                      "the compressed dump records %s", mkv_dump_path(s->raw), s->c_label, text,
+                      s->cm->source_digest);
     pthread_mutex_destroy(&b.mu);
     pthread_mutex_destroy(&b.device_mu);
     mkv_free(b.k);

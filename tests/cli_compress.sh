@@ -12,86 +12,10 @@
 # Environment: top_builddir, top_srcdir (set by `make check`; default .),
 # PYTHON_H5PY (default /usr/bin/python3). Exit: 0 pass, 1 fail, 77 skip.
 
-builddir=${top_builddir:-.}
-top_builddir=$(cd "$builddir" 2>/dev/null && pwd) || {
-    echo "SKIP: build directory '$builddir' does not exist"
-    exit 77
-}
-top_srcdir=$(cd "${top_srcdir:-.}" && pwd) || exit 1
-COMPRESS=$top_builddir/tools/mkv-compress
-ATTEND=$top_builddir/tools/mkv-attend
-CAPTURE=$top_builddir/tools/mkv-capture
-PY=${PYTHON_H5PY:-/usr/bin/python3}
-FIXTURES=$top_srcdir/tests/data_fixtures.py
+. "${top_srcdir:-.}/tests/cli/common.sh"
+cli_init cli_compress mkv-compress mkv-attend mkv-capture
+cli_need_h5py
 CHECK=$top_srcdir/tests/cdump_h5py.py
-
-for t in "$COMPRESS" "$ATTEND" "$CAPTURE"; do
-    if [ ! -x "$t" ]; then
-        echo "SKIP: $t is not built"
-        exit 77
-    fi
-done
-if ! "$PY" -c 'import h5py, numpy' 2>/dev/null; then
-    echo "SKIP: no python with h5py and numpy (set PYTHON_H5PY)"
-    exit 77
-fi
-
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/cli_compress.XXXXXX") || exit 1
-trap 'rm -rf "$tmp"' EXIT
-trap 'exit 1' HUP INT TERM
-# Files are named relative to here, as a user would type them.
-cd "$tmp" || exit 1
-
-passed=0
-failed=0
-pass() { passed=$((passed + 1)); }
-fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
-
-# expect NAME STATUS STDOUT STDERR CMD [ARG...]
-# Run CMD (stdin from $STDIN, default /dev/null) and compare its exit status,
-# stdout and stderr. STDOUT/STDERR: the exact text without the final newline
-# ('' = nothing), '*' = anything (stderr: some message), or 'PREFIX...' = a
-# single line starting with PREFIX.
-expect() {
-    name=$1 want_status=$2 want_out=$3 want_err=$4
-    shift 4
-    "$@" <"${STDIN:-/dev/null}" >got.out 2>got.err
-    status=$?
-    ok=1
-    if [ "$status" -ne "$want_status" ]; then
-        echo "FAIL: $name: exit status $status, expected $want_status ($*)"
-        ok=0
-    fi
-    for stream in out err; do
-        if [ "$stream" = out ]; then want=$want_out; else want=$want_err; fi
-        case $want in
-        '*')
-            if [ "$stream" = err ] && [ ! -s got.err ]; then
-                echo "FAIL: $name: expected a message on stderr, got none"
-                ok=0
-            fi
-            continue ;;
-        *...)
-            prefix=${want%...}
-            lines=$(wc -l <got.$stream)
-            first=$(head -n 1 got.$stream)
-            case $first in
-            "$prefix"*) [ "$lines" -eq 1 ] && continue ;;
-            esac
-            echo "FAIL: $name: std$stream should be one line starting with '$prefix', got:"
-            sed 's/^/    /' got.$stream
-            ok=0
-            continue ;;
-        esac
-        if [ -n "$want" ]; then printf '%s\n' "$want" >want.$stream; else : >want.$stream; fi
-        if ! cmp -s want.$stream got.$stream; then
-            echo "FAIL: $name: std$stream differs (--- expected, +++ got):"
-            diff -u want.$stream got.$stream | sed '1,2d; s/^/    /'
-            ok=0
-        fi
-    done
-    if [ $ok = 1 ]; then pass; else failed=$((failed + 1)); fi
-}
 
 # no_output NAME: nothing but the fixtures in the directory (no partial or
 # temporary output left behind).
@@ -327,5 +251,4 @@ for m in $methods; do
     fi
 done
 
-echo "cli_compress: $passed passed, $failed failed"
-[ $failed -eq 0 ]
+cli_finish

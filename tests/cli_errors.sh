@@ -12,76 +12,11 @@
 # without mkv-capture, the terminal case. Exit: 0 pass, 1 fail, 77 skip
 # (mkv-analyze not built).
 
-builddir=${top_builddir:-.}
-top_builddir=$(cd "$builddir" 2>/dev/null && pwd) || {
-    echo "SKIP: build directory '$builddir' does not exist"
-    exit 77
-}
-top_srcdir=$(cd "${top_srcdir:-.}" && pwd) || exit 1
-ANALYZE=$top_builddir/tools/mkv-analyze
-CAPTURE=$top_builddir/tools/mkv-capture
-PY=${PYTHON_H5PY:-/usr/bin/python3}
-FIXTURES=$top_srcdir/tests/data_fixtures.py
-
-if [ ! -x "$ANALYZE" ]; then
-    echo "SKIP: $ANALYZE is not built"
-    exit 77
-fi
-if "$PY" -c 'import h5py, numpy' 2>/dev/null; then
-    have_h5py=1
-else
-    have_h5py=0
+. "${top_srcdir:-.}/tests/cli/common.sh"
+cli_init cli_errors mkv-analyze
+if [ $have_h5py = 0 ]; then
     echo "SKIP: cases needing h5py fixtures (no python with h5py and numpy; set PYTHON_H5PY)"
 fi
-
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/cli_errors.XXXXXX") || exit 1
-trap 'rm -rf "$tmp"' EXIT
-trap 'exit 1' HUP INT TERM
-# Files are named relative to here, as a user would type them.
-cd "$tmp" || exit 1
-
-fixture() { "$PY" "$FIXTURES" "$@" || { echo "FAIL: data_fixtures.py $*"; exit 1; }; }
-
-passed=0
-failed=0
-
-# expect NAME STATUS STDOUT STDERR CMD [ARG...]
-# Run CMD with stdin from $STDIN (default /dev/null) and compare its exit
-# status, stdout and stderr with the expectations. STDOUT and STDERR are the
-# exact text without the final newline ('' = nothing at all), or '*' for
-# "anything" (stdout) / "some message" (stderr: must not be empty).
-expect() {
-    name=$1 want_status=$2 want_out=$3 want_err=$4
-    shift 4
-    "$@" <"${STDIN:-/dev/null}" >got.out 2>got.err
-    status=$?
-    ok=1
-    if [ "$status" -ne "$want_status" ]; then
-        echo "FAIL: $name: exit status $status, expected $want_status ($*)"
-        ok=0
-    fi
-    for stream in out err; do
-        if [ "$stream" = out ]; then want=$want_out; else want=$want_err; fi
-        if [ "$want" = '*' ]; then
-            if [ "$stream" = err ] && [ ! -s got.err ]; then
-                echo "FAIL: $name: expected a message on stderr, got none"
-                ok=0
-            fi
-            continue
-        fi
-        if [ -n "$want" ]; then printf '%s\n' "$want" >want.$stream; else : >want.$stream; fi
-        if ! cmp -s want.$stream got.$stream; then
-            echo "FAIL: $name: std$stream differs (--- expected, +++ got):"
-            diff -u want.$stream got.$stream | sed '1,2d; s/^/    /'
-            ok=0
-        fi
-    done
-    if [ $ok = 1 ]; then
-        passed=$((passed + 1))
-    else
-        failed=$((failed + 1))
-    fi
-}
 
 E=mkv-analyze
 A=$ANALYZE
@@ -214,7 +149,7 @@ else
     tr -d '\r' <tty.raw >tty.out
     printf '%s\n' "mkv-capture: refusing to write binary output to a terminal (use -o FILE or a pipe)" >tty.want
     if [ $status -eq 2 ] && cmp -s tty.want tty.out; then
-        passed=$((passed + 1))
+        pass
     else
         echo "FAIL: mkv-capture -o - to a terminal: exit status $status, expected 2; output:"
         diff -u tty.want tty.out | sed '1,2d; s/^/    /'
@@ -245,8 +180,7 @@ fi
 
 # Everything below needs the h5py fixtures.
 if [ $have_h5py = 0 ]; then
-    echo "cli_errors: $passed passed, $failed failed"
-    [ $failed -eq 0 ]
+    cli_finish
     exit
 fi
 
@@ -312,7 +246,7 @@ done
 compare_stats() {
     if "$A" stats --outlier-factor "$2" "$3" >stats.tsv 2>stats.err &&
         "$PY" "$FIXTURES" compare-stats "$3" stats.tsv "$2" >compare.out 2>&1; then
-        passed=$((passed + 1))
+        pass
     else
         echo "FAIL: stats vs numpy: $1"
         sed 's/^/    /' stats.err compare.out
@@ -332,7 +266,7 @@ compare_stats "bfloat16 with planted outliers" 4 bf16.h5
 wrong=$(awk -F'\t' 'NR > 1 && !(($3 == "k" && $10 == 2) || ($3 == "v" && $10 == 0))' bf16.tsv)
 rows=$(awk 'END { print NR - 1 }' bf16.tsv)
 if [ -z "$wrong" ] && [ "$rows" -eq 8 ]; then
-    passed=$((passed + 1))
+    pass
 else
     echo "FAIL: planted outliers: expected 2 per key head, 0 per value head, 8 rows; got:"
     sed 's/^/    /' bf16.tsv
@@ -387,5 +321,4 @@ for cmd in stats segments; do
         $A $cmd huge-kv.h5
 done
 
-echo "cli_errors: $passed passed, $failed failed"
-[ $failed -eq 0 ]
+cli_finish

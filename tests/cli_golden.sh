@@ -17,7 +17,8 @@
 # the runner's shell, so they see the helpers of tests/cli/common.sh
 # (fixture, PY, ...) and can set variables; `$` lines see the exported
 # ones. A `%` line `skip-unless-root` ends the transcript there, counted
-# as skipped, when not run as root. Exit: 0 pass, 1 fail, 77 when nothing ran.
+# as skipped, when not run as root; `skip-unless-h5py` likewise without a
+# python with h5py and numpy (PYTHON_H5PY). Exit: 0 pass, 1 fail, 77 when nothing ran.
 . "${top_srcdir:-.}/tests/cli/common.sh"
 cli_init cli_golden mkv-capture mkv-analyze mkv-compress mkv-attend
 PATH=$top_builddir/tools:$PATH
@@ -84,6 +85,12 @@ for t in $transcripts; do
             run_case
             if [ "$(id -u)" != 0 ]; then
                 echo "$(basename "$t"):$n: SKIP: the rest needs root"
+                skipped=$((skipped + 1)); stop=1; break
+            fi ;;
+        '% skip-unless-h5py')
+            run_case
+            if [ "$have_h5py" != 1 ]; then
+                echo "$(basename "$t"):$n: SKIP: the rest needs h5py and numpy (set PYTHON_H5PY)"
                 skipped=$((skipped + 1)); stop=1; break
             fi ;;
         '% '*)

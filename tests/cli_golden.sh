@@ -81,16 +81,15 @@ for t in $transcripts; do
             want_status=${line#[}; want_status=${want_status%]} ;;
         '< '*)
             case_in=${line#< } ;;
-        '% skip-unless-root')
+        '% skip-unless-root' | '% skip-unless-h5py')
             run_case
-            if [ "$(id -u)" != 0 ]; then
-                echo "$(basename "$t"):$n: SKIP: the rest needs root"
-                skipped=$((skipped + 1)); stop=1; break
-            fi ;;
-        '% skip-unless-h5py')
-            run_case
-            if [ "$have_h5py" != 1 ]; then
-                echo "$(basename "$t"):$n: SKIP: the rest needs h5py and numpy (set PYTHON_H5PY)"
+            if [ "$line" = '% skip-unless-root' ]; then
+                need=root; have=0; [ "$(id -u)" != 0 ] || have=1
+            else
+                need='h5py and numpy (set PYTHON_H5PY)'; have=$have_h5py
+            fi
+            if [ "$have" != 1 ]; then
+                echo "$(basename "$t"):$n: SKIP: the rest needs $need"
                 skipped=$((skipped + 1)); stop=1; break
             fi ;;
         '% '*)

@@ -21,7 +21,7 @@
 # GPU path, it falls back to the CPU with a message.
 # Skips (77) without the tools or without a usable GPU.
 . "${top_srcdir:-.}/tests/cli/common.sh"
-cli_init gpu_attend_cli mkv-compress mkv-attend
+cli_init cli_attend_gpu mkv-compress mkv-attend
 SAMPLE=$top_srcdir/data/sample.h5
 TOL=1e-4
 [ -r "$SAMPLE" ] || { echo "SKIP: no $SAMPLE"; exit 77; }

@@ -12,7 +12,7 @@
 # Exit: 0 pass, 1 fail, 77 skip (mkv-analyze not built, or no h5py).
 
 . "${top_srcdir:-.}/tests/cli/common.sh"
-cli_init cli_analysis mkv-analyze
+cli_init cli_analyze_ref mkv-analyze
 cli_need_h5py
 A=$ANALYZE
 REF=$top_srcdir/tests/analysis_ref.py

@@ -1,10 +1,12 @@
 #!/bin/sh
-# Golden CLI test of mkv-analyze (and of mkv-capture's refusal to write
-# binary output to a terminal): for every bad input the exact stderr, the
-# exact stdout where there is one, and the exit status; then `stats` checked
+# CLI test of mkv-analyze's errors (and of mkv-capture's refusal to write
+# binary output to a terminal): for every bad input that needs h5py's damaged
+# fixtures, or whose answer depends on the dump, the exact stderr, the exact
+# stdout where there is one, and the exit status (the unreadable files and
+# usage errors are the golden transcript tests/cli/mkv-analyze.t); then `stats` checked
 # against numpy on dumps written by h5py (tests/data_fixtures.py), which
 # shares no code with libmosaickv. The analyses' numbers are checked
-# against numpy by tests/cli_analysis.sh.
+# against numpy by tests/cli_analyze_ref.sh.
 #
 # Environment: top_builddir, top_srcdir (set by `make check`; default .),
 # PYTHON_H5PY (a python with h5py and numpy; default /usr/bin/python3).
@@ -13,7 +15,7 @@
 # (mkv-analyze not built).
 
 . "${top_srcdir:-.}/tests/cli/common.sh"
-cli_init cli_errors mkv-analyze
+cli_init cli_analyze mkv-analyze
 if [ $have_h5py = 0 ]; then
     echo "SKIP: cases needing h5py fixtures (no python with h5py and numpy; set PYTHON_H5PY)"
 fi

@@ -4,7 +4,7 @@
 # checks layout, attributes and every value (numpy does the rounding to
 # float16/bfloat16); then h5py writes a dump and our tools accept it.
 . "${top_srcdir:-.}/tests/cli/common.sh"
-cli_init interop_h5py mkv-capture mkv-analyze
+cli_init cli_h5py mkv-capture mkv-analyze
 cli_need_h5py
 py=$PY capture=$CAPTURE analyze=$ANALYZE
 fail=0
@@ -31,5 +31,5 @@ fi
 if ! "$analyze" info "$tmp/ext.h5" | grep -q 'h5py-written'; then
     echo "FAIL: info does not show the model of the h5py dump"; fail=1
 fi
-[ $fail = 0 ] && echo "interop_h5py: all passed"
+[ $fail = 0 ] && echo "cli_h5py: all passed"
 exit $fail

@@ -24,7 +24,7 @@
 # Exit: 0 pass, 1 fail, 77 skip (mkv-attend not built).
 
 . "${top_srcdir:-.}/tests/cli/common.sh"
-cli_init cli_bench mkv-attend
+cli_init cli_attend_bench mkv-attend
 A=$ATTEND
 E=mkv-attend
 
@@ -257,7 +257,7 @@ keep=0
 hide_gpus=0
 
 # ---------------------------------------------------------------- the benchmark (needs a usable GPU)
-# The run itself decides, as tests/gpu_attend_cli.sh's probe does: the two
+# The run itself decides, as tests/cli_attend_gpu.sh's probe does: the two
 # refusals of a CUDA build that finds no GPU 0 it can run on are checked
 # exactly and skip the rest.
 rm -rf run && mkdir run || exit 1

@@ -1,7 +1,8 @@
 #!/bin/sh
 # Golden CLI test of mkv-capture: a small synthetic dump written to a file
 # and through a pipe, byte-identical for the same seed (cmp), different for
-# another; the exact stderr and exit status of each misuse; and, with h5py
+# another; the refusal of binary output to a terminal (the other misuses
+# are the golden transcript tests/cli/mkv-capture.t); and, with h5py
 # (an HDF5 reader that shares no code with libmosaickv), the layout and
 # attributes of DESIGN.md section 4 and the planted statistics recomputed
 # in numpy.

@@ -17,7 +17,8 @@
 # - shape-only models: layout and attributes, determinism, HF rotate_half
 #   RoPE with the shape's base recomputed in numpy from pre- and post-RoPE
 #   captures, layer selection that keeps a layer's weights.
-# - every bad input: exact stderr, exit status, no output file left behind.
+# - every bad input that needs the model: exact stderr, exit status, no
+#   output file left behind (those that need none: tests/cli/mkv-capture.t).
 #
 # Environment: top_builddir, top_srcdir (set by `make check`; default .),
 # PYTHON_H5PY (python with h5py and numpy; default /usr/bin/python3),

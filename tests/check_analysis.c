@@ -5,7 +5,7 @@
  * References: eigenpairs known in closed form and the defining identities
  * (C v = lambda v, V^T V = I) checked in double here; statistics worked out
  * by hand on tiny inputs; the synthetic generator's ground truth (planted
- * outlier channels, attention targets) for whole dumps. tests/cli_analysis.sh
+ * outlier channels, attention targets) for whole dumps. tests/cli_analyze_ref.sh
  * compares every command's table with numpy (tests/analysis_ref.py). */
 #include "config.h"
 

@@ -1,6 +1,6 @@
 /* Unit tests of lib/analysis/stats.c: moments, channel RMS, the median and the
  * outlier rule. References are hand-computed values and plain
- * double-precision two-pass sums written out here; tests/cli_errors.sh
+ * double-precision two-pass sums written out here; tests/cli_analyze.sh
  * checks the whole `mkv-analyze stats` against numpy. */
 #include "config.h"
 

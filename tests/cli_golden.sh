@@ -17,7 +17,8 @@
 # the runner's shell, so they see the helpers of tests/cli/common.sh
 # (fixture, PY, ...) and can set variables; `$` lines see the exported
 # ones. A `%` line `skip-unless-root` ends the transcript there, counted
-# as skipped, when not run as root. Exit: 0 pass, 1 fail, 77 when nothing ran.
+# as skipped, when not run as root; `skip-unless-h5py` likewise without a
+# python with h5py and numpy (PYTHON_H5PY). Exit: 0 pass, 1 fail, 77 when nothing ran.
 . "${top_srcdir:-.}/tests/cli/common.sh"
 cli_init cli_golden mkv-capture mkv-analyze mkv-compress mkv-attend
 PATH=$top_builddir/tools:$PATH
@@ -80,10 +81,15 @@ for t in $transcripts; do
             want_status=${line#[}; want_status=${want_status%]} ;;
         '< '*)
             case_in=${line#< } ;;
-        '% skip-unless-root')
+        '% skip-unless-root' | '% skip-unless-h5py')
             run_case
-            if [ "$(id -u)" != 0 ]; then
-                echo "$(basename "$t"):$n: SKIP: the rest needs root"
+            if [ "$line" = '% skip-unless-root' ]; then
+                need=root; have=0; [ "$(id -u)" != 0 ] || have=1
+            else
+                need='h5py and numpy (set PYTHON_H5PY)'; have=$have_h5py
+            fi
+            if [ "$have" != 1 ]; then
+                echo "$(basename "$t"):$n: SKIP: the rest needs $need"
                 skipped=$((skipped + 1)); stop=1; break
             fi ;;
         '% '*)

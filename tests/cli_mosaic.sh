@@ -12,37 +12,16 @@
 # Environment: top_builddir, top_srcdir (set by `make check`; default .),
 # PYTHON_H5PY (default /usr/bin/python3). Exit: 0 pass, 1 fail, 77 skip.
 
-top_builddir=$(cd "${top_builddir:-.}" 2>/dev/null && pwd) || exit 77
-top_srcdir=$(cd "${top_srcdir:-.}" && pwd) || exit 1
-COMPRESS=$top_builddir/tools/mkv-compress
-ATTEND=$top_builddir/tools/mkv-attend
-CAPTURE=$top_builddir/tools/mkv-capture
-PY=${PYTHON_H5PY:-/usr/bin/python3}
+. "${top_srcdir:-.}/tests/cli/common.sh"
+cli_init cli_mosaic mkv-compress mkv-attend mkv-capture
 REF=$top_srcdir/tests/mosaic_ref.py
-
-for t in "$COMPRESS" "$ATTEND" "$CAPTURE"; do
-    if [ ! -x "$t" ]; then
-        echo "cli_mosaic: SKIP: $t is not built"
-        exit 77
-    fi
-done
 for m in mosaic uniform2d; do
     if ! "$COMPRESS" --list-methods 2>/dev/null | grep -q "^$m\b"; then
         echo "cli_mosaic: SKIP: method $m is not registered (lib/methods/registry.c)"
         exit 77
     fi
 done
-if ! "$PY" -c 'import h5py, numpy' 2>/dev/null; then
-    echo "cli_mosaic: SKIP: no python with h5py and numpy (set PYTHON_H5PY)"
-    exit 77
-fi
-
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/cli_mosaic.XXXXXX") || exit 1
-trap 'rm -rf "$tmp"' EXIT
-trap 'exit 1' HUP INT TERM
-cd "$tmp" || exit 1
-failed=0
-fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
+cli_need_h5py
 
 "$CAPTURE" --synthetic --tokens 1500 --head-dim 32 --heads 4 --kv-heads 2 --layers 2 \
     --queries 6 --dtype f32 -o raw.h5 -q || { echo "FAIL: mkv-capture"; exit 1; }

@@ -11,36 +11,10 @@
 # Environment: top_builddir, top_srcdir (set by `make check`; default .),
 # PYTHON_H5PY (default /usr/bin/python3). Exit: 0 pass, 1 fail, 77 skip.
 
-builddir=${top_builddir:-.}
-top_builddir=$(cd "$builddir" 2>/dev/null && pwd) || {
-    echo "SKIP: build directory '$builddir' does not exist"
-    exit 77
-}
-COMPRESS=$top_builddir/tools/mkv-compress
-ATTEND=$top_builddir/tools/mkv-attend
-CAPTURE=$top_builddir/tools/mkv-capture
-PY=${PYTHON_H5PY:-/usr/bin/python3}
-
-for t in "$COMPRESS" "$CAPTURE" "$ATTEND"; do
-    if [ ! -x "$t" ]; then
-        echo "SKIP: $t is not built"
-        exit 77
-    fi
-done
-if ! "$PY" -c 'import h5py, numpy' 2>/dev/null; then
-    echo "SKIP: no python with h5py and numpy (set PYTHON_H5PY)"
-    exit 77
-fi
-
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/cli_output.XXXXXX") || exit 1
-trap 'rm -rf "$tmp"' EXIT
-trap 'exit 1' INT TERM
-cd "$tmp" || exit 1
-
-passed=0
-failed=0
-pass() { passed=$((passed + 1)); }
-fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
+. "${top_srcdir:-.}/tests/cli/common.sh"
+cli_init cli_output mkv-compress mkv-capture mkv-attend
+cli_need_h5py
+trap - HUP    # as before: only INT and TERM end this test early
 check() { if eval "$2"; then pass; else fail "$1"; fi; }
 
 # same_h5 GOT WANT FORMAT: GOT is an HDF5 file of mkv_format FORMAT with
@@ -178,5 +152,4 @@ check "its output is the dump" 'same_h5 from-hup.h5 plain.h5 mosaickv-compressed
 
 check "no temporary left behind" '[ -z "$(ls -A | grep "\.mkvtmp\." | grep -v "\.$$\.DeF456$")" ]'
 
-echo "cli_output: $passed passed, $failed failed"
-[ $failed -eq 0 ]
+cli_finish

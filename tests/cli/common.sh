@@ -16,8 +16,9 @@
 cli_init() {
     cli_name=$1
     shift
-    top_builddir=$(cd "${top_builddir:-.}" 2>/dev/null && pwd) || {
-        echo "$cli_name: SKIP: build directory '${top_builddir:-.}' does not exist"
+    cli_builddir=${top_builddir:-.}
+    top_builddir=$(cd "$cli_builddir" 2>/dev/null && pwd) || {
+        echo "$cli_name: SKIP: build directory '$cli_builddir' does not exist"
         exit 77
     }
     top_srcdir=$(cd "${top_srcdir:-.}" && pwd) || exit 1

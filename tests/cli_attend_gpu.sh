@@ -20,33 +20,17 @@
 # device column, the -v line, no fallback message); for kivi, which has no
 # GPU path, it falls back to the CPU with a message.
 # Skips (77) without the tools or without a usable GPU.
-top_builddir=$(cd "${top_builddir:-.}" && pwd) || exit 1
-top_srcdir=$(cd "${top_srcdir:-.}" && pwd) || exit 1
-COMPRESS=$top_builddir/tools/mkv-compress
-ATTEND=$top_builddir/tools/mkv-attend
+. "${top_srcdir:-.}/tests/cli/common.sh"
+cli_init cli_attend_gpu mkv-compress mkv-attend
 SAMPLE=$top_srcdir/data/sample.h5
 TOL=1e-4
-
-for t in "$COMPRESS" "$ATTEND"; do
-    [ -x "$t" ] || { echo "SKIP: $t is not built"; exit 77; }
-done
 [ -r "$SAMPLE" ] || { echo "SKIP: no $SAMPLE"; exit 77; }
-
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/gpu_attend.XXXXXX") || exit 1
-trap 'rm -rf "$tmp"' EXIT
-trap 'exit 1' HUP INT TERM
-cd "$tmp" || exit 1
 # MKV_ATTEND_WRAPPER: a command that every mkv-attend runs under (scripts/bench-gpu
 # --sanitize sets compute-sanitizer there).
 if [ -n "${MKV_ATTEND_WRAPPER:-}" ]; then
     printf '#!/bin/sh\nexec %s "%s" "$@"\n' "$MKV_ATTEND_WRAPPER" "$ATTEND" >attend-wrapper &&
         chmod +x attend-wrapper && ATTEND=$tmp/attend-wrapper || exit 1
 fi
-
-passed=0
-failed=0
-pass() { passed=$((passed + 1)); }
-fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
 
 "$COMPRESS" -q "$SAMPLE" -o c-full.h5 -m full || { echo "FAIL: compress full"; exit 1; }
 if ! "$ATTEND" -q c-full.h5 --device gpu --summary >probe.tsv 2>probe.err; then
@@ -134,5 +118,4 @@ status=$?
 if [ $status -eq 1 ] && grep -q "method 'kivi' has no GPU path" err; then pass; else
     fail "kivi --device gpu: status $status, $(cat err)"; fi
 
-echo "gpu_attend_cli: $passed passed, $failed failed"
-[ $failed -eq 0 ]
+cli_finish

@@ -11,41 +11,11 @@
 # PYTHON_H5PY (a python with h5py and numpy; default /usr/bin/python3).
 # Exit: 0 pass, 1 fail, 77 skip (mkv-analyze not built, or no h5py).
 
-builddir=${top_builddir:-.}
-top_builddir=$(cd "$builddir" 2>/dev/null && pwd) || {
-    echo "SKIP: build directory '$builddir' does not exist"
-    exit 77
-}
-top_srcdir=$(cd "${top_srcdir:-.}" && pwd) || exit 1
-A=$top_builddir/tools/mkv-analyze
-CAPTURE=$top_builddir/tools/mkv-capture
-PY=${PYTHON_H5PY:-/usr/bin/python3}
-FIXTURES=$top_srcdir/tests/data_fixtures.py
+. "${top_srcdir:-.}/tests/cli/common.sh"
+cli_init cli_analyze_ref mkv-analyze
+cli_need_h5py
+A=$ANALYZE
 REF=$top_srcdir/tests/analysis_ref.py
-
-if [ ! -x "$A" ]; then
-    echo "SKIP: $A is not built"
-    exit 77
-fi
-if ! "$PY" -c 'import h5py, numpy' 2>/dev/null; then
-    echo "SKIP: no python with h5py and numpy (set PYTHON_H5PY)"
-    exit 77
-fi
-
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/cli_analysis.XXXXXX") || exit 1
-trap 'rm -rf "$tmp"' EXIT
-trap 'exit 1' HUP INT TERM
-cd "$tmp" || exit 1
-
-passed=0
-failed=0
-pass() { passed=$((passed + 1)); }
-fail() {
-    echo "FAIL: $*"
-    failed=$((failed + 1))
-}
-
-fixture() { "$PY" "$FIXTURES" "$@" || { echo "FAIL: data_fixtures.py $*"; exit 1; }; }
 
 # against_numpy DUMP COMMAND [OPTION...]: the command's table equals numpy's.
 against_numpy() {
@@ -139,5 +109,4 @@ if [ -f syn.h5 ]; then
     fi
 fi
 
-echo "cli_analysis: $passed passed, $failed failed"
-[ $failed -eq 0 ]
+cli_finish

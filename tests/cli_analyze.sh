@@ -1,10 +1,12 @@
 #!/bin/sh
-# Golden CLI test of mkv-analyze (and of mkv-capture's refusal to write
-# binary output to a terminal): for every bad input the exact stderr, the
-# exact stdout where there is one, and the exit status; then `stats` checked
+# CLI test of mkv-analyze's errors (and of mkv-capture's refusal to write
+# binary output to a terminal): for every bad input that needs h5py's damaged
+# fixtures, or whose answer depends on the dump, the exact stderr, the exact
+# stdout where there is one, and the exit status (the unreadable files and
+# usage errors are the golden transcript tests/cli/mkv-analyze.t); then `stats` checked
 # against numpy on dumps written by h5py (tests/data_fixtures.py), which
 # shares no code with libmosaickv. The analyses' numbers are checked
-# against numpy by tests/cli_analysis.sh.
+# against numpy by tests/cli_analyze_ref.sh.
 #
 # Environment: top_builddir, top_srcdir (set by `make check`; default .),
 # PYTHON_H5PY (a python with h5py and numpy; default /usr/bin/python3).
@@ -12,83 +14,16 @@
 # without mkv-capture, the terminal case. Exit: 0 pass, 1 fail, 77 skip
 # (mkv-analyze not built).
 
-builddir=${top_builddir:-.}
-top_builddir=$(cd "$builddir" 2>/dev/null && pwd) || {
-    echo "SKIP: build directory '$builddir' does not exist"
-    exit 77
-}
-top_srcdir=$(cd "${top_srcdir:-.}" && pwd) || exit 1
-ANALYZE=$top_builddir/tools/mkv-analyze
-CAPTURE=$top_builddir/tools/mkv-capture
-PY=${PYTHON_H5PY:-/usr/bin/python3}
-FIXTURES=$top_srcdir/tests/data_fixtures.py
-
-if [ ! -x "$ANALYZE" ]; then
-    echo "SKIP: $ANALYZE is not built"
-    exit 77
-fi
-if "$PY" -c 'import h5py, numpy' 2>/dev/null; then
-    have_h5py=1
-else
-    have_h5py=0
+. "${top_srcdir:-.}/tests/cli/common.sh"
+cli_init cli_analyze mkv-analyze
+if [ $have_h5py = 0 ]; then
     echo "SKIP: cases needing h5py fixtures (no python with h5py and numpy; set PYTHON_H5PY)"
 fi
-
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/cli_errors.XXXXXX") || exit 1
-trap 'rm -rf "$tmp"' EXIT
-trap 'exit 1' HUP INT TERM
-# Files are named relative to here, as a user would type them.
-cd "$tmp" || exit 1
-
-fixture() { "$PY" "$FIXTURES" "$@" || { echo "FAIL: data_fixtures.py $*"; exit 1; }; }
-
-passed=0
-failed=0
-
-# expect NAME STATUS STDOUT STDERR CMD [ARG...]
-# Run CMD with stdin from $STDIN (default /dev/null) and compare its exit
-# status, stdout and stderr with the expectations. STDOUT and STDERR are the
-# exact text without the final newline ('' = nothing at all), or '*' for
-# "anything" (stdout) / "some message" (stderr: must not be empty).
-expect() {
-    name=$1 want_status=$2 want_out=$3 want_err=$4
-    shift 4
-    "$@" <"${STDIN:-/dev/null}" >got.out 2>got.err
-    status=$?
-    ok=1
-    if [ "$status" -ne "$want_status" ]; then
-        echo "FAIL: $name: exit status $status, expected $want_status ($*)"
-        ok=0
-    fi
-    for stream in out err; do
-        if [ "$stream" = out ]; then want=$want_out; else want=$want_err; fi
-        if [ "$want" = '*' ]; then
-            if [ "$stream" = err ] && [ ! -s got.err ]; then
-                echo "FAIL: $name: expected a message on stderr, got none"
-                ok=0
-            fi
-            continue
-        fi
-        if [ -n "$want" ]; then printf '%s\n' "$want" >want.$stream; else : >want.$stream; fi
-        if ! cmp -s want.$stream got.$stream; then
-            echo "FAIL: $name: std$stream differs (--- expected, +++ got):"
-            diff -u want.$stream got.$stream | sed '1,2d; s/^/    /'
-            ok=0
-        fi
-    done
-    if [ $ok = 1 ]; then
-        passed=$((passed + 1))
-    else
-        failed=$((failed + 1))
-    fi
-}
 
 E=mkv-analyze
 A=$ANALYZE
 
 # ---------------------------------------------------------------- fixtures
-: >empty.h5
-printf 'layer\thead\nnot an HDF5 file\n' >notes.txt
 # A valid dump of known shape: written by h5py (independent of our writer)
 # or, without h5py, by mkv-capture.
 if [ $have_h5py = 1 ]; then
@@ -101,105 +36,12 @@ elif [ -x "$CAPTURE" ]; then
     "$CAPTURE" --synthetic --layers 2 --heads 4 --kv-heads 2 --head-dim 32 --tokens 40 \
         --queries 3 -o good.h5 || { echo "FAIL: mkv-capture --synthetic"; exit 1; }
 fi
-if [ -f good.h5 ]; then
-    size=$(wc -c <good.h5)
-    head -c $((size / 2)) good.h5 >cut.h5
-else
+if [ ! -f good.h5 ]; then
     echo "SKIP: cases needing a valid dump (neither h5py nor mkv-capture)"
 fi
 
-# ---------------------------------------------------------------- unreadable files
-for cmd in check info stats overlap segments spectrum sparsity channels; do
-    expect "$cmd missing file" 1 '' "$E: cannot open 'nope.h5': No such file or directory" $A $cmd nope.h5
-    expect "$cmd directory" 1 '' "$E: cannot open '.': Is a directory" $A $cmd .
-    expect "$cmd empty file" 1 '' "$E: 'empty.h5' is empty" $A $cmd empty.h5
-    expect "$cmd not HDF5" 1 '' "$E: 'notes.txt' is not an HDF5 file" $A $cmd notes.txt
-    STDIN=empty.h5 expect "$cmd empty stdin" 1 '' "$E: standard input is empty" $A $cmd -
-    STDIN=notes.txt expect "$cmd stdin not HDF5" 1 '' "$E: standard input is not an HDF5 file" $A $cmd -
-    if [ -f cut.h5 ]; then
-        expect "$cmd truncated" 1 '' "$E: 'cut.h5' is truncated or damaged" $A $cmd cut.h5
-        STDIN=cut.h5 expect "$cmd truncated stdin" 1 '' \
-            "$E: standard input is a truncated or damaged HDF5 file" $A $cmd -
-    fi
-done
-
-# ---------------------------------------------------------------- usage errors: one line, exit 2
-expect "no command" 2 '' \
-    "$E: expected a command (check, info, stats, overlap, segments, spectrum, sparsity or channels); try '$E --help'" $A
-expect "unknown command" 2 '' "$E: unknown command 'frob'; try '$E --help'" $A frob good.h5
-expect "option before command" 2 '' "$E: expected a command before '-q'; try '$E --help'" \
-    $A -q check good.h5
-for cmd in check info stats overlap segments spectrum sparsity channels; do
-    expect "$cmd missing FILE" 2 '' "$E: missing FILE; try '$E $cmd --help'" $A $cmd
-    expect "$cmd unknown long option" 2 '' "$E: unknown option '--bogus'; try '$E $cmd --help'" \
-        $A $cmd --bogus good.h5
-    expect "$cmd unknown short option" 2 '' "$E: unknown option '-x'; try '$E $cmd --help'" \
-        $A $cmd -x good.h5
-    expect "$cmd flag given a value" 2 '' "$E: option '--quiet' takes no value; try '$E $cmd --help'" \
-        $A $cmd --quiet=1 good.h5
-    expect "$cmd takes no --threads" 2 '' "$E: unknown option '--threads'; try '$E $cmd --help'" \
-        $A $cmd --threads 2 good.h5
-    expect "$cmd takes no --device" 2 '' "$E: unknown option '--device'; try '$E $cmd --help'" \
-        $A $cmd --device cpu good.h5
-    expect "$cmd -h" 0 '*' '' $A $cmd -h
-    expect "$cmd --help after FILE" 0 '*' '' $A $cmd good.h5 --help
-done
-for cmd in info stats overlap segments spectrum sparsity channels; do
-    expect "$cmd two files" 2 '' "$E: too many operands ('good.h5' after FILE); try '$E $cmd --help'" \
-        $A $cmd good.h5 good.h5
-done
-expect "stats --outlier-factor -1" 2 '' \
-    "$E: invalid value '-1' for --outlier-factor: must be in 1..1e+06" $A stats --outlier-factor -1 good.h5
-expect "stats --outlier-factor 0.5" 2 '' \
-    "$E: invalid value '0.5' for --outlier-factor: must be in 1..1e+06" $A stats --outlier-factor 0.5 good.h5
-expect "stats --outlier-factor abc" 2 '' \
-    "$E: invalid value 'abc' for --outlier-factor: not a number" $A stats --outlier-factor abc good.h5
-expect "stats --outlier-factor nan" 2 '' \
-    "$E: invalid value 'nan' for --outlier-factor: not a number" $A stats --outlier-factor nan good.h5
-expect "stats --outlier-factor without value" 2 '' \
-    "$E: option '--outlier-factor' needs a value; try '$E stats --help'" $A stats good.h5 --outlier-factor
-# option values of the analyses (the dump is only read after they pass)
-expect "overlap --keep 0" 2 '' "$E: invalid value '0' for --keep: must be in (0, 1]" \
-    $A overlap --keep 0 good.h5
-expect "overlap --keep 1.5" 2 '' "$E: invalid value '1.5' for --keep: must be in (0, 1]" \
-    $A overlap --keep 1.5 good.h5
-expect "overlap --keep abc" 2 '' "$E: invalid value 'abc' for --keep: not a number" \
-    $A overlap --keep abc good.h5
-expect "overlap --lengths 0" 2 '' "$E: invalid value '0' for --lengths: must be in 1..1099511627776" \
-    $A overlap --lengths 0 good.h5
-expect "overlap --lengths 1X" 2 '' \
-    "$E: invalid value '1X' for --lengths: expected a number with an optional K, M or G suffix" \
-    $A overlap --lengths 256,1X good.h5
-expect "overlap --lengths empty item" 2 '' \
-    "$E: invalid value '256,,1K' for --lengths: expected a comma-separated list of at most 32 values" \
-    $A overlap --lengths 256,,1K good.h5
-expect "overlap --prefix=1" 2 '' "$E: option '--prefix' takes no value; try '$E overlap --help'" \
-    $A overlap --prefix=1 good.h5
-expect "overlap --keep without value" 2 '' "$E: option '--keep' needs a value; try '$E overlap --help'" \
-    $A overlap good.h5 --keep
-expect "segments --segment 0" 2 '' "$E: invalid value '0' for --segment: must be in 1..1099511627776" \
-    $A segments --segment 0 good.h5
-expect "segments --top 0" 2 '' "$E: invalid value '0' for --top: must be in 1..65536" \
-    $A segments --top 0 good.h5
-expect "segments --outlier-factor 0.5" 2 '' \
-    "$E: invalid value '0.5' for --outlier-factor: must be in 1..1e+06" \
-    $A segments --outlier-factor 0.5 good.h5
-expect "spectrum --energy 1.1" 2 '' "$E: invalid value '1.1' for --energy: must be in (0, 1]" \
-    $A spectrum --energy 0.9,1.1 good.h5
-expect "spectrum --segment -1" 2 '' "$E: invalid value '-1' for --segment: must be in 0..1099511627776" \
-    $A spectrum --segment -1 good.h5
-expect "spectrum --full=yes" 2 '' "$E: option '--full' takes no value; try '$E spectrum --help'" \
-    $A spectrum --full=yes good.h5
-expect "sparsity --fractions ''" 2 '' \
-    "$E: invalid value '' for --fractions: expected a comma-separated list of at most 32 values" \
-    $A sparsity --fractions '' good.h5
-expect "sparsity --fractions x" 2 '' "$E: invalid value 'x' for --fractions: not a number" \
-    $A sparsity --fractions 0.1,x good.h5
-expect "channels --shares 0" 2 '' "$E: invalid value '0' for --shares: must be in (0, 1]" \
-    $A channels --shares 0 good.h5
-expect "-h" 0 '*' '' $A -h
-expect "--help" 0 '*' '' $A --help
-expect "--version" 0 '*' '' $A --version
+# The unreadable files and the usage errors (fixed text, whatever the
+# dump) are the golden transcript tests/cli/mkv-analyze.t.
 
 # ---------------------------------------------------------------- binary output to a terminal
 # script(1) gives the command a pseudo-terminal as stdout (and stderr: the
@@ -214,7 +56,7 @@ else
     tr -d '\r' <tty.raw >tty.out
     printf '%s\n' "mkv-capture: refusing to write binary output to a terminal (use -o FILE or a pipe)" >tty.want
     if [ $status -eq 2 ] && cmp -s tty.want tty.out; then
-        passed=$((passed + 1))
+        pass
     else
         echo "FAIL: mkv-capture -o - to a terminal: exit status $status, expected 2; output:"
         diff -u tty.want tty.out | sed '1,2d; s/^/    /'
@@ -245,8 +87,7 @@ fi
 
 # Everything below needs the h5py fixtures.
 if [ $have_h5py = 0 ]; then
-    echo "cli_errors: $passed passed, $failed failed"
-    [ $failed -eq 0 ]
+    cli_finish
     exit
 fi
 
@@ -312,7 +153,7 @@ done
 compare_stats() {
     if "$A" stats --outlier-factor "$2" "$3" >stats.tsv 2>stats.err &&
         "$PY" "$FIXTURES" compare-stats "$3" stats.tsv "$2" >compare.out 2>&1; then
-        passed=$((passed + 1))
+        pass
     else
         echo "FAIL: stats vs numpy: $1"
         sed 's/^/    /' stats.err compare.out
@@ -332,7 +173,7 @@ compare_stats "bfloat16 with planted outliers" 4 bf16.h5
 wrong=$(awk -F'\t' 'NR > 1 && !(($3 == "k" && $10 == 2) || ($3 == "v" && $10 == 0))' bf16.tsv)
 rows=$(awk 'END { print NR - 1 }' bf16.tsv)
 if [ -z "$wrong" ] && [ "$rows" -eq 8 ]; then
-    passed=$((passed + 1))
+    pass
 else
     echo "FAIL: planted outliers: expected 2 per key head, 0 per value head, 8 rows; got:"
     sed 's/^/    /' bf16.tsv
@@ -387,5 +228,4 @@ for cmd in stats segments; do
         $A $cmd huge-kv.h5
 done
 
-echo "cli_errors: $passed passed, $failed failed"
-[ $failed -eq 0 ]
+cli_finish

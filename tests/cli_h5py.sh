@@ -3,17 +3,10 @@
 # numpy writes an .npy, mkv-capture --import turns it into a dump, h5py
 # checks layout, attributes and every value (numpy does the rounding to
 # float16/bfloat16); then h5py writes a dump and our tools accept it.
-top_builddir=${top_builddir:-.}
-top_srcdir=${top_srcdir:-.}
-py=${PYTHON_H5PY:-/usr/bin/python3}
-if ! "$py" -c 'import h5py, numpy' 2>/dev/null; then
-    echo "interop_h5py: SKIP: no python3 with h5py and numpy"
-    exit 77
-fi
-capture=$top_builddir/tools/mkv-capture
-analyze=$top_builddir/tools/mkv-analyze
-tmp=$(mktemp -d) || exit 1
-trap 'rm -rf "$tmp"' EXIT
+. "${top_srcdir:-.}/tests/cli/common.sh"
+cli_init cli_h5py mkv-capture mkv-analyze
+cli_need_h5py
+py=$PY capture=$CAPTURE analyze=$ANALYZE
 fail=0
 
 "$py" -c '
@@ -38,5 +31,5 @@ fi
 if ! "$analyze" info "$tmp/ext.h5" | grep -q 'h5py-written'; then
     echo "FAIL: info does not show the model of the h5py dump"; fail=1
 fi
-[ $fail = 0 ] && echo "interop_h5py: all passed"
+[ $fail = 0 ] && echo "cli_h5py: all passed"
 exit $fail

@@ -23,28 +23,10 @@
 # Environment: top_builddir, top_srcdir (set by `make check`; default .).
 # Exit: 0 pass, 1 fail, 77 skip (mkv-attend not built).
 
-builddir=${top_builddir:-.}
-top_builddir=$(cd "$builddir" 2>/dev/null && pwd) || {
-    echo "SKIP: build directory '$builddir' does not exist"
-    exit 77
-}
-A=$top_builddir/tools/mkv-attend
+. "${top_srcdir:-.}/tests/cli/common.sh"
+cli_init cli_attend_bench mkv-attend
+A=$ATTEND
 E=mkv-attend
-
-if [ ! -x "$A" ]; then
-    echo "SKIP: $A is not built"
-    exit 77
-fi
-
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/cli_bench.XXXXXX") || exit 1
-trap 'rm -rf "$tmp"' EXIT
-trap 'exit 1' HUP INT TERM
-cd "$tmp" || exit 1
-
-passed=0
-failed=0
-pass() { passed=$((passed + 1)); }
-fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
 
 # refuse NAME STATUS STDERR ARG...
 # Run `mkv-attend -o out.tsv ARG...` in the empty directory run/ (a later -o
@@ -257,8 +239,7 @@ if [ "$cuda" = "no CUDA" ]; then
     refuse "--bench without CUDA, older output kept" 1 "$no_cuda" --bench --device auto
     keep=0
     echo "SKIP: the benchmark run (${no_cuda#"$E: "})"
-    echo "cli_bench: $passed passed, $failed failed"
-    [ $failed -eq 0 ]
+    cli_finish
     exit
 fi
 if [ -z "$cuda" ]; then
@@ -276,7 +257,7 @@ keep=0
 hide_gpus=0
 
 # ---------------------------------------------------------------- the benchmark (needs a usable GPU)
-# The run itself decides, as tests/gpu_attend_cli.sh's probe does: the two
+# The run itself decides, as tests/cli_attend_gpu.sh's probe does: the two
 # refusals of a CUDA build that finds no GPU 0 it can run on are checked
 # exactly and skip the rest.
 rm -rf run && mkdir run || exit 1
@@ -299,8 +280,7 @@ if [ $status -ne 0 ]; then
         fail "$E --bench $TINY: exit status $status: $err"
         ;;
     esac
-    echo "cli_bench: $passed passed, $failed failed"
-    [ $failed -eq 0 ]
+    cli_finish
     exit
 fi
 if [ -s bench.out ] || [ -s bench.err ] || [ "$(cd run && ls -A)" != bench.tsv ]; then
@@ -413,5 +393,4 @@ fi
 refuse "-o in a missing directory" 1 "$E: cannot create 'nodir/bench.tsv': No such file or directory" \
     --bench --contexts 4K --batches 1 -o nodir/bench.tsv
 
-echo "cli_bench: $passed passed, $failed failed"
-[ $failed -eq 0 ]
+cli_finish

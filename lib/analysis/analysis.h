@@ -40,6 +40,18 @@ double mkv_top_share(const double *score, int d, int m, double *scratch);
 int mkv_overlap(const float *X, int64_t n, int d, int m, int rotate, double *overlap,
                 mkv_error *err);
 
+/* The overlap of consecutive windows of one head, summarised. */
+typedef struct {
+    double mean;      /* over every vector of every window */
+    double vec_min;   /* lowest vector */
+    double win_min;   /* lowest window mean */
+    double win_max;   /* highest window mean */
+} mkv_overlap_summary;
+/* Overlap (mkv_overlap, m elements per vector) of the first `windows`
+ * windows of L tokens of X[.][hd]; ov holds L doubles. */
+int mkv_overlap_windows(const float *X, int64_t windows, int64_t L, int hd, int m, int rotated,
+                        double *ov, mkv_overlap_summary *o, mkv_error *err);
+
 /* ---- segments ---- */
 
 typedef struct {

@@ -22,7 +22,6 @@
 #include "config.h"
 
 #include <float.h>
-#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,16 +31,9 @@
 #include "cli/subcommand.h"
 #include "core/log.h"
 #include "core/mkv.h"
-#include "core/tensor.h"
-#include "io/dump.h"
+#include "io/report.h"
 
 /* ------------------------------------------------------------ check */
-
-/* ctx: the file's label */
-static void print_problem(void *ctx, const char *problem)
-{
-    printf("%s: %s\n", (const char *)ctx, problem);
-}
 
 static int run_check(const mkv_subcommand *cmd, const mkv_common_opts *common, int n_files,
                      char **files)
@@ -49,19 +41,12 @@ static int run_check(const mkv_subcommand *cmd, const mkv_common_opts *common, i
     (void)cmd;
     int status = 0;
     for (int i = 0; i < n_files; i++) {
-        /* the label the library gives stdin in its own messages */
-        const char *label = strcmp(files[i], "-") == 0 ? "(stdin)" : files[i];
         mkv_error err;
         mkv_error_clear(&err);
-        int n = mkv_dump_validate(files[i], print_problem, (void *)label, &err);
-        if (n < 0) {
+        int n = mkv_dump_check_report(files[i], common->verbosity > MKV_LOG_ERROR, stdout, &err);
+        if (n < 0)
             mkv_report(&err);
-            status = 1;
-        } else if (n > 0) {
-            status = 1;
-        } else if (common->verbosity > MKV_LOG_ERROR) {
-            printf("%s: ok\n", label);
-        }
+        status = n != 0 ? 1 : status;
         fflush(stdout);
     }
     return status;
@@ -69,72 +54,16 @@ static int run_check(const mkv_subcommand *cmd, const mkv_common_opts *common, i
 
 /* ------------------------------------------------------------ info */
 
-/* "1234567 (1.2 MiB)" */
-static const char *format_bytes(uint64_t bytes, char *buf, size_t size)
-{
-    static const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-    double v = (double)bytes;
-    int u = 0;
-    while (v >= 1024.0 && u < 5) {
-        v /= 1024.0;
-        u++;
-    }
-    if (u == 0)
-        snprintf(buf, size, "%" PRIu64, bytes);
-    else
-        snprintf(buf, size, "%" PRIu64 " (%.1f %s)", bytes, v, unit[u]);
-    return buf;
-}
-
 static int run_info(const mkv_subcommand *cmd, const mkv_common_opts *common, int n_files,
                     char **files)
 {
     (void)cmd, (void)common, (void)n_files;
-    const char *path = files[0];
     mkv_error err;
     mkv_error_clear(&err);
-    mkv_dump *d = NULL;
-    uint64_t stored = 0, raw = 0;
-    if (mkv_dump_open(path, &d, &err) != MKV_OK ||
-        mkv_dump_storage_bytes(d, &stored, &raw, &err) != MKV_OK) {
-        mkv_report(&err);
-        if (d)
-            mkv_dump_close(d);
-        return mkv_exit_code(err.code);
-    }
-    const mkv_dump_meta *m = mkv_dump_meta_of(d);
-    /* K and V at 16 bits per value: the "logical" size compression ratios
-     * are quoted against (docs/DESIGN.md 7). */
-    uint64_t dense = 2u * 2u * (uint64_t)m->n_layers * (uint64_t)m->n_kv_heads *
-                     (uint64_t)m->n_tokens * (uint64_t)m->head_dim;
-    char b1[64], b2[64], b3[64];
-    printf("file:          %s\n", path);
-    printf("format:        %s\n", MKV_DUMP_FORMAT);
-    printf("version:       %d\n", MKV_DUMP_VERSION);
-    printf("model:         %s\n", m->model);
-    printf("source:        %s\n", m->source);
-    printf("created_by:    %s\n", m->created_by);
-    printf("layers:        %d\n", m->n_layers);
-    printf("heads:         %d\n", m->n_heads);
-    printf("kv_heads:      %d\n", m->n_kv_heads);
-    printf("head_dim:      %d\n", m->head_dim);
-    printf("rope_theta:    %g\n", m->rope_theta);
-    printf("k_rope:        %s\n", m->k_rope);
-    printf("tokens:        %" PRId64 "\n", m->n_tokens);
-    printf("queries:       %" PRId64 "\n", m->n_queries);
-    printf("kv_shape:      [%d,%" PRId64 ",%d] per layer\n", m->n_kv_heads, m->n_tokens, m->head_dim);
-    printf("q_shape:       [%d,%" PRId64 ",%d] per layer\n", m->n_heads, m->n_queries, m->head_dim);
-    printf("dtype:         %s\n", mkv_dtype_name(m->dtype));
-    printf("token_ids:     %s\n", m->has_tokens ? "yes" : "no");
-    printf("dense_bytes:   %s\n", format_bytes(dense, b1, sizeof b1));
-    printf("raw_bytes:     %s\n", format_bytes(raw, b2, sizeof b2));
-    printf("stored_bytes:  %s\n", format_bytes(stored, b3, sizeof b3));
-    if (stored > 0)
-        printf("deflate_ratio: %.2f\n", (double)raw / (double)stored);
-    else
-        printf("deflate_ratio: -\n");
-    mkv_dump_close(d);
-    return 0;
+    if (mkv_dump_info_report(files[0], stdout, &err) == MKV_OK)
+        return 0;
+    mkv_report(&err);
+    return mkv_exit_code(err.code);
 }
 
 /* ------------------------------------------------------------ options */

@@ -15,9 +15,10 @@
  *   mkv-analyze channels --top 8 kv.h5                          # ThinK key-channel scores
  *
  * Each command is one entry of `commands` (lib/cli/subcommand.h): its help,
- * its options and their settings, and either a table analysis (begin, the
- * rows of one layer, head and tensor, end: lib/analysis/table.h runs the
- * loop) or a function of its files.
+ * its options and the parsing of their values into its settings, and either
+ * a table of lib/analysis/tables.h (the library prints it: header, rows,
+ * errors) or a function of its files (check and info, whose reports are
+ * lib/io/report.h's). Nothing here computes or formats a result.
  */
 #include "config.h"
 
@@ -81,9 +82,6 @@ enum {
     OPT_SHARES
 };
 
-/* Most values a list option takes. */
-#define MKV_TABLE_LIST_MAX 32
-
 /* One share in (0, 1] (--keep, list items); exits 2 on a bad value. */
 static double parse_share(const char *arg, const char *name)
 {
@@ -146,7 +144,6 @@ static void parse_top(const char *arg, long *top)
         exit(2);
 }
 
-
 /* ------------------------------------------------------------ stats */
 
 static mkv_stats_settings stats_settings = {.factor = MKV_OUTLIER_FACTOR_DEFAULT};
@@ -161,7 +158,6 @@ static void stats_option(void *conf, int opt, const char *arg)
     if (opt == OPT_OUTLIER_FACTOR)
         parse_outlier_factor(arg, &cfg->factor);
 }
-
 
 /* ------------------------------------------------------------ overlap */
 
@@ -184,7 +180,6 @@ static void overlap_option(void *conf, int opt, const char *arg)
         cfg->prefix = 1;
 }
 
-
 /* ------------------------------------------------------------ segments */
 
 static mkv_segments_settings segments_settings = {.S = 256, .factor = 6.0, .top = 8};
@@ -205,7 +200,6 @@ static void segments_option(void *conf, int opt, const char *arg)
     if (opt == OPT_TOP)
         parse_top(arg, &cfg->top);
 }
-
 
 /* ------------------------------------------------------------ spectrum */
 
@@ -228,7 +222,6 @@ static void spectrum_option(void *conf, int opt, const char *arg)
         cfg->full = 1;
 }
 
-
 /* ------------------------------------------------------------ sparsity */
 
 static mkv_sparsity_settings sparsity_settings = {.fractions = {0.01, 0.05, 0.1, 0.25}, .n_fractions = 4};
@@ -243,7 +236,6 @@ static void sparsity_option(void *conf, int opt, const char *arg)
     if (opt == OPT_FRACTIONS)
         cfg->n_fractions = parse_list(arg, "fractions", share_item, cfg->fractions);
 }
-
 
 /* ------------------------------------------------------------ channels */
 
@@ -265,7 +257,6 @@ static void channels_option(void *conf, int opt, const char *arg)
     if (opt == OPT_FULL)
         cfg->full = 1;
 }
-
 
 /* ------------------------------------------------------------ commands */
 

@@ -2,7 +2,7 @@
  * `mkv-analyze overlap|segments|spectrum|sparsity|channels` (definitions in
  * man/mkv-analyze.1). They work on in-memory arrays of one layer and head
  * (X[n][d], row t = vector of token t, float32 as a dump hands them out)
- * and accumulate in double; the tool does the reading.
+ * and accumulate in double; the tables of tables.h do the reading.
  *
  * Top-m selection is deterministic everywhere: the m largest scores, ties
  * going to the lower index (what a stable sort by decreasing score keeps). */

@@ -293,15 +293,18 @@ END_TEST
 
 /* ------------------------------------------------------------ overlap */
 
+/* Four vectors of four channels for the overlap cases by hand. */
+static const float hand_X[16] = {4, 1, 0, 0,
+                                 0, 3, 1, 0,
+                                 -5, 0, 0, 1,
+                                 0, 0, 2, -1};
+
 START_TEST(overlap_by_hand)
 {
     /* Channel sums of |x|: 9, 4, 3, 2.
      * m = 1: global {0}; the vectors' tops are 0, 1, 0, 2 -> 1, 0, 1, 0.
      * m = 2: global {0,1}; tops {0,1}, {1,2}, {0,3}, {2,3} -> 1, .5, .5, 0. */
-    const float X[16] = {4, 1, 0, 0,
-                         0, 3, 1, 0,
-                         -5, 0, 0, 1,
-                         0, 0, 2, -1};
+    const float *X = hand_X;
     double ov[4];
     mkv_error err;
     ck_assert_int_eq(mkv_overlap(X, 4, 4, 1, 0, ov, &err), MKV_OK);
@@ -322,10 +325,7 @@ START_TEST(overlap_windows_by_hand)
      * Window 0: channel sums of |x| 4, 4, 1, 0: global {0,1}; tops {0,1},
      * {1,2} -> 1, .5 (mean .75). Window 1: sums 5, 0, 2, 2: global {0,2}
      * (tie to the lower index); tops {0,3}, {2,3} -> .5, .5 (mean .5). */
-    const float X[16] = {4, 1, 0, 0,
-                         0, 3, 1, 0,
-                         -5, 0, 0, 1,
-                         0, 0, 2, -1};
+    const float *X = hand_X;
     double ov[2];
     mkv_overlap_summary o;
     mkv_error err;

@@ -56,11 +56,8 @@ static int channels_begin(void *ctx, mkv_dump *d, FILE *out, mkv_error *err)
     if (cfg->full) {
         fprintf(out, "layer\thead\tchannel\trank\tscore\tshare\n");
     } else {
-        char pct[32];
         fprintf(out, "layer\thead\tqueries\tkeys\ttop_channels");
-        for (int s = 0; s < cfg->n_shares; s++)
-            fprintf(out, "\tshare_top%s", mkv_table_percent(cfg->shares[s], pct, sizeof pct));
-        fputc('\n', out);
+        mkv_table_percent_columns(out, "share_top", cfg->shares, cfg->n_shares);
     }
     return MKV_OK;
 }

@@ -60,11 +60,8 @@ static int spectrum_begin(void *ctx, mkv_dump *d, FILE *out, mkv_error *err)
         fprintf(out, "layer\thead\ttensor\tsegment\tstart\ttokens\tindex\teigenvalue\tshare\t"
                      "cumulative\n");
     } else {
-        char pct[32];
         fprintf(out, "layer\thead\ttensor\tsegment\tstart\ttokens\tenergy\tlambda1_share");
-        for (int e = 0; e < cfg->n_energy; e++)
-            fprintf(out, "\td%s", mkv_table_percent(cfg->energy[e], pct, sizeof pct));
-        fputc('\n', out);
+        mkv_table_percent_columns(out, "d", cfg->energy, cfg->n_energy);
     }
     return MKV_OK;
 }

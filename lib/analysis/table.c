@@ -58,6 +58,14 @@ const char *mkv_table_percent(double share, char *buf, size_t size)
     return buf;
 }
 
+void mkv_table_percent_columns(FILE *out, const char *prefix, const double *shares, int n)
+{
+    char pct[32];
+    for (int i = 0; i < n; i++)
+        fprintf(out, "\t%s%s", prefix, mkv_table_percent(shares[i], pct, sizeof pct));
+    fputc('\n', out);
+}
+
 int mkv_table_check_top(long top, const mkv_dump_meta *m, mkv_error *err)
 {
     if (top > m->head_dim)

@@ -9,6 +9,7 @@
 #define MKV_ANALYSIS_TABLES_H
 
 #include <stdint.h>
+#include <stdio.h>
 #include "analysis/stats.h"
 #include "analysis/table.h"
 
@@ -93,6 +94,9 @@ extern const mkv_table_analysis mkv_channels_table;
 
 /* "25" for 0.25, "0.5" for 0.005: the percentage in column names. */
 const char *mkv_table_percent(double share, char *buf, size_t size);
+/* The end of a header line: a column PREFIX<percent> per share, then the
+ * newline. */
+void mkv_table_percent_columns(FILE *out, const char *prefix, const double *shares, int n);
 /* Refuse a --top N above the dump's head_dim (MKV_EUSAGE). */
 int mkv_table_check_top(long top, const mkv_dump_meta *m, mkv_error *err);
 

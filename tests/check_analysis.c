@@ -10,8 +10,12 @@
 #include "config.h"
 
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "analysis/analysis.h"
+#include "analysis/tables.h"
 #include "io/dump.h"
 #include "core/eigen.h"
 #include "io/synthetic.h"
@@ -289,15 +293,18 @@ END_TEST
 
 /* ------------------------------------------------------------ overlap */
 
+/* Four vectors of four channels for the overlap cases by hand. */
+static const float hand_X[16] = {4, 1, 0, 0,
+                                 0, 3, 1, 0,
+                                 -5, 0, 0, 1,
+                                 0, 0, 2, -1};
+
 START_TEST(overlap_by_hand)
 {
     /* Channel sums of |x|: 9, 4, 3, 2.
      * m = 1: global {0}; the vectors' tops are 0, 1, 0, 2 -> 1, 0, 1, 0.
      * m = 2: global {0,1}; tops {0,1}, {1,2}, {0,3}, {2,3} -> 1, .5, .5, 0. */
-    const float X[16] = {4, 1, 0, 0,
-                         0, 3, 1, 0,
-                         -5, 0, 0, 1,
-                         0, 0, 2, -1};
+    const float *X = hand_X;
     double ov[4];
     mkv_error err;
     ck_assert_int_eq(mkv_overlap(X, 4, 4, 1, 0, ov, &err), MKV_OK);
@@ -309,6 +316,37 @@ START_TEST(overlap_by_hand)
     for (int t = 0; t < 4; t++)
         ck_assert_double_eq(ov[t], want2[t]);
     ck_assert_int_eq(mkv_overlap(X, 4, 4, 0, 0, ov, &err), MKV_EUSAGE);
+}
+END_TEST
+
+START_TEST(overlap_windows_by_hand)
+{
+    /* overlap_by_hand's vectors as two windows of 2 tokens, m = 2.
+     * Window 0: channel sums of |x| 4, 4, 1, 0: global {0,1}; tops {0,1},
+     * {1,2} -> 1, .5 (mean .75). Window 1: sums 5, 0, 2, 2: global {0,2}
+     * (tie to the lower index); tops {0,3}, {2,3} -> .5, .5 (mean .5). */
+    const float *X = hand_X;
+    double ov[2];
+    mkv_overlap_summary o;
+    mkv_error err;
+    ck_assert_int_eq(mkv_overlap_windows(X, 2, 2, 4, 2, 0, ov, &o, &err), MKV_OK);
+    ck_assert_double_eq(o.mean, 0.625);
+    ck_assert_double_eq(o.vec_min, 0.5);
+    ck_assert_double_eq(o.win_min, 0.5);
+    ck_assert_double_eq(o.win_max, 0.75);
+    /* the first window alone (--prefix) */
+    ck_assert_int_eq(mkv_overlap_windows(X, 1, 2, 4, 2, 0, ov, &o, &err), MKV_OK);
+    ck_assert_double_eq(o.mean, 0.75);
+    ck_assert_double_eq(o.win_min, 0.75);
+}
+END_TEST
+
+START_TEST(percent_labels_of_columns)
+{
+    char buf[32];
+    ck_assert_str_eq(mkv_table_percent(0.25, buf, sizeof buf), "25");
+    ck_assert_str_eq(mkv_table_percent(0.005, buf, sizeof buf), "0.5");
+    ck_assert_str_eq(mkv_table_percent(1.0, buf, sizeof buf), "100");
 }
 END_TEST
 
@@ -515,6 +553,89 @@ START_TEST(segments_find_the_planted_outlier_channels)
 }
 END_TEST
 
+/* The rows a table prints for one dump, through its callbacks. */
+static char *table_text(const mkv_table_analysis *a, void *ctx, mkv_dump *d)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *out = open_memstream(&buf, &len);
+    ck_assert_ptr_nonnull(out);
+    mkv_error err;
+    const mkv_dump_meta *m = mkv_dump_meta_of(d);
+    int rc = a->begin(ctx, d, out, &err);
+    for (int layer = 0; layer < m->n_layers && rc == MKV_OK; layer++)
+        for (int head = 0; head < m->n_kv_heads && rc == MKV_OK; head++)
+            for (int k = 0; k < (a->per_tensor ? 2 : 1) && rc == MKV_OK; k++)
+                rc = a->rows(ctx, d, layer, head, a->per_tensor ? "kv"[k] : 0, out, &err);
+    a->end(ctx);
+    ck_assert_msg(rc == MKV_OK, "%s: %s", a->label, err.msg);
+    fclose(out);
+    return buf;
+}
+
+static int starts_with(const char *s, const char *prefix)
+{
+    return strncmp(s, prefix, strlen(prefix)) == 0;
+}
+
+static int count_lines(const char *s)
+{
+    int n = 0;
+    for (; *s; s++)
+        n += *s == '\n';
+    return n;
+}
+
+START_TEST(tables_print_a_header_and_a_row_per_visit)
+{
+    /* the default shape, 512 tokens */
+    mkv_synthetic_params p;
+    mkv_synthetic_params_init(&p);
+    p.n_tokens = 512;
+    mkv_dump *d = synthetic_dump(&p, "tables.h5");
+    const int visits = p.n_layers * p.n_kv_heads;
+
+    mkv_stats_settings st = {.factor = MKV_OUTLIER_FACTOR_DEFAULT};
+    char *text = table_text(&mkv_stats_table, &st, d);
+    ck_assert_int_eq(count_lines(text), 1 + 2 * visits);
+    ck_assert(starts_with(text, "layer\thead\ttensor\ttokens\tmean\t"));
+    ck_assert_ptr_nonnull(strstr(text, "\n0\t0\tk\t512\t"));
+    ck_assert_ptr_nonnull(strstr(text, "\n1\t1\tv\t512\t"));
+    free(text);
+
+    /* segments of 200 tokens: 3 per tensor, the last of 112 */
+    mkv_segments_settings sg = {.S = 200, .factor = 6.0, .top = 2};
+    text = table_text(&mkv_segments_table, &sg, d);
+    ck_assert_int_eq(count_lines(text), 1 + 2 * visits * 3);
+    ck_assert_ptr_nonnull(strstr(text, "\n0\t1\tv\t2\t400\t112\t"));
+    free(text);
+
+    /* spectrum's energy columns are named by percent */
+    mkv_spectrum_settings sp = {.energy = {0.5, 0.995}, .n_energy = 2};
+    text = table_text(&mkv_spectrum_table, &sp, d);
+    ck_assert(starts_with(text, "layer\thead\ttensor\tsegment\tstart\ttokens\tenergy\t"
+                            "lambda1_share\td50\td99.5\n"));
+    ck_assert_int_eq(count_lines(text), 1 + 2 * visits);
+    free(text);
+
+    /* sparsity: a row per query head */
+    mkv_sparsity_settings sa = {.fractions = {0.1}, .n_fractions = 1};
+    text = table_text(&mkv_sparsity_table, &sa, d);
+    ck_assert_int_eq(count_lines(text), 1 + p.n_layers * p.n_heads);
+    ck_assert(starts_with(text, "layer\thead\tkv_head\tqueries\ttop10_mean\ttop10_min\n"));
+    free(text);
+
+    /* channels refuses more channels than head_dim */
+    mkv_channels_settings ch = {.top = p.head_dim + 1, .shares = {0.25}, .n_shares = 1};
+    mkv_error err;
+    FILE *null = fopen("/dev/null", "w");
+    ck_assert_int_eq(mkv_channels_table.begin(&ch, d, null, &err), MKV_EUSAGE);
+    mkv_channels_table.end(&ch);
+    fclose(null);
+    mkv_dump_close(d);
+}
+END_TEST
+
 START_TEST(sparsity_sees_the_planted_attention_targets)
 {
     /* Each query puts attn_mass (0.8) of its softmax on its planted targets
@@ -598,6 +719,8 @@ static Suite *analysis_suite(void)
     tcase_add_test(stat, top_selection_breaks_ties_by_index);
     tcase_add_test(stat, top_mask_matches_a_full_sort);
     tcase_add_test(stat, overlap_by_hand);
+    tcase_add_test(stat, overlap_windows_by_hand);
+    tcase_add_test(stat, percent_labels_of_columns);
     tcase_add_test(stat, overlap_rotated_by_hand);
     tcase_add_test(stat, overlap_is_one_when_every_vector_agrees);
     tcase_add_test(stat, segment_statistics_by_hand);
@@ -609,6 +732,7 @@ static Suite *analysis_suite(void)
     tcase_set_timeout(dumps, 60);
     tcase_add_test(dumps, segments_find_the_planted_outlier_channels);
     tcase_add_test(dumps, sparsity_sees_the_planted_attention_targets);
+    tcase_add_test(dumps, tables_print_a_header_and_a_row_per_visit);
     suite_add_tcase(s, dumps);
     return s;
 }

@@ -2,7 +2,7 @@
  * `mkv-analyze overlap|segments|spectrum|sparsity|channels` (definitions in
  * man/mkv-analyze.1). They work on in-memory arrays of one layer and head
  * (X[n][d], row t = vector of token t, float32 as a dump hands them out)
- * and accumulate in double; the tool does the reading.
+ * and accumulate in double; the tables of tables.h do the reading.
  *
  * Top-m selection is deterministic everywhere: the m largest scores, ties
  * going to the lower index (what a stable sort by decreasing score keeps). */
@@ -39,6 +39,18 @@ double mkv_top_share(const double *score, int d, int m, double *scratch);
  * the eigenvectors of X^T X (mkv_eigh), and everything is measured on X~. */
 int mkv_overlap(const float *X, int64_t n, int d, int m, int rotate, double *overlap,
                 mkv_error *err);
+
+/* The overlap of consecutive windows of one head, summarised. */
+typedef struct {
+    double mean;      /* over every vector of every window */
+    double vec_min;   /* lowest vector */
+    double win_min;   /* lowest window mean */
+    double win_max;   /* highest window mean */
+} mkv_overlap_summary;
+/* Overlap (mkv_overlap, m elements per vector) of the first `windows`
+ * windows of L tokens of X[.][hd]; ov holds L doubles. */
+int mkv_overlap_windows(const float *X, int64_t windows, int64_t L, int hd, int m, int rotated,
+                        double *ov, mkv_overlap_summary *o, mkv_error *err);
 
 /* ---- segments ---- */
 

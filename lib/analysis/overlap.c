@@ -1,8 +1,11 @@
-/* Per-vector vs global top-m overlap of one segment (analysis.h). */
+/* Per-vector vs global top-m overlap of one segment (analysis.h) and the
+ * overlap table (tables.h). */
 #include "config.h"
 #include "analysis/analysis.h"
+#include "analysis/tables.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "core/eigen.h"
@@ -73,3 +76,92 @@ int mkv_overlap(const float *X, int64_t n, int d, int m, int rotate, double *ove
     mkv_free(Y);
     return rc;
 }
+
+/* ---- the overlap table (tables.h) */
+
+int mkv_overlap_windows(const float *X, int64_t windows, int64_t L, int hd, int m, int rotated,
+                        double *ov, mkv_overlap_summary *o, mkv_error *err)
+{
+    double sum = 0.0;
+    o->vec_min = o->win_min = 1.0;
+    o->win_max = 0.0;
+    for (int64_t w = 0; w < windows; w++) {
+        int rc = mkv_overlap(X + (size_t)(w * L) * (size_t)hd, L, hd, m, rotated, ov, err);
+        if (rc != MKV_OK)
+            return rc;
+        double wsum = 0.0;
+        for (int64_t i = 0; i < L; i++) {
+            wsum += ov[i];
+            o->vec_min = ov[i] < o->vec_min ? ov[i] : o->vec_min;
+        }
+        double wmean = wsum / (double)L;
+        o->win_min = wmean < o->win_min ? wmean : o->win_min;
+        o->win_max = wmean > o->win_max ? wmean : o->win_max;
+        sum += wsum;
+    }
+    o->mean = sum / ((double)windows * (double)L);
+    return MKV_OK;
+}
+
+static int overlap_begin(void *ctx, mkv_dump *d, FILE *out, mkv_error *err)
+{
+    mkv_overlap_settings *cfg = ctx;
+    const mkv_dump_meta *m = mkv_dump_meta_of(d);
+    const int64_t T = m->n_tokens;
+    int64_t *lengths = cfg->lengths;
+    if (cfg->n_lengths == 0) {
+        int n = 0;
+        lengths[n++] = T < 256 ? T : 256;
+        while (n < MKV_TABLE_LIST_MAX && lengths[n - 1] * 4 <= T)
+            lengths[n] = lengths[n - 1] * 4, n++;
+        cfg->n_lengths = n;
+    }
+    int64_t longest = 0;
+    for (int i = 0; i < cfg->n_lengths; i++) {
+        if (lengths[i] > T)
+            return mkv_fail(err, MKV_EUSAGE, "--lengths %lld is longer than the context of '%s' "
+                            "(%lld tokens)", (long long)lengths[i], mkv_dump_path(d), (long long)T);
+        longest = lengths[i] > longest ? lengths[i] : longest;
+    }
+    cfg->m_keep = mkv_keep_count(cfg->keep, m->head_dim);
+    cfg->X = mkv_alloc((size_t)T * (size_t)m->head_dim, sizeof *cfg->X, "one head's vectors", err);
+    cfg->ov = cfg->X ? mkv_alloc((size_t)longest, sizeof *cfg->ov, "per-vector overlaps", err)
+                           : NULL;
+    if (!cfg->ov)
+        return err->code;
+    fprintf(out, "layer\thead\ttensor\tlength\trotated\twindows\toverlap_mean\toverlap_min\t"
+                 "window_min\twindow_max\n");
+    return MKV_OK;
+}
+
+static int overlap_rows(void *ctx, mkv_dump *d, int layer, int head, char kind, FILE *out,
+                        mkv_error *err)
+{
+    mkv_overlap_settings *cfg = ctx;
+    const int64_t T = mkv_dump_meta_of(d)->n_tokens;
+    const int hd = mkv_dump_meta_of(d)->head_dim;
+    int rc = mkv_dump_read_finite(d, layer, kind, head, 1, 0, T, cfg->X, err);
+    for (int li = 0; li < cfg->n_lengths && rc == MKV_OK; li++) {
+        const int64_t L = cfg->lengths[li], windows = cfg->prefix ? 1 : T / L;
+        for (int rotated = 0; rotated < 2 && rc == MKV_OK; rotated++) {
+            mkv_overlap_summary o;
+            rc = mkv_overlap_windows(cfg->X, windows, L, hd, cfg->m_keep, rotated, cfg->ov, &o,
+                                 err);
+            if (rc == MKV_OK)
+                fprintf(out, "%d\t%d\t%c\t%lld\t%d\t%lld\t%.9g\t%.9g\t%.9g\t%.9g\n", layer, head,
+                        kind, (long long)L, rotated, (long long)windows, o.mean, o.vec_min,
+                        o.win_min, o.win_max);
+        }
+    }
+    return rc;
+}
+
+static void overlap_end(void *ctx)
+{
+    mkv_overlap_settings *cfg = ctx;
+    mkv_free(cfg->X);
+    mkv_free(cfg->ov);
+}
+
+const mkv_table_analysis mkv_overlap_table = {"overlap", 1, overlap_begin, overlap_rows,
+                                              overlap_end};

@@ -1,8 +1,11 @@
-/* Magnitude statistics of one segment of K or V (analysis.h). */
+/* Magnitude statistics of one segment of K or V (analysis.h) and the
+ * segments table (tables.h). */
 #include "config.h"
 #include "analysis/analysis.h"
+#include "analysis/tables.h"
 
 #include <math.h>
+#include <stdio.h>
 
 #include "core/tensor.h"
 
@@ -54,3 +57,59 @@ int mkv_segment_stats(const float *X, int64_t n, int d, double k, int top,
     mkv_free(energy);
     return MKV_OK;
 }
+
+/* ---- the segments table (tables.h) */
+
+static int segments_begin(void *ctx, mkv_dump *d, FILE *out, mkv_error *err)
+{
+    mkv_segments_settings *cfg = ctx;
+    const mkv_dump_meta *m = mkv_dump_meta_of(d);
+    cfg->seg = cfg->S < m->n_tokens ? cfg->S : m->n_tokens;
+    int rc = mkv_table_check_top(cfg->top, m, err);
+    if (rc != MKV_OK)
+        return rc;
+    cfg->X = mkv_alloc((size_t)cfg->seg * (size_t)m->head_dim, sizeof *cfg->X,
+                           "a segment", err);
+    cfg->channels = cfg->X ? mkv_alloc((size_t)cfg->top, sizeof *cfg->channels,
+                                               "channel indices", err)
+                                   : NULL;
+    if (!cfg->channels)
+        return err->code;
+    fprintf(out, "layer\thead\ttensor\tsegment\tstart\ttokens\trms\tmag_var\tkurtosis\t"
+                 "outlier_share\ttop_energy\ttop_channels\n");
+    return MKV_OK;
+}
+
+static int segments_rows(void *ctx, mkv_dump *d, int layer, int head, char kind, FILE *out,
+                         mkv_error *err)
+{
+    mkv_segments_settings *cfg = ctx;
+    const int64_t T = mkv_dump_meta_of(d)->n_tokens, seg = cfg->seg;
+    const int hd = mkv_dump_meta_of(d)->head_dim, top = (int)cfg->top;
+    for (int64_t s0 = 0, i = 0; s0 < T; s0 += seg, i++) {
+        int64_t n = T - s0 < seg ? T - s0 : seg;
+        mkv_segment_summary sum;
+        int rc = mkv_dump_read_finite(d, layer, kind, head, 1, s0, n, cfg->X, err);
+        if (rc == MKV_OK)
+            rc = mkv_segment_stats(cfg->X, n, hd, cfg->factor, top, &sum, cfg->channels,
+                                   err);
+        if (rc != MKV_OK)
+            return rc;
+        fprintf(out, "%d\t%d\t%c\t%lld\t%lld\t%lld\t%.9g\t%.9g\t%.9g\t%.9g\t%.9g\t", layer, head,
+                kind, (long long)i, (long long)s0, (long long)n, sum.rms, sum.mag_var,
+                sum.kurtosis, sum.outlier_share, sum.top_energy);
+        for (int c = 0; c < top; c++)
+            fprintf(out, "%d%c", cfg->channels[c], c + 1 < top ? ',' : '\n');
+    }
+    return MKV_OK;
+}
+
+static void segments_end(void *ctx)
+{
+    mkv_segments_settings *cfg = ctx;
+    mkv_free(cfg->X);
+    mkv_free(cfg->channels);
+}
+
+const mkv_table_analysis mkv_segments_table = {"segments", 1, segments_begin, segments_rows,
+                                               segments_end};

@@ -1,8 +1,12 @@
-/* Summary statistics of KV tensors (see stats.h for the outlier rule). */
+/* Summary statistics of KV tensors (see stats.h for the outlier rule) and
+ * the stats table (tables.h). */
 #include "config.h"
 #include "analysis/stats.h"
+#include "analysis/tables.h"
 
+#include <inttypes.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -164,3 +168,37 @@ int mkv_dump_tensor_stats(mkv_dump *d, int layer, char kind, int head,
     mkv_free(buf);
     return rc;
 }
+
+/* ---- the stats table (tables.h) */
+
+static int stats_begin(void *ctx, mkv_dump *d, FILE *out, mkv_error *err)
+{
+    mkv_stats_settings *cfg = ctx;
+    int rc = mkv_tensor_stats_init(&cfg->acc, mkv_dump_meta_of(d)->head_dim, err);
+    if (rc == MKV_OK)
+        fprintf(out, "layer\thead\ttensor\ttokens\tmean\tstd\tabsmax\t"
+                     "rms_median\trms_max\toutlier_channels\n");
+    return rc;
+}
+
+static int stats_rows(void *ctx, mkv_dump *d, int layer, int head, char kind, FILE *out,
+                      mkv_error *err)
+{
+    mkv_stats_settings *cfg = ctx;
+    int rc = mkv_dump_tensor_stats(d, layer, kind, head, &cfg->acc, err);
+    if (rc != MKV_OK)
+        return rc;
+    mkv_tensor_summary s;
+    mkv_tensor_stats_summarize(&cfg->acc, cfg->factor, &s);
+    fprintf(out, "%d\t%d\t%c\t%" PRId64 "\t%.9g\t%.9g\t%.9g\t%.9g\t%.9g\t%d\n", layer, head, kind,
+            s.n_tokens, s.mean, s.std, s.absmax, s.rms_median, s.rms_max, s.outlier_channels);
+    return MKV_OK;
+}
+
+static void stats_end(void *ctx)
+{
+    mkv_stats_settings *cfg = ctx;
+    mkv_tensor_stats_free(&cfg->acc);
+}
+
+const mkv_table_analysis mkv_stats_table = {"stats", 1, stats_begin, stats_rows, stats_end};

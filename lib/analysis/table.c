@@ -1,9 +1,11 @@
 /* The table loop of the analyses: the table is printed to memory first
- * and copied to stdout once complete. */
+ * and copied to stdout once complete; the helpers the tables share. */
 #include "config.h"
 #include "analysis/table.h"
+#include "analysis/tables.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "core/log.h"
@@ -46,4 +48,27 @@ int mkv_table_analysis_run(const mkv_table_analysis *a, void *ctx, const char *p
     a->end(ctx);
     mkv_dump_close(d);
     return rc;
+}
+
+/* ---- helpers of the tables (tables.h) */
+
+const char *mkv_table_percent(double share, char *buf, size_t size)
+{
+    snprintf(buf, size, "%g", share * 100.0);
+    return buf;
+}
+
+void mkv_table_percent_columns(FILE *out, const char *prefix, const double *shares, int n)
+{
+    char pct[32];
+    for (int i = 0; i < n; i++)
+        fprintf(out, "\t%s%s", prefix, mkv_table_percent(shares[i], pct, sizeof pct));
+    fputc('\n', out);
+}
+
+int mkv_table_check_top(long top, const mkv_dump_meta *m, mkv_error *err)
+{
+    if (top > m->head_dim)
+        return mkv_fail(err, MKV_EUSAGE, "--top %ld is more than head_dim (%d)", top, m->head_dim);
+    return MKV_OK;
 }

@@ -93,7 +93,7 @@ START_TEST(params_refused)
         {"block=2.5", "invalid value '2.5' for parameter 'block': not an integer"},
         {"block=128K", "invalid value '128K' for parameter 'block': must be in 1..65536"},
         {"block=99999999999999999999", "invalid value '99999999999999999999' for parameter 'block': not an integer"},
-        {"mode=best", "invalid value 'best' for parameter 'mode': expected one of: auto fixed"},
+        {"mode=best", "invalid value 'best' for parameter 'mode': must be one of auto|fixed"},
         {"mode=a b", "invalid value 'a b' for parameter 'mode': must not contain spaces or '='"},
         {"bogus=1", "unknown parameter 'bogus' (parameters: keep, block, mode)"},
         {"keep", "invalid parameter 'keep': expected KEY=VALUE"},
@@ -144,7 +144,7 @@ START_TEST(params_parse_list)
         {"", "invalid parameter list '': expected KEY=VALUE[,KEY=VALUE...]"},
         {" , ", "invalid parameter list ' , ': expected KEY=VALUE[,KEY=VALUE...]"},
         {"keep=1,block", "invalid parameter 'block': expected KEY=VALUE"},
-        {"keep=1,mode=best", "invalid value 'best' for parameter 'mode': expected one of: auto fixed"},
+        {"keep=1,mode=best", "invalid value 'best' for parameter 'mode': must be one of auto|fixed"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         mkv_params p;

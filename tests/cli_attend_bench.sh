@@ -144,12 +144,12 @@ refuse "--methods ," 2 "$E: invalid value ',' for --methods: empty list" --bench
 
 # ---------------------------------------------------------------- single values
 # -P: the registry's specs (lib/methods/params.c), then the limits of the benchmark's caches
-refuse "-P keep=0" 2 "$E: parameter 'keep' must be above 0 for the benchmark; $try" --bench -P keep=0
-refuse "-P keep=1.5" 2 "$E: invalid value '1.5' for parameter 'keep': must be in 0..1" --bench -P keep=1.5
+refuse "-P keep=0" 2 "$E: invalid value '0' for parameter 'keep': must be in (0, 1]" --bench -P keep=0
+refuse "-P keep=1.5" 2 "$E: invalid value '1.5' for parameter 'keep': must be in (0, 1]" --bench -P keep=1.5
 refuse "-P keep=x" 2 "$E: invalid value 'x' for parameter 'keep': not a number" --bench -P keep=x
-refuse "--param keydim=0" 2 "$E: parameter 'keydim' must be above 0 for the benchmark; $try" \
+refuse "--param keydim=0" 2 "$E: invalid value '0' for parameter 'keydim': must be in (0, 1]" \
     --bench --param keydim=0
-refuse "-P keydim=2" 2 "$E: invalid value '2' for parameter 'keydim': must be in 0..1" --bench -P keydim=2
+refuse "-P keydim=2" 2 "$E: invalid value '2' for parameter 'keydim': must be in (0, 1]" --bench -P keydim=2
 refuse "-P segment=0" 2 "$E: invalid value '0' for parameter 'segment': must be in 1..1000000000" \
     --bench -P segment=0
 refuse "-P block=0" 2 "$E: invalid value '0' for parameter 'block': must be in 1..1000000" --bench -P block=0
@@ -165,7 +165,7 @@ refuse "-P budget (swept by --budgets)" 2 \
     "$E: unknown parameter 'budget' (parameters: keep, keydim, segment, block, page, sink, recent)" \
     --bench -P budget=0.1
 refuse "-P without '='" 2 "$E: invalid parameter 'keep': expected KEY=VALUE" --bench -P keep
-refuse "-P list, the bad entry second" 2 "$E: invalid value '2' for parameter 'keydim': must be in 0..1" \
+refuse "-P list, the bad entry second" 2 "$E: invalid value '2' for parameter 'keydim': must be in (0, 1]" \
     --bench -P keep=0.5,keydim=2
 refuse "-P blank-separated list" 2 "$E: invalid value '-3' for parameter 'page': must be in 1..1048576" \
     --bench -P 'keep=0.5 page=-3'

@@ -94,30 +94,6 @@ static const mkv_method *find_method_or_exit(const char *name)
     return m;
 }
 
-/* "0..1", "1..65536", "a|b|c" or "any" */
-static void describe_range(const mkv_param_spec *s, char *buf, size_t size)
-{
-    if (s->kind == MKV_PARAM_STRING) {
-        if (!s->choices) {
-            snprintf(buf, size, "text");
-            return;
-        }
-        size_t len = 0;
-        buf[0] = '\0';
-        for (const char *c = s->choices; *c && len < size;) {
-            c += strspn(c, " ");
-            size_t n = strcspn(c, " ");
-            if (n)
-                len += (size_t)snprintf(buf + len, size - len, "%s%.*s", len ? "|" : "", (int)n, c);
-            c += n;
-        }
-    } else if (s->kind == MKV_PARAM_INT) {
-        snprintf(buf, size, "%.0f..%.0f", s->min, s->max);
-    } else {
-        snprintf(buf, size, "%g..%g", s->min, s->max);
-    }
-}
-
 static void print_method(FILE *fp, const mkv_method *m)
 {
     fprintf(fp, "%s - %s\n", m->name, m->summary);
@@ -129,8 +105,8 @@ static void print_method(FILE *fp, const mkv_method *m)
         const mkv_param_spec *s = p.spec[i];
         char setting[96], range[128];
         snprintf(setting, sizeof setting, "%s=%s", s->name, p.value[i]);
-        describe_range(s, range, sizeof range);
-        fprintf(fp, "    %-18s %-6s %-14s %s\n", setting,
+        mkv_param_range_text(s, range, sizeof range);
+        fprintf(fp, "    %-18s %-6s %-16s %s\n", setting,
                 s->kind == MKV_PARAM_INT ? "int" : s->kind == MKV_PARAM_DOUBLE ? "real" : "text", range,
                 s->help ? s->help : "");
     }

@@ -68,10 +68,6 @@ int mkv_bench_params_init(mkv_bench_params *bp, const mkv_bench_opts *o, mkv_err
 int mkv_bench_params_apply(const mkv_bench_params *bp, mkv_bench_opts *o, mkv_error *err)
 {
     const mkv_params *p = &bp->params;
-    static const char *const positive[] = {"keep", "keydim"};
-    for (size_t i = 0; i < COUNT(positive); i++)
-        if (!(mkv_params_double(p, positive[i]) > 0))
-            return mkv_fail(err, MKV_EUSAGE, "parameter '%s' must be above 0 for the benchmark", positive[i]);
     o->keep = mkv_params_double(p, "keep");
     o->dprime = (int)ceil(mkv_params_double(p, "keydim") * o->head_dim - 1e-9);
     o->segment = (int)mkv_params_int(p, "segment");

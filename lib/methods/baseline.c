@@ -15,14 +15,6 @@
 
 /* ---------------------------------------------------------------- checks */
 
-int mkv_bl_check_fraction(const char *name, double v, mkv_error *err)
-{
-    if (!(v > 0 && v <= 1))
-        return mkv_fail(err, MKV_EUSAGE, "%s=%g is out of range: a fraction in (0, 1] is required",
-                        name, v);
-    return MKV_OK;
-}
-
 int mkv_bl_check_budget(const char *name, double v, int64_t n, mkv_error *err)
 {
     if (!(v > 0))
@@ -37,14 +29,6 @@ int mkv_bl_check_budget(const char *name, double v, int64_t n, mkv_error *err)
     if (v > (double)n)
         return mkv_fail(err, MKV_EUSAGE, "%s=%g tokens is larger than the context of %lld tokens",
                         name, v, (long long)n);
-    return MKV_OK;
-}
-
-int mkv_bl_check_min(const char *name, int64_t v, int64_t min, mkv_error *err)
-{
-    if (v < min)
-        return mkv_fail(err, MKV_EUSAGE, "%s=%lld is out of range: at least %lld is required", name,
-                        (long long)v, (long long)min);
     return MKV_OK;
 }
 
@@ -156,16 +140,8 @@ void mkv_bl_selection_from(const mkv_params *p, mkv_bl_selection *s)
 
 int mkv_bl_check_selection(const mkv_params *p, int64_t T, mkv_error *err)
 {
-    const char *agg = mkv_params_str(p, "agg");
-    int rc;
-    if ((rc = mkv_bl_check_min("page", mkv_params_int(p, "page"), 1, err)) ||
-        (rc = mkv_bl_check_budget("budget", mkv_params_double(p, "budget"), T, err)) ||
-        (rc = mkv_bl_check_min("sink", mkv_params_int(p, "sink"), 0, err)) ||
-        (rc = mkv_bl_check_min("recent", mkv_params_int(p, "recent"), 0, err)))
-        return rc;
-    if (strcmp(agg, "max") && strcmp(agg, "sum"))
-        return mkv_fail(err, MKV_EUSAGE, "agg=%s: expected max or sum", agg);
-    return MKV_OK;
+    /* page, sink, recent and agg are checked by their specs */
+    return mkv_bl_check_budget("budget", mkv_params_double(p, "budget"), T, err);
 }
 
 int64_t mkv_bl_score_pages(const mkv_bl_selection *s, const float *q, int G, int n,

@@ -30,13 +30,9 @@
 
 /* ---- parameter checks: MKV_EUSAGE with a message naming the parameter ---- */
 
-/* 0 < v <= 1. */
-int mkv_bl_check_fraction(const char *name, double v, mkv_error *err);
 /* A token budget for n tokens: a fraction in (0, 1] or a whole count in
  * (1, n]. */
 int mkv_bl_check_budget(const char *name, double v, int64_t n, mkv_error *err);
-/* v >= min (integers). */
-int mkv_bl_check_min(const char *name, int64_t v, int64_t min, mkv_error *err);
 /* MKV_EFORMAT when the dump holds no queries. */
 int mkv_bl_need_queries(const char *method, int64_t W, mkv_error *err);
 /* MKV_EFORMAT when a value would not fit fp16 (|x| > 65504). */

@@ -24,9 +24,21 @@ typedef struct {
     mkv_param_kind kind;
     const char *def;       /* default as text, e.g. "0.25" */
     double min, max;       /* range for numbers (inclusive) */
-    const char *choices;   /* for strings: space-separated allowed values, or NULL */
+    const char *choices;   /* space-separated allowed values (strings; integers too), or NULL */
     const char *help;      /* one line, with its unit */
+    unsigned flags;        /* MKV_PARAM_ABOVE_MIN, MKV_PARAM_ODD */
 } mkv_param_spec;
+
+/* The parser refuses what a method cannot take, so that --list-methods'
+ * ranges and the refusals agree: ABOVE_MIN excludes min itself ("(0, 1]"),
+ * ODD takes odd integers only. */
+#define MKV_PARAM_ABOVE_MIN 1u
+#define MKV_PARAM_ODD 2u
+
+/* The values spec takes, as --list-methods and the range errors write
+ * them: "0..1", "(0, 1]", "2|4", "1..1000000, odd", "fixed|dynamic|ratio",
+ * "text". */
+void mkv_param_range_text(const mkv_param_spec *spec, char *buf, size_t size);
 
 #define MKV_MAX_PARAMS 32
 typedef struct {

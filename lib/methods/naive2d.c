@@ -32,10 +32,11 @@
 #include "core/tensor.h"
 
 static const mkv_param_spec naive2d_params[] = {
-    {"keep", MKV_PARAM_DOUBLE, "0.5", 0, 1, NULL, "fraction of key and of value channels kept per head"},
+    {"keep", MKV_PARAM_DOUBLE, "0.5", 0, 1, NULL, "fraction of key and of value channels kept per head",
+     MKV_PARAM_ABOVE_MIN},
     {"page", MKV_PARAM_INT, "16", 1, 1 << 20, NULL, "tokens per page"},
     {"budget", MKV_PARAM_DOUBLE, "0.1", 0, 1e15, NULL,
-     "tokens attended per step: a fraction (<= 1) of the query's context, or a count"},
+     "tokens attended per step: a fraction (<= 1) of the query's context, or a count", MKV_PARAM_ABOVE_MIN},
     {"sink", MKV_PARAM_INT, "4", 0, 1e9, NULL, "first tokens always attended"},
     {"recent", MKV_PARAM_INT, "64", 0, 1e9, NULL, "last tokens of the cache always attended"},
     {"agg", MKV_PARAM_STRING, "max", 0, 0, "max sum", "page score over the G query heads"},
@@ -52,8 +53,7 @@ typedef struct {
 
 static int check_params(const mkv_params *p, int64_t T, mkv_error *err)
 {
-    int rc = mkv_bl_check_fraction("keep", mkv_params_double(p, "keep"), err);
-    return rc ? rc : mkv_bl_check_selection(p, T, err);
+    return mkv_bl_check_selection(p, T, err);
 }
 
 static int naive2d_check(const mkv_params *p, const mkv_dump_meta *m, mkv_error *err)

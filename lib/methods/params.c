@@ -80,9 +80,24 @@ static int is_choice(const char *choices, const char *word)
     return 0;
 }
 
-/* "0..1" with the bounds as they read best. */
-static void format_range(const mkv_param_spec *s, char *buf, size_t size)
+void mkv_param_range_text(const mkv_param_spec *s, char *buf, size_t size)
 {
+    if (s->kind == MKV_PARAM_STRING && !s->choices) {
+        snprintf(buf, size, "text");
+        return;
+    }
+    if (s->choices) {
+        size_t len = 0;
+        buf[0] = '\0';
+        for (const char *c = s->choices; *c && len < size;) {
+            c += strspn(c, " ");
+            size_t n = strcspn(c, " ");
+            if (n)
+                len += (size_t)snprintf(buf + len, size - len, "%s%.*s", len ? "|" : "", (int)n, c);
+            c += n;
+        }
+        return;
+    }
     char lo[32], hi[32];
     if (s->kind == MKV_PARAM_INT) {
         snprintf(lo, sizeof lo, "%.0f", s->min);
@@ -91,7 +106,10 @@ static void format_range(const mkv_param_spec *s, char *buf, size_t size)
         format_double(s->min, lo, sizeof lo);
         format_double(s->max, hi, sizeof hi);
     }
-    snprintf(buf, size, "%s..%s", lo, hi);
+    if (s->flags & MKV_PARAM_ABOVE_MIN)
+        snprintf(buf, size, "(%s, %s]", lo, hi);
+    else
+        snprintf(buf, size, "%s..%s%s", lo, hi, s->flags & MKV_PARAM_ODD ? ", odd" : "");
 }
 
 /* Check value against spec and write its canonical text to canon. */
@@ -110,12 +128,14 @@ static int canonical(const mkv_param_spec *s, const char *value, char *canon, si
         if (parse_int(value, &v))
             return mkv_fail(err, MKV_EUSAGE, "invalid value '%s' for parameter '%s': not an integer",
                             value, s->name);
-        if ((double)v < s->min || (double)v > s->max) {
-            format_range(s, range, sizeof range);
-            return mkv_fail(err, MKV_EUSAGE, "invalid value '%s' for parameter '%s': must be in %s",
-                            value, s->name, range);
-        }
         snprintf(canon, size, "%" PRId64, v);
+        int above = (s->flags & MKV_PARAM_ABOVE_MIN) ? (double)v > s->min : (double)v >= s->min;
+        if (!above || (double)v > s->max || (s->choices && !is_choice(s->choices, canon)) ||
+            ((s->flags & MKV_PARAM_ODD) && v % 2 == 0)) {
+            mkv_param_range_text(s, range, sizeof range);
+            return mkv_fail(err, MKV_EUSAGE, "invalid value '%s' for parameter '%s': must be %s %s", value,
+                            s->name, s->choices ? "one of" : "in", range);
+        }
         return MKV_OK;
     }
     case MKV_PARAM_DOUBLE: {
@@ -123,8 +143,9 @@ static int canonical(const mkv_param_spec *s, const char *value, char *canon, si
         if (parse_double(value, &v))
             return mkv_fail(err, MKV_EUSAGE, "invalid value '%s' for parameter '%s': not a number",
                             value, s->name);
-        if (v < s->min || v > s->max) {
-            format_range(s, range, sizeof range);
+        int above = (s->flags & MKV_PARAM_ABOVE_MIN) ? v > s->min : v >= s->min;
+        if (!above || v > s->max) {
+            mkv_param_range_text(s, range, sizeof range);
             return mkv_fail(err, MKV_EUSAGE, "invalid value '%s' for parameter '%s': must be in %s",
                             value, s->name, range);
         }
@@ -132,9 +153,11 @@ static int canonical(const mkv_param_spec *s, const char *value, char *canon, si
         return MKV_OK;
     }
     case MKV_PARAM_STRING:
-        if (s->choices && !is_choice(s->choices, value))
-            return mkv_fail(err, MKV_EUSAGE, "invalid value '%s' for parameter '%s': expected one of: %s",
-                            value, s->name, s->choices);
+        if (s->choices && !is_choice(s->choices, value)) {
+            mkv_param_range_text(s, range, sizeof range);
+            return mkv_fail(err, MKV_EUSAGE, "invalid value '%s' for parameter '%s': must be one of %s",
+                            value, s->name, range);
+        }
         snprintf(canon, size, "%s", value);
         return MKV_OK;
     }

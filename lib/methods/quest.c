@@ -28,7 +28,7 @@
 static const mkv_param_spec quest_params[] = {
     {"page", MKV_PARAM_INT, "16", 1, 1 << 20, NULL, "tokens per page"},
     {"budget", MKV_PARAM_DOUBLE, "0.1", 0, 1e15, NULL,
-     "tokens attended per step: a fraction (<= 1) of the query's context, or a count"},
+     "tokens attended per step: a fraction (<= 1) of the query's context, or a count", MKV_PARAM_ABOVE_MIN},
     {"sink", MKV_PARAM_INT, "4", 0, 1e9, NULL, "first tokens always attended"},
     {"recent", MKV_PARAM_INT, "64", 0, 1e9, NULL, "last tokens of the cache always attended"},
     {"agg", MKV_PARAM_STRING, "max", 0, 0, "max sum", "page score over the G query heads"},

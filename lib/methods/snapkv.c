@@ -35,10 +35,10 @@
 
 static const mkv_param_spec snapkv_params[] = {
     {"keep", MKV_PARAM_DOUBLE, "0.1", 0, 1e15, NULL,
-     "tokens kept, sink and window included: a fraction (<= 1) of the context, or a count"},
+     "tokens kept, sink and window included: a fraction (<= 1) of the context, or a count", MKV_PARAM_ABOVE_MIN},
     {"window", MKV_PARAM_INT, "32", 1, 1e9, NULL,
      "observation window: the last queries of the dump and the last tokens (always kept)"},
-    {"kernel", MKV_PARAM_INT, "7", 1, 1e6, NULL, "max-pool width over token scores (odd)"},
+    {"kernel", MKV_PARAM_INT, "7", 1, 1e6, NULL, "max-pool width over token scores", MKV_PARAM_ODD},
     {"sink", MKV_PARAM_INT, "4", 0, 1e9, NULL, "first tokens always kept"},
     {NULL, 0, NULL, 0, 0, NULL, NULL},
 };
@@ -52,16 +52,7 @@ typedef struct {
 
 static int check_params(const mkv_params *p, int64_t T, mkv_error *err)
 {
-    int rc;
-    int64_t kernel = mkv_params_int(p, "kernel");
-    if ((rc = mkv_bl_check_budget("keep", mkv_params_double(p, "keep"), T, err)) ||
-        (rc = mkv_bl_check_min("window", mkv_params_int(p, "window"), 1, err)) ||
-        (rc = mkv_bl_check_min("kernel", kernel, 1, err)) ||
-        (rc = mkv_bl_check_min("sink", mkv_params_int(p, "sink"), 0, err)))
-        return rc;
-    if (kernel % 2 == 0)
-        return mkv_fail(err, MKV_EUSAGE, "kernel=%lld: the pooling width must be odd", (long long)kernel);
-    return MKV_OK;
+    return mkv_bl_check_budget("keep", mkv_params_double(p, "keep"), T, err);
 }
 
 static int snapkv_check(const mkv_params *p, const mkv_dump_meta *m, mkv_error *err)

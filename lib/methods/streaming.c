@@ -22,7 +22,7 @@
 static const mkv_param_spec streaming_params[] = {
     {"sink", MKV_PARAM_INT, "4", 0, 1e9, NULL, "first tokens kept (attention sinks)"},
     {"keep", MKV_PARAM_DOUBLE, "0.1", 0, 1e15, NULL,
-     "tokens kept, sink included: a fraction (<= 1) of the context, or a count"},
+     "tokens kept, sink included: a fraction (<= 1) of the context, or a count", MKV_PARAM_ABOVE_MIN},
     {NULL, 0, NULL, 0, 0, NULL, NULL},
 };
 
@@ -34,9 +34,6 @@ typedef struct {
 
 static int check_params(const mkv_params *p, int64_t T, mkv_error *err)
 {
-    int rc;
-    if ((rc = mkv_bl_check_min("sink", mkv_params_int(p, "sink"), 0, err)))
-        return rc;
     return mkv_bl_check_budget("keep", mkv_params_double(p, "keep"), T, err);
 }
 

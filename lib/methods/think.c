@@ -29,7 +29,7 @@
 #include "core/tensor.h"
 
 static const mkv_param_spec think_params[] = {
-    {"keep", MKV_PARAM_DOUBLE, "0.5", 0, 1, NULL, "fraction of key channels kept per head"},
+    {"keep", MKV_PARAM_DOUBLE, "0.5", 0, 1, NULL, "fraction of key channels kept per head", MKV_PARAM_ABOVE_MIN},
     {"recent", MKV_PARAM_INT, "64", 0, 1e9, NULL, "last tokens whose keys are not pruned"},
     {"window", MKV_PARAM_INT, "32", 1, 1e9, NULL, "observation queries: the last queries of the dump"},
     {NULL, 0, NULL, 0, 0, NULL, NULL},
@@ -42,19 +42,9 @@ typedef struct {
     float *k_kept, *k_recent, *v;
 } think_state;
 
-static int check_params(const mkv_params *p, mkv_error *err)
-{
-    int rc;
-    if ((rc = mkv_bl_check_fraction("keep", mkv_params_double(p, "keep"), err)) ||
-        (rc = mkv_bl_check_min("recent", mkv_params_int(p, "recent"), 0, err)))
-        return rc;
-    return mkv_bl_check_min("window", mkv_params_int(p, "window"), 1, err);
-}
-
 static int think_check(const mkv_params *p, const mkv_dump_meta *m, mkv_error *err)
 {
-    int rc = check_params(p, err);
-    return rc ? rc : mkv_bl_need_queries("think", m->n_queries, err);
+    return mkv_bl_need_queries("think", m->n_queries, err);
 }
 
 static int64_t pruned_tokens(const mkv_params *p, int64_t T)
@@ -94,7 +84,7 @@ static int think_compress(const mkv_params *p, const mkv_head_kv *in, mkv_cdump_
                           mkv_error *err)
 {
     int rc;
-    if ((rc = check_params(p, err)) || (rc = mkv_bl_need_queries("think", in->W, err)))
+    if ((rc = mkv_bl_need_queries("think", in->W, err)))
         return rc;
     size_t n = (size_t)in->T * (size_t)in->d;
     if ((rc = mkv_bl_check_f16_range(in->k, n, "key", in->layer, in->head, err)) ||
@@ -151,22 +141,19 @@ static int think_load(const mkv_params *p, mkv_cdump *c, int layer, int head, vo
         return mkv_fail(err, MKV_ENOMEM, "out of memory loading think state");
     mkv_cdump_cache_shape(c, &s->T, &s->d, &s->G);
     int16_t *ch = NULL;
-    int rc = check_params(p, err);
-    if (!rc) {
-        s->kk = mkv_bl_kept_channels(mkv_params_double(p, "keep"), s->d);
-        s->pruned = pruned_tokens(p, s->T);
-        int64_t nch[1] = {s->kk}, kept[2] = {s->pruned, s->kk}, rec[2] = {s->T - s->pruned, s->d},
-                v[2] = {s->T, s->d};
-        rc = mkv_cdump_get_shaped(c, layer, head, "k_channels", MKV_EL_I16, 1, nch, (void **)&ch, err);
-        if (!rc && s->pruned)
-            rc = mkv_cdump_get_shaped(c, layer, head, "k_kept", MKV_EL_F16, 2, kept, (void **)&s->k_kept, err);
-        if (!rc && rec[0])
-            rc = mkv_cdump_get_shaped(c, layer, head, "k_recent", MKV_EL_F16, 2, rec, (void **)&s->k_recent, err);
-        if (!rc)
-            rc = mkv_cdump_get_shaped(c, layer, head, "v", MKV_EL_F16, 2, v, (void **)&s->v, err);
-        if (!rc && !(s->channels = mkv_alloc((size_t)s->kk, sizeof *s->channels, "kept channels", err)))
-            rc = MKV_ENOMEM;
-    }
+    s->kk = mkv_bl_kept_channels(mkv_params_double(p, "keep"), s->d);
+    s->pruned = pruned_tokens(p, s->T);
+    int64_t nch[1] = {s->kk}, kept[2] = {s->pruned, s->kk}, rec[2] = {s->T - s->pruned, s->d},
+            v[2] = {s->T, s->d};
+    int rc = mkv_cdump_get_shaped(c, layer, head, "k_channels", MKV_EL_I16, 1, nch, (void **)&ch, err);
+    if (!rc && s->pruned)
+        rc = mkv_cdump_get_shaped(c, layer, head, "k_kept", MKV_EL_F16, 2, kept, (void **)&s->k_kept, err);
+    if (!rc && rec[0])
+        rc = mkv_cdump_get_shaped(c, layer, head, "k_recent", MKV_EL_F16, 2, rec, (void **)&s->k_recent, err);
+    if (!rc)
+        rc = mkv_cdump_get_shaped(c, layer, head, "v", MKV_EL_F16, 2, v, (void **)&s->v, err);
+    if (!rc && !(s->channels = mkv_alloc((size_t)s->kk, sizeof *s->channels, "kept channels", err)))
+        rc = MKV_ENOMEM;
     for (int j = 0; !rc && j < s->kk; j++) {
         s->channels[j] = ch[j];
         if (ch[j] < 0 || ch[j] >= s->d || (j && ch[j] <= ch[j - 1]))

@@ -120,15 +120,15 @@ static const mkv_param_spec mosaic_params[] = {
      "tokens per segment S (one rotation and one strategy each)"},
     {"block", MKV_PARAM_INT, "8", 1, 1e6, NULL, "tokens per block key B (the selection unit)"},
     {"keydim", MKV_PARAM_DOUBLE, "0.5", 0, 1, NULL,
-     "fraction of head_dim the block keys span: the first ceil(keydim x head_dim) rotated channels"},
+     "fraction of head_dim the block keys span: the first ceil(keydim x head_dim) rotated channels", MKV_PARAM_ABOVE_MIN},
     {"bound", MKV_PARAM_INT, "2", 0, 1024, NULL,
      "leading block-key channels stored as min and max (a bound on q.k) instead of the mean"},
     {"keep", MKV_PARAM_DOUBLE, "0.25", 0, 1, NULL,
-     "fixed: fraction of head_dim kept per vector, r = ceil(keep x head_dim) elements"},
-    {"group", MKV_PARAM_INT, "1", 1, 4, NULL,
-     "fixed: channels per selection group g (1, 2 or 4 adjacent rotated channels)"},
+     "fixed: fraction of head_dim kept per vector, r = ceil(keep x head_dim) elements", MKV_PARAM_ABOVE_MIN},
+    {"group", MKV_PARAM_INT, "1", 1, 4, "1 2 4",
+     "fixed: channels per selection group g (adjacent rotated channels)"},
     {"energy", MKV_PARAM_DOUBLE, "0.95", 0, 1, NULL,
-     "fixed: fraction of eigen-energy the d' kept rotated channels hold"},
+     "fixed: fraction of eigen-energy the d' kept rotated channels hold", MKV_PARAM_ABOVE_MIN},
     {"rotate", MKV_PARAM_STRING, "on", 0, 0, "on off",
      "per-segment SVD rotation (dynamic: values may go without where it pays; off: never)"},
     {"strategy", MKV_PARAM_STRING, "ratio", 0, 0, "fixed dynamic ratio",
@@ -138,7 +138,7 @@ static const mkv_param_spec mosaic_params[] = {
     {"ratio", MKV_PARAM_DOUBLE, "3", 1, 1e6, NULL,
      "ratio: physical compression per head, logical/physical bytes, the least loss within it"},
     {"budget", MKV_PARAM_DOUBLE, "0.1", 0, 1e15, NULL,
-     "tokens attended per step: fraction (<= 1) of the context or a count (> 1)"},
+     "tokens attended per step: fraction (<= 1) of the context or a count (> 1)", MKV_PARAM_ABOVE_MIN},
     {"agg", MKV_PARAM_STRING, "max", 0, 0, "max sum", "block score over the G query heads: max or sum"},
     {NULL, 0, NULL, 0, 0, NULL, NULL},
 };
@@ -159,14 +159,7 @@ int mkv_mosaic_check_common(const mkv_params *p, const mkv_dump_meta *m, mkv_err
     if (d < 1 || d > MKV_MOSAIC_MAX_D)
         return mkv_fail(err, MKV_EUSAGE, "head_dim %d is out of range for mosaic (1..%d)", d,
                         MKV_MOSAIC_MAX_D);
-    if ((rc = mkv_bl_check_min("sink", mkv_params_int(p, "sink"), 0, err)) ||
-        (rc = mkv_bl_check_min("recent", mkv_params_int(p, "recent"), 0, err)) ||
-        (rc = mkv_bl_check_min("block", block, 1, err)) ||
-        (rc = mkv_bl_check_min("segment", segment, 1, err)) ||
-        (rc = mkv_bl_check_min("bound", mkv_params_int(p, "bound"), 0, err)) ||
-        (rc = mkv_bl_check_fraction("keydim", mkv_params_double(p, "keydim"), err)) ||
-        (rc = mkv_bl_check_fraction("keep", mkv_params_double(p, "keep"), err)) ||
-        (rc = mkv_bl_check_budget("budget", mkv_params_double(p, "budget"), m->n_tokens, err)))
+    if ((rc = mkv_bl_check_budget("budget", mkv_params_double(p, "budget"), m->n_tokens, err)))
         return rc;
     if (segment < block)
         return mkv_fail(err, MKV_EUSAGE, "segment=%lld tokens is smaller than block=%lld tokens: a "
@@ -186,15 +179,8 @@ static int mosaic_check(const mkv_params *p, const mkv_dump_meta *m, mkv_error *
         return rc;
     int d = m->head_dim;
     int64_t g = mkv_params_int(p, "group");
-    double keep = mkv_params_double(p, "keep"), threshold = mkv_params_double(p, "threshold");
+    double keep = mkv_params_double(p, "keep");
     int fixed = strcmp(mkv_params_str(p, "strategy"), "fixed") == 0;
-    if ((rc = mkv_bl_check_fraction("energy", mkv_params_double(p, "energy"), err)) != MKV_OK)
-        return rc;
-    if (g != 1 && g != 2 && g != 4)
-        return mkv_fail(err, MKV_EUSAGE, "group=%lld is out of range: 1, 2 or 4 channels", (long long)g);
-    if (!(threshold >= 0 && threshold <= 1))
-        return mkv_fail(err, MKV_EUSAGE, "threshold=%g is out of range: a loss in [0, 1] is required",
-                        threshold);
     if (!fixed)
         return MKV_OK;
     int r = mkv_mosaic_kept(keep, d);

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "core/outfile.h"
 #include "io/dump.h"
 #include "model/capture.h"
 #include "model/model_load.h"
@@ -486,12 +487,12 @@ START_TEST(test_output_overwrites)
     write_text(b, "x");
     unlink(link_a);
     ck_assert_int_eq(link(a, link_a), 0);
-    ck_assert(mkv_output_overwrites(a, a));
-    ck_assert(mkv_output_overwrites(dot_a, a));
-    ck_assert(mkv_output_overwrites(link_a, a));
-    ck_assert(!mkv_output_overwrites(b, a));
-    ck_assert(!mkv_output_overwrites("-", "-"));
-    ck_assert(!mkv_output_overwrites(a, "-"));
+    ck_assert(mkv_outfile_overwrites(a, a));
+    ck_assert(mkv_outfile_overwrites(dot_a, a));
+    ck_assert(mkv_outfile_overwrites(link_a, a));
+    ck_assert(!mkv_outfile_overwrites(b, a));
+    ck_assert(!mkv_outfile_overwrites("-", "-"));
+    ck_assert(!mkv_outfile_overwrites(a, "-"));
 }
 END_TEST
 

@@ -19,7 +19,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
@@ -347,16 +346,6 @@ static void parse_args(int argc, char **argv, attend_args *a)
 
 /* ------------------------------------------------------------ output */
 
-static int same_file(const char *a, const char *b)
-{
-    struct stat sa, sb;
-    if (strcmp(a, b) == 0)
-        return 1;
-    if (stat(a, &sa) != 0 || stat(b, &sb) != 0)
-        return 0;
-    return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
-}
-
 /* Finish an output: rc is the run's status so far, the result the final one. */
 static int output_close(mkv_outfile *o, int rc, mkv_error *err)
 {
@@ -434,7 +423,7 @@ static int run_eval(const attend_args *a, mkv_error *err)
     int rc = mkv_eval_open(&e, &in, err);
     if (!rc)
         rc = choose_device(a, &e, err);
-    if (!rc && a->output && (same_file(a->output, a->compressed) || same_file(a->output, e.raw_path)))
+    if (!rc && a->output && (mkv_outfile_overwrites(a->output, a->compressed) || mkv_outfile_overwrites(a->output, e.raw_path)))
         rc = mkv_fail(err, MKV_EUSAGE, "output '%s' would overwrite an input", a->output);
     if (!rc && !(rows = calloc((size_t)mkv_eval_n_rows(&e), sizeof *rows)))
         rc = mkv_fail(err, MKV_ENOMEM, "out of memory for the result table");

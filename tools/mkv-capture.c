@@ -30,6 +30,7 @@
 
 #include "cli/cli.h"
 #include "core/log.h"
+#include "core/outfile.h"
 #include "core/mkv.h"
 #include "io/dump.h"
 #include "io/import.h"
@@ -630,7 +631,7 @@ static void refuse_overwrite(model_run *r, const char *output, const char *input
 {
     mkv_error err;
     mkv_error_clear(&err);
-    if (input && mkv_output_overwrites(output, input)) {
+    if (mkv_outfile_overwrites(output, input)) {
         mkv_fail(&err, MKV_EUSAGE, "output '%s' would overwrite the input", output);
         fail_run(r, &err);
     }

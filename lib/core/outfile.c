@@ -227,12 +227,13 @@ int mkv_outfile_remove_stale(const char *target)
 
 /* ---------------------------------------------------------------- output */
 
-static int same_file(const char *a, const char *b)
+int mkv_outfile_overwrites(const char *path, const char *input)
 {
-    struct stat sa, sb;
-    if (stat(a, &sa) != 0 || stat(b, &sb) != 0)
+    if (!input || strcmp(path, "-") == 0 || strcmp(input, "-") == 0)
         return 0;
-    return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    struct stat sp, si;
+    return strcmp(path, input) == 0 ||
+           (stat(path, &sp) == 0 && stat(input, &si) == 0 && sp.st_dev == si.st_dev && sp.st_ino == si.st_ino);
 }
 
 static int fail_write(const mkv_outfile *o, int errno_value, mkv_error *err)
@@ -331,7 +332,7 @@ int mkv_outfile_open(mkv_outfile *o, const char *path, const char *protect, int 
         o->fp = stdout;
         return MKV_OK;
     }
-    if (protect && strcmp(protect, "-") != 0 && (strcmp(path, protect) == 0 || same_file(path, protect)))
+    if (mkv_outfile_overwrites(path, protect))
         return mkv_fail(err, MKV_EUSAGE, "output '%s' would overwrite the input", path);
     o->name = strdup(path);
     if (!o->name)

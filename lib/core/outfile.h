@@ -38,6 +38,10 @@ typedef struct {
     int is_stdout;
 } mkv_outfile;
 
+/* Whether writing path would replace the file input: the same name or the
+ * same device and inode (never for "-" or a NULL input). */
+int mkv_outfile_overwrites(const char *path, const char *input);
+
 /* Open an output. path "-" is standard output. protect (may be NULL or
  * "-") names an input the output must not overwrite. Errors:
  * "cannot create 'x': No such file or directory", "output 'x' would

@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "core/log.h"
 #include "model/capture.h"
@@ -35,15 +34,6 @@ int mkv_prompt_opts_check(const mkv_prompt_opts *po, mkv_error *err)
     if (po->token_ids && po->special)
         return mkv_fail(err, MKV_EUSAGE, "--special applies to text prompts, not --token-ids");
     return MKV_OK;
-}
-
-int mkv_output_overwrites(const char *output, const char *input)
-{
-    if (strcmp(output, "-") == 0 || strcmp(input, "-") == 0)
-        return 0;
-    struct stat so, si;
-    return strcmp(output, input) == 0 ||
-           (stat(output, &so) == 0 && stat(input, &si) == 0 && so.st_dev == si.st_dev && so.st_ino == si.st_ino);
 }
 
 static double gib(uint64_t bytes) { return (double)bytes / (1024.0 * 1024.0 * 1024.0); }

@@ -51,10 +51,6 @@ int mkv_run_model_open(const mkv_run_model_opts *o, const mkv_prompt_opts *po, m
                        mkv_error *err);
 void mkv_run_model_free(mkv_run_model *m);
 
-/* Whether writing output would replace the file input: the same path or
- * the same device and inode ("-" for either: never). */
-int mkv_output_overwrites(const char *output, const char *input);
-
 /* One TSV row per known shape, after a header line. */
 void mkv_shape_list(FILE *fp);
 

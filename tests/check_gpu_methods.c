@@ -172,8 +172,8 @@ typedef struct {
     float *out;                  /* [NQ][G][d] */
     uint8_t *attended;           /* [NQ][T] */
     uint64_t bytes[NQ];
-    mkv_gpu_queries gq;
-    mkv_gpu_answers ga;
+    mkv_eval_queries gq;
+    mkv_eval_answers ga;
 } gpu_io;
 
 static void gpu_io_make(gpu_io *io, const head_case *x)
@@ -191,8 +191,8 @@ static void gpu_io_make(gpu_io *io, const head_case *x)
             memcpy(io->q + ((size_t)w * G + g) * d, x->q + ((size_t)g * NQ + w) * d, sizeof(float) * (size_t)d);
     }
     memset(io->out, 0xff, sizeof(float) * n);
-    io->gq = (mkv_gpu_queries){G, d, x->s.T, NQ, io->q, io->pos};
-    io->ga = (mkv_gpu_answers){io->out, io->attended, io->bytes};
+    io->gq = (mkv_eval_queries){G, d, x->s.T, NQ, io->q, io->pos};
+    io->ga = (mkv_eval_answers){io->out, io->attended, io->bytes};
 }
 
 static void gpu_io_free(gpu_io *io)

@@ -26,7 +26,6 @@
 #include "core/outfile.h"
 #include "core/mkv.h"
 #include "gpu/bench_options.h"
-#include "gpu/evaluate_gpu.h"
 #include "gpu/gpu_method.h"
 #include "methods/evaluate.h"
 #include "methods/method.h"
@@ -379,7 +378,7 @@ static int choose_device(const attend_args *a, mkv_eval *e, mkv_error *err)
     char why[256];
     int usable = mkv_gpu_method_usable(e->method, &e->params, e->m, why, sizeof why);
     if (usable > 0) {
-        e->device = mkv_gpu_eval_attend;
+        e->device = mkv_gpu_method_attend;
         e->device_name = "gpu";
         return MKV_OK;
     }

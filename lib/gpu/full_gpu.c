@@ -8,8 +8,8 @@
 
 extern const mkv_method mkv_method_full;
 
-static int full_gpu_attend(const mkv_params *pr, mkv_cdump *c, int layer, int head, const mkv_gpu_queries *q,
-                           mkv_gpu_answers *a, mkv_error *err)
+static int full_gpu_attend(const mkv_params *pr, mkv_cdump *c, int layer, int head, const mkv_eval_queries *q,
+                           mkv_eval_answers *a, mkv_error *err)
 {
     (void)pr;
     const int d = q->d, G = q->G;

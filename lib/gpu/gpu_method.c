@@ -73,7 +73,7 @@ int mkv_gpu_method_usable(const mkv_method *m, const mkv_params *p, const mkv_du
 }
 
 int mkv_gpu_method_attend(const mkv_method *m, const mkv_params *p, mkv_cdump *c, int layer, int head,
-                          const mkv_gpu_queries *q, mkv_gpu_answers *a, mkv_error *err)
+                          const mkv_eval_queries *q, mkv_eval_answers *a, mkv_error *err)
 {
     const mkv_gpu_method *g = mkv_gpu_method_of(m);
     if (!g)
@@ -126,7 +126,7 @@ static int load_kv16(mkv_cdump *c, int layer, int head, int64_t T, int d, uint16
     return rc;
 }
 
-int mkv_gpu_dense_setup(mkv_cdump *c, int layer, int head, const mkv_gpu_queries *q, mkv_gpu_devset *ds,
+int mkv_gpu_dense_setup(mkv_cdump *c, int layer, int head, const mkv_eval_queries *q, mkv_gpu_devset *ds,
                         mkv_gpu_dense_bufs *b, mkv_error *err)
 {
     const size_t gd = (size_t)q->G * (size_t)q->d;

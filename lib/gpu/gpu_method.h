@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "methods/evaluate.h"
 #include "methods/method.h"
 #include "core/mkv.h"
 #include "mkv_cuda.h"
@@ -26,24 +27,12 @@
 int mkv_gpu_method_usable(const mkv_method *m, const mkv_params *p, const mkv_dump_meta *meta, char *why,
                           size_t len);
 
-/* The queries of one (layer, KV head) of a dump. */
-typedef struct {
-    int G, d;
-    int64_t T, W;
-    const float *q;          /* [W][G][d] */
-    const int64_t *pos;      /* [W] query positions */
-} mkv_gpu_queries;
-
-typedef struct {
-    float *out;              /* [W][G][d] */
-    uint8_t *attended;       /* [W][T], zeroed by the caller */
-    uint64_t *bytes_read;    /* [W], as the method's CPU attend counts them */
-} mkv_gpu_answers;
-
 /* Answer every query of (layer, head) with method m's GPU kernel over the
- * arrays of compressed dump c (the scale is 1/sqrt(d)).  Not thread-safe
- * with respect to other GPU work of the process: callers serialise. */
+ * arrays of compressed dump c (the scale is 1/sqrt(d)): the evaluation
+ * loop's device hook (mkv_eval_device of methods/evaluate.h).  Not
+ * thread-safe with respect to other GPU work of the process: callers
+ * serialise. */
 int mkv_gpu_method_attend(const mkv_method *m, const mkv_params *p, mkv_cdump *c, int layer, int head,
-                          const mkv_gpu_queries *q, mkv_gpu_answers *a, mkv_error *err);
+                          const mkv_eval_queries *q, mkv_eval_answers *a, mkv_error *err);
 
 #endif

@@ -23,8 +23,8 @@ typedef struct {
      * head; see mkv_gpu_shape_supported).  NULL: no further limit. */
     int (*supports)(const mkv_params *p, const mkv_dump_meta *meta, char *why, size_t len);
     /* mkv_gpu_method_attend for this method. */
-    int (*attend)(const mkv_params *p, mkv_cdump *c, int layer, int head, const mkv_gpu_queries *q,
-                  mkv_gpu_answers *a, mkv_error *err);
+    int (*attend)(const mkv_params *p, mkv_cdump *c, int layer, int head, const mkv_eval_queries *q,
+                  mkv_eval_answers *a, mkv_error *err);
 } mkv_gpu_method;
 
 /* The GPU path of m, or NULL when m has none. */
@@ -56,7 +56,7 @@ typedef struct {
 
 /* Load K and V of (layer, head) from c (arrays "k" and "v", fp16 [T][d])
  * and fill b with buffers recorded in ds. */
-int mkv_gpu_dense_setup(mkv_cdump *c, int layer, int head, const mkv_gpu_queries *q, mkv_gpu_devset *ds,
+int mkv_gpu_dense_setup(mkv_cdump *c, int layer, int head, const mkv_eval_queries *q, mkv_gpu_devset *ds,
                         mkv_gpu_dense_bufs *b, mkv_error *err);
 
 #endif

@@ -21,8 +21,8 @@ static int quest_gpu_supports(const mkv_params *p, const mkv_dump_meta *meta, ch
     return 1;
 }
 
-static int quest_gpu_attend(const mkv_params *pr, mkv_cdump *c, int layer, int head, const mkv_gpu_queries *q,
-                            mkv_gpu_answers *a, mkv_error *err)
+static int quest_gpu_attend(const mkv_params *pr, mkv_cdump *c, int layer, int head, const mkv_eval_queries *q,
+                            mkv_eval_answers *a, mkv_error *err)
 {
     const int d = q->d, G = q->G;
     const size_t gd = (size_t)G * (size_t)d;

@@ -32,7 +32,8 @@
     "rel_l2_median\trel_l2_p90\trel_l2_max\trecall_mean\ttokens_mean\tbytes_read_mean\t"     \
     "dense_bytes_mean"
 
-/* The queries of one (layer, KV head), for a device hook. */
+/* The queries of one (layer, KV head), for a device hook (the GPU's:
+ * mkv_gpu_method_attend of gpu/gpu_method.h). */
 typedef struct {
     int G, d;
     int64_t T, W;

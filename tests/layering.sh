@@ -1,23 +1,25 @@
 #!/bin/sh
 # The include rule of lib/README, checked from the #include lines: a folder
-# of lib/ includes only its own headers and those of the folders it uses;
-# a _priv.h header only from its own folder; kernels/ only core/; tools/
-# no private header.
+# of lib/ includes only its own headers and those of the folders its row of
+# lib/README's table names under "uses" (read from there, not repeated
+# here); a _priv.h header only from its own folder; kernels/ only core/.
 cd "${top_srcdir:-.}" || exit 1
+# The "uses" column of lib/README's table, one line per folder: "io core",
+# "cli core io ... kernels"; a row continues on rows with an empty first
+# cell; "kernels/mkv_cuda.h" names kernels, "every folder" all of them.
+folders=$(awk -F'|' '/^\| [a-z]+\/ / { print $2 }' lib/README | tr -d ' /' | tr '\n' ' ')
+rules=$(awk -F'|' -v all="$folders" '
+    /^\|-/ { next }
+    /^\| [a-z]+\/ / { if (name) print name, uses; name = $2; gsub(/[ \/]/, "", name); uses = "" }
+    /^\| / && name { u = $4; gsub(/kernels\/mkv_cuda\.h|mkv_cuda\.h/, "kernels", u)
+                     gsub(/every folder/, all, u); gsub(/\(nothing\)|,/, " ", u); uses = uses " " u }
+    /^$/ && name { print name, uses; name = "" }
+    END { if (name) print name, uses }' lib/README | awk '{ $1 = $1; print }')
 allowed() {
     case $1 in
-        core) echo "core" ;;
-        io) echo "core io" ;;
-        vocab) echo "core vocab" ;;
-        model) echo "core io vocab model" ;;
-        analysis) echo "core io analysis" ;;
-        methods) echo "core io methods" ;;
-        mosaic) echo "core io methods mosaic kernels" ;;
-        gpu) echo "core io methods mosaic gpu kernels" ;;
-        cli) echo "core io vocab model analysis methods mosaic gpu cli kernels" ;;
         kernels) echo "core kernels" ;;
-        tools) echo "core io vocab model analysis methods mosaic gpu cli kernels" ;;
-        *) echo "" ;;
+        tools) echo "$folders kernels" ;;
+        *) echo "$rules" | awk -v f="$1" '$1 == f { print }' ;;
     esac
 }
 bad=0

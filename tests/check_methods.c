@@ -330,7 +330,8 @@ static void compress_to(const mkv_method *meth, const mkv_params *p, const head_
 
 /* Exact attention in long double over the given K/V (independent of
  * mkv_attend_exact): output, weights and the RMS of the attended values. */
-static void reference(const float *k, const float *v, const float *q, int64_t pos, double *out, double *probs, double *rms)
+static void reference(const float *k, const float *v, const float *q, int64_t pos, double *out, double *probs,
+                      double *rms, double *lse)
 {
     long double s[MT], m = -INFINITY, sum = 0;
     for (int64_t t = 0; t <= pos; t++) {
@@ -343,6 +344,7 @@ static void reference(const float *k, const float *v, const float *q, int64_t po
     }
     for (int64_t t = 0; t <= pos; t++)
         sum += (s[t] = expl(s[t] - m));
+    *lse = (double)(m + logl(sum));
     long double acc[MD] = {0}, sq = 0;
     for (int64_t t = 0; t <= pos; t++) {
         long double pt = s[t] / sum, norm = 0;
@@ -358,10 +360,11 @@ static void reference(const float *k, const float *v, const float *q, int64_t po
     *rms = (double)sqrtl(sq);
 }
 
-/* Load every head, answer every query; the largest error / RMS, and the
- * smallest recall seen. */
+/* Load every head, answer every query; the largest error / RMS, the
+ * smallest recall and the largest error of the log-sum-exp seen (the
+ * latter only meaningful where every token is attended). */
 static void attend_all(const mkv_method *meth, const mkv_params *p, const head_data *x, const char *path,
-                       double *worst, double *min_recall)
+                       double *worst, double *min_recall, double *worst_lse)
 {
     mkv_cdump *c;
     mkv_error err;
@@ -369,23 +372,27 @@ static void attend_all(const mkv_method *meth, const mkv_params *p, const head_d
     ck_assert_msg(mkv_cdump_open(path, &c, &err) == MKV_OK, "%s: %s", meth->name, err.msg);
     *worst = 0;
     *min_recall = 1;
+    *worst_lse = 0;
     for (int h = 0; h < MKVH; h++) {
         void *state = NULL;
         ck_assert_msg(meth->load(p, c, 0, h, &state, &err) == MKV_OK, "%s: load: %s", meth->name, err.msg);
         for (int w = 0; w < MW; w++) {
             float q[MG * MD], out[MG * MD];
+            double lse[MG];
             uint8_t attended[MT] = {0};
             for (int g = 0; g < MG; g++)
                 memcpy(q + g * MD, x->q[h * MG + g][w], sizeof(float) * MD);
             mkv_attend_query aq = {.G = MG, .d = MD, .q = q, .pos = m_qpos[w], .scale = 1 / sqrt((double)MD)};
-            mkv_attend_result r = {.out = out, .attended = attended, .bytes_read = 0};
+            mkv_attend_result r = {.out = out, .attended = attended, .bytes_read = 0, .lse = lse};
             ck_assert_msg(meth->attend(state, &aq, &r, &err) == MKV_OK, "%s: attend: %s", meth->name, err.msg);
             ck_assert_msg(r.bytes_read > 0, "%s: bytes_read is 0", meth->name);
             for (int t = m_qpos[w] + 1; t < MT; t++)
                 ck_assert_msg(!attended[t], "%s: attended token %d after position %d", meth->name, t, m_qpos[w]);
             for (int g = 0; g < MG; g++) {
-                double ref[MD], probs[MT], rms, diff = 0, recall = 0;
-                reference(&x->k[h][0][0], &x->v[h][0][0], q + g * MD, m_qpos[w], ref, probs, &rms);
+                double ref[MD], probs[MT], rms, ref_lse, diff = 0, recall = 0;
+                reference(&x->k[h][0][0], &x->v[h][0][0], q + g * MD, m_qpos[w], ref, probs, &rms, &ref_lse);
+                if (fabs(lse[g] - ref_lse) > *worst_lse)
+                    *worst_lse = fabs(lse[g] - ref_lse);
                 for (int i = 0; i < MD; i++)
                     diff += (out[g * MD + i] - ref[i]) * (out[g * MD + i] - ref[i]);
                 for (int t = 0; t <= m_qpos[w]; t++)
@@ -502,8 +509,12 @@ START_TEST(generous_equals_exact)
         snprintf(name, sizeof name, "generous-%s-%zu.h5", meth->name, j);
         test_path(path, sizeof path, name);
         compress_to(meth, &p, &x, path);
-        double worst, min_recall;
-        attend_all(meth, &p, &x, path, &worst, &min_recall);
+        double worst, min_recall, worst_lse;
+        attend_all(meth, &p, &x, path, &worst, &min_recall, &worst_lse);
+        /* scores are of order 1 here, so a storage error that moves the
+         * output by tol of the value RMS moves the log-sum-exp about as much */
+        ck_assert_msg(worst_lse <= generous[j].tol, "%s (%s): log-sum-exp off by %.3g, more than %.3g (%s)",
+                      meth->name, generous[j].params, worst_lse, generous[j].tol, generous[j].why);
         ck_assert_msg(worst <= generous[j].tol, "%s (%s): error %.3g of the value RMS exceeds %.3g (%s)",
                       meth->name, generous[j].params, worst, generous[j].tol, generous[j].why);
         ck_assert_msg(min_recall > 1 - 1e-9, "%s (%s): recall %.9f < 1: not every token attended", meth->name,
@@ -528,8 +539,9 @@ START_TEST(full_exact_on_f16_values)
     char path[256];
     test_path(path, sizeof path, "full.h5");
     compress_to(full, &p, &x, path);
-    double worst, min_recall;
-    attend_all(full, &p, &x, path, &worst, &min_recall);
+    double worst, min_recall, worst_lse;
+    attend_all(full, &p, &x, path, &worst, &min_recall, &worst_lse);
+    ck_assert_msg(worst_lse < 1e-6, "full: log-sum-exp off by %.3g on float16-exact inputs", worst_lse);
     ck_assert_msg(worst < 1e-6, "full: error %.3g on float16-exact inputs", worst);
     ck_assert(min_recall > 1 - 1e-12);
     mkv_cdump *c;

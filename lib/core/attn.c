@@ -63,6 +63,22 @@ void mkv_osm_finish(const mkv_osm *s, float *out)
         out[i] = s->l > 0 ? (float)(s->acc[i] / s->l) : 0.0f;
 }
 
+double mkv_osm_lse(const mkv_osm *s)
+{
+    return s->l > 0 ? s->m + log(s->l) : -INFINITY;
+}
+
+void mkv_osm_from_output(mkv_osm *s, double *acc, int d, const float *out, double lse)
+{
+    mkv_osm_init(s, acc, d);
+    if (!(lse > -INFINITY))
+        return;
+    s->m = lse;
+    s->l = 1.0;
+    for (int i = 0; i < d; i++)
+        acc[i] = out[i];
+}
+
 int64_t mkv_budget_tokens(double budget, int64_t n)
 {
     int64_t k = budget <= 1.0 ? (int64_t)ceil(budget * (double)n - 1e-9) : (int64_t)budget;

@@ -24,6 +24,13 @@ void mkv_osm_add_sparse(mkv_osm *s, double score, const float *vals, const int *
 void mkv_osm_merge(mkv_osm *a, const mkv_osm *b);
 /* out [d] = acc / l (zeros when nothing was added). */
 void mkv_osm_finish(const mkv_osm *s, float *out);
+/* log sum exp of the scores added (-inf when none were): with the output,
+ * what a later merge with other tokens needs. */
+double mkv_osm_lse(const mkv_osm *s);
+/* A state holding one finished attention: output out [d] over tokens whose
+ * log-sum-exp is lse; adding or merging more tokens then gives the
+ * attention over both sets. */
+void mkv_osm_from_output(mkv_osm *s, double *acc, int d, const float *out, double lse);
 
 /* Token budget per decode step, in tokens, for a context of n tokens:
  * budget <= 1 is a fraction of n (rounded up), budget > 1 a count; the

@@ -265,7 +265,7 @@ double mkv_bl_dot_idx(const float *q, const int *idx, const float *k, int n)
 }
 
 int mkv_bl_attend_rows(const mkv_attend_query *q, const float *k, const float *v, int64_t n,
-                       const uint8_t *mask, float *out, mkv_error *err)
+                       const uint8_t *mask, mkv_attend_result *res, mkv_error *err)
 {
     int d = q->d;
     double *acc = mkv_alloc((size_t)d, sizeof *acc, "attention accumulator", err);
@@ -278,7 +278,9 @@ int mkv_bl_attend_rows(const mkv_attend_query *q, const float *k, const float *v
         for (int64_t r = 0; r < n; r++)
             if (!mask || mask[r])
                 mkv_osm_add(&s, q->scale * mkv_bl_dot(qg, k + r * d, d), v + r * d);
-        mkv_osm_finish(&s, out + (size_t)g * d);
+        mkv_osm_finish(&s, res->out + (size_t)g * d);
+        if (res->lse)
+            res->lse[g] = mkv_osm_lse(&s);
     }
     mkv_free(acc);
     return MKV_OK;

@@ -95,9 +95,9 @@ double mkv_bl_dot(const float *q, const float *k, int n);
 double mkv_bl_dot_idx(const float *q, const int *idx, const float *k, int n);
 /* Attention of the q->G heads over rows [0, n) of k, v [n][q->d] (only the
  * rows with mask[r] != 0 when mask is given), scores q.k scale, online
- * softmax in double; out [G][d]. */
+ * softmax in double; r->out [G][d] and r->lse when asked for. */
 int mkv_bl_attend_rows(const mkv_attend_query *q, const float *k, const float *v, int64_t n,
-                       const uint8_t *mask, float *out, mkv_error *err);
+                       const uint8_t *mask, mkv_attend_result *r, mkv_error *err);
 /* Channels of `keep` kept out of d: ceil(keep d) clamped to 1..d. */
 int mkv_bl_kept_channels(double keep, int d);
 /* Indices of the k largest of score [n] (ties: lower index), ascending. */

@@ -97,6 +97,8 @@ static int full_attend(void *state, const mkv_attend_query *q, mkv_attend_result
             mkv_osm_add(&osm, dot * q->scale, s->v + (size_t)t * (size_t)s->d);
         }
         mkv_osm_finish(&osm, r->out + (size_t)g * (size_t)s->d);
+        if (r->lse)
+            r->lse[g] = mkv_osm_lse(&osm);
     }
     free(acc);
     for (int64_t t = 0; t <= q->pos; t++)

@@ -266,7 +266,7 @@ static int kivi_attend(void *state, const mkv_attend_query *q, mkv_attend_result
     r->bytes_read = 2u * mkv_bl_packed_bytes((size_t)nq * (size_t)d, s->cfg.bits) +
                     (uint64_t)((nq + s->cfg.group - 1) / s->cfg.group) * d * 2u * 2u +
                     (uint64_t)nq * (uint64_t)s->gv * 2u * 2u + (uint64_t)(n - nq) * 2u * d * 2u;
-    return mkv_bl_attend_rows(q, s->k, s->v, n, NULL, r->out, err);
+    return mkv_bl_attend_rows(q, s->k, s->v, n, NULL, r, err);
 }
 
 const mkv_method mkv_method_kivi = {

@@ -88,6 +88,10 @@ typedef struct {
     uint8_t *attended;       /* [T] (caller allocated, zeroed): 1 for each token whose
                                 key/value took part (any of the G heads) */
     uint64_t bytes_read;     /* bytes of compressed state this step read */
+    double *lse;             /* [G] or NULL: per head, the log-sum-exp of the
+                                scaled scores of the tokens attended (what a
+                                decoder needs to merge in tokens the method
+                                does not hold; mkv_osm_from_output) */
 } mkv_attend_result;
 
 typedef struct mkv_method {

@@ -232,6 +232,8 @@ static int naive2d_attend(void *state, const mkv_attend_query *q, mkv_attend_res
                     mkv_osm_add_sparse(&o, q->scale * mkv_bl_dot(qk + g * kk, s->k + t * kk, kk),
                                        s->v + t * s->kv, s->vch, s->kv);
             mkv_osm_finish(&o, r->out + (size_t)g * d);
+            if (r->lse)
+                r->lse[g] = mkv_osm_lse(&o);
         }
         r->bytes_read = (uint64_t)(kk + s->kv) * 2u + (uint64_t)visible * 2u * (uint64_t)kk * 2u +
                         (uint64_t)n * (uint64_t)(kk + s->kv) * 2u;

@@ -127,7 +127,7 @@ static int quest_attend(void *state, const mkv_attend_query *q, mkv_attend_resul
     if (n < 0)
         return MKV_ENOMEM;
     r->bytes_read = (uint64_t)(visible + n) * 2u * (uint64_t)s->d * 2u;
-    return mkv_bl_attend_rows(q, s->k, s->v, q->pos + 1, r->attended, r->out, err);
+    return mkv_bl_attend_rows(q, s->k, s->v, q->pos + 1, r->attended, r, err);
 }
 
 const mkv_method mkv_method_quest = {

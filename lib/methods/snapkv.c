@@ -238,7 +238,7 @@ static int snapkv_attend(void *state, const mkv_attend_query *q, mkv_attend_resu
     while (rows < s->n && s->index[rows] <= q->pos)
         r->attended[s->index[rows++]] = 1;
     r->bytes_read = (uint64_t)rows * 2u * (uint64_t)s->d * 2u;
-    return mkv_bl_attend_rows(q, s->k, s->v, rows, NULL, r->out, err);
+    return mkv_bl_attend_rows(q, s->k, s->v, rows, NULL, r, err);
 }
 
 const mkv_method mkv_method_snapkv = {

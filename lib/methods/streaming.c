@@ -128,7 +128,7 @@ static int streaming_attend(void *state, const mkv_attend_query *q, mkv_attend_r
     for (int64_t t = s->T - s->recent; t <= q->pos; t++, rows++)
         r->attended[t] = 1;
     r->bytes_read = (uint64_t)rows * 2u * (uint64_t)s->d * 2u;
-    return mkv_bl_attend_rows(q, s->k, s->v, rows, NULL, r->out, err);
+    return mkv_bl_attend_rows(q, s->k, s->v, rows, NULL, r, err);
 }
 
 const mkv_method mkv_method_streaming = {

@@ -190,6 +190,8 @@ static int think_attend(void *state, const mkv_attend_query *q, mkv_attend_resul
             mkv_osm_add(&o, q->scale * dot, s->v + t * d);
         }
         mkv_osm_finish(&o, r->out + (size_t)g * d);
+        if (r->lse)
+            r->lse[g] = mkv_osm_lse(&o);
     }
     mkv_free(acc);
     int64_t n = q->pos + 1, np = n < s->pruned ? n : s->pruned;

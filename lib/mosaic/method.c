@@ -1126,8 +1126,11 @@ int mkv_mosaic_attend(const mkv_mosaic_head *h, const mkv_mosaic_attn_opts *o,
                            (uint64_t)(upto < nb ? upto : nb) * (uint64_t)mkv_mosaic_block_width(ks) * 2;
         attend_segment(h, si, w.qt + (size_t)si * G * d, res->attended, q, &w, res);
     }
-    for (int g = 0; g < G; g++)
+    for (int g = 0; g < G; g++) {
         mkv_osm_finish(&w.tot[g], res->out + (size_t)g * d);
+        if (res->lse)
+            res->lse[g] = mkv_osm_lse(&w.tot[g]);
+    }
     work_free(&w);
     return MKV_OK;
 }

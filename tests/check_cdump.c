@@ -99,14 +99,10 @@ static const uint8_t u8_in[5] = {0, 1, 127, 128, 255};
 static const int16_t i16_in[8] = {-32768, 32767, -1, 0, 1, 2, 300, -300};
 static const int32_t i32_in[3] = {INT32_MIN, 0, INT32_MAX};
 
-static void write_all_types(const char *path)
+static void put_all_types(mkv_cdump_writer *w)
 {
-    mkv_cdump_meta cm;
-    tiny_meta(&cm, L);
-    mkv_cdump_writer *w;
     mkv_error err;
     int64_t d2[2] = {2, 3}, d1[1] = {4}, d5[1] = {5}, d3[3] = {2, 2, 2}, d3b[1] = {3};
-    OK(mkv_cdump_create(path, NULL, &cm, qpos, &w, &err));
     OK(mkv_cdump_put(w, 0, 0, "f16", MKV_EL_F16, 2, d2, f16_in, &err));
     OK(mkv_cdump_put(w, 0, 0, "g/f32", MKV_EL_F32, 1, d1, f32_in, &err));
     OK(mkv_cdump_put(w, 0, 0, "u8", MKV_EL_U8, 1, d5, u8_in, &err));
@@ -114,6 +110,16 @@ static void write_all_types(const char *path)
     OK(mkv_cdump_put(w, 0, 1, "g/i32", MKV_EL_I32, 1, d3b, i32_in, &err));
     OK(mkv_cdump_put_attr_int(w, 0, 1, "segments", 3, &err));
     OK(mkv_cdump_put_attr_double(w, 0, 0, "energy", 0.75, &err));
+}
+
+static void write_all_types(const char *path)
+{
+    mkv_cdump_meta cm;
+    tiny_meta(&cm, L);
+    mkv_cdump_writer *w;
+    mkv_error err;
+    OK(mkv_cdump_create(path, NULL, &cm, qpos, &w, &err));
+    put_all_types(w);
     OK(mkv_cdump_commit(w, &err));
 }
 
@@ -213,6 +219,50 @@ START_TEST(roundtrip_every_type)
 END_TEST
 
 /* ---------------------------------------------------------------- accounting */
+
+/* A dump built in memory reads back like the same dump from a file: the
+ * same metadata, arrays and byte count. */
+START_TEST(memory_dump_reads_back)
+{
+    char path[256];
+    test_path(path, sizeof path, "types-file.h5");
+    write_all_types(path);
+    mkv_error err;
+    mkv_cdump *file, *mem;
+    OK(mkv_cdump_open(path, &file, &err));
+    mkv_cdump_meta cm;
+    tiny_meta(&cm, L);
+    mkv_cdump_writer *w;
+    OK(mkv_cdump_create_memory(&cm, qpos, &w, &err));
+    put_all_types(w);
+    OK(mkv_cdump_commit_open(w, &mem, &err));
+    ck_assert_str_eq(mkv_cdump_path(mem), "(memory)");
+    const mkv_cdump_meta *a = mkv_cdump_meta_of(file), *b = mkv_cdump_meta_of(mem);
+    ck_assert_str_eq(a->params, b->params);
+    ck_assert_uint_eq(a->physical_bytes, b->physical_bytes);
+    ck_assert_uint_eq(a->logical_bytes, b->logical_bytes);
+    ck_assert_int_eq(a->raw.n_tokens, b->raw.n_tokens);
+    float fa[6], fb[6];
+    OK(mkv_cdump_get(file, 0, 0, "f16", MKV_EL_F16, fa, 6, &err));
+    OK(mkv_cdump_get(mem, 0, 0, "f16", MKV_EL_F16, fb, 6, &err));
+    ck_assert(memcmp(fa, fb, sizeof fa) == 0);
+    int32_t ia[3], ib[3];
+    OK(mkv_cdump_get(file, 0, 1, "g/i32", MKV_EL_I32, ia, 3, &err));
+    OK(mkv_cdump_get(mem, 0, 1, "g/i32", MKV_EL_I32, ib, 3, &err));
+    ck_assert(memcmp(ia, ib, sizeof ia) == 0);
+    mkv_cdump_close(mem);
+    mkv_cdump_close(file);
+    unlink(path);
+
+    /* a head left empty is refused at commit, as for a file */
+    OK(mkv_cdump_create_memory(&cm, qpos, &w, &err));
+    int64_t d1[1] = {4};
+    OK(mkv_cdump_put(w, 0, 0, "g/f32", MKV_EL_F32, 1, d1, f32_in, &err));
+    ck_assert_int_eq(mkv_cdump_commit_open(w, &mem, &err), MKV_EFORMAT);
+    ck_assert_ptr_null(mem);
+    ck_assert_msg(strstr(err.msg, "stored nothing"), "%s", err.msg);
+}
+END_TEST
 
 START_TEST(accounting_hand_count)
 {
@@ -674,6 +724,7 @@ static Suite *cdump_suite(void)
     TCase *tc = tcase_create("cdump");
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, roundtrip_every_type);
+    tcase_add_test(tc, memory_dump_reads_back);
     tcase_add_test(tc, accounting_hand_count);
     tcase_add_test(tc, reader_errors);
     tcase_add_test(tc, get_errors);

@@ -141,6 +141,13 @@ typedef struct {
     uint64_t bytes;
 } head_state;
 
+struct mkv_cdump {
+    char *path;
+    hid_t fid;
+    mkv_cdump_meta meta;
+    int32_t *query_pos;    /* [W] */
+};
+
 struct mkv_cdump_writer {
     mkv_h5_out out;
     mkv_cdump_meta meta;
@@ -403,8 +410,9 @@ static void writer_free(mkv_cdump_writer *w)
     free(w);
 }
 
-int mkv_cdump_create(const char *path, const char *protect, const mkv_cdump_meta *meta,
-                     const int32_t *query_pos, mkv_cdump_writer **out, mkv_error *err)
+/* path NULL: in memory */
+static int create_writer(const char *path, const char *protect, const mkv_cdump_meta *meta,
+                         const int32_t *query_pos, mkv_cdump_writer **out, mkv_error *err)
 {
     *out = NULL;
     const mkv_dump_meta *m = &meta->raw;
@@ -436,7 +444,8 @@ int mkv_cdump_create(const char *path, const char *protect, const mkv_cdump_meta
     w->f16 = mkv_h5_f16_type();
     if (w->f16 < 0)
         rc = mkv_fail(err, MKV_EIO, "cannot make the HDF5 float16 type");
-    else if ((rc = mkv_h5_create(path, protect, &w->out, err)) == MKV_OK &&
+    else if ((rc = path ? mkv_h5_create(path, protect, &w->out, err) : mkv_h5_create_memory(&w->out, err)) ==
+                 MKV_OK &&
              (rc = write_root_attrs(w, query_pos, err)) != MKV_OK)
         mkv_h5_discard(&w->out);
     UNLOCK();
@@ -446,6 +455,18 @@ int mkv_cdump_create(const char *path, const char *protect, const mkv_cdump_meta
     }
     *out = w;
     return MKV_OK;
+}
+
+int mkv_cdump_create(const char *path, const char *protect, const mkv_cdump_meta *meta,
+                     const int32_t *query_pos, mkv_cdump_writer **out, mkv_error *err)
+{
+    return create_writer(path, protect, meta, query_pos, out, err);
+}
+
+int mkv_cdump_create_memory(const mkv_cdump_meta *meta, const int32_t *query_pos, mkv_cdump_writer **out,
+                            mkv_error *err)
+{
+    return create_writer(NULL, NULL, meta, query_pos, out, err);
 }
 
 /* "[i,j,k]" of flat index i in an array of the given dims. */
@@ -596,10 +617,10 @@ void mkv_cdump_set_source_digest(mkv_cdump_writer *w, const char *digest)
     snprintf(w->meta.source_digest, sizeof w->meta.source_digest, "%s", digest);
 }
 
-int mkv_cdump_commit(mkv_cdump_writer *w, mkv_error *err)
+/* Write what is pending and the byte accounting; the caller holds the lock. */
+static int finalize(mkv_cdump_writer *w, mkv_error *err)
 {
     const mkv_dump_meta *m = &w->meta.raw;
-    LOCK();
     int rc = flush_layers(w, m->n_layers, err);
     for (int l = 0; l < m->n_layers && !rc; l++)
         for (int h = 0; h < m->n_kv_heads && !rc; h++) {
@@ -629,6 +650,13 @@ int mkv_cdump_commit(mkv_cdump_writer *w, mkv_error *err)
         if (!rc && w->meta.source_digest[0])
             rc = mkv_h5_attr_put_str(f, "source_digest", w->meta.source_digest, err);
     }
+    return rc;
+}
+
+int mkv_cdump_commit(mkv_cdump_writer *w, mkv_error *err)
+{
+    LOCK();
+    int rc = finalize(w, err);
     if (rc)
         mkv_h5_discard(&w->out);
     else
@@ -636,6 +664,42 @@ int mkv_cdump_commit(mkv_cdump_writer *w, mkv_error *err)
     UNLOCK();
     writer_free(w);
     return rc;
+}
+
+static int read_meta(mkv_cdump *c, mkv_error *err);
+static int read_query_pos(mkv_cdump *c, mkv_error *err);
+static int check_accounting(mkv_cdump *c, mkv_error *err);
+
+int mkv_cdump_commit_open(mkv_cdump_writer *w, mkv_cdump **out, mkv_error *err)
+{
+    *out = NULL;
+    mkv_cdump *c = calloc(1, sizeof *c);
+    if (!c || !(c->path = strdup("(memory)"))) {
+        free(c);
+        mkv_cdump_abort(w);
+        return mkv_fail(err, MKV_ENOMEM, "out of memory");
+    }
+    LOCK();
+    int rc = finalize(w, err);
+    if (!rc && H5Fflush(w->out.fid, H5F_SCOPE_GLOBAL) < 0)
+        rc = mkv_fail(err, MKV_EIO, "cannot flush the in-memory compressed cache");
+    if (rc) {
+        mkv_h5_discard(&w->out);
+        c->fid = H5I_INVALID_HID;
+    } else {
+        c->fid = w->out.fid;   /* the reader takes the file over */
+        w->out.fid = H5I_INVALID_HID;
+        if (!(rc = read_meta(c, err)) && !(rc = read_query_pos(c, err)))
+            rc = check_accounting(c, err);
+    }
+    UNLOCK();
+    writer_free(w);
+    if (rc) {
+        mkv_cdump_close(c);
+        return rc;
+    }
+    *out = c;
+    return MKV_OK;
 }
 
 void mkv_cdump_abort(mkv_cdump_writer *w)
@@ -650,12 +714,6 @@ void mkv_cdump_abort(mkv_cdump_writer *w)
 
 /* ================================================================ reader */
 
-struct mkv_cdump {
-    char *path;
-    hid_t fid;
-    mkv_cdump_meta meta;
-    int32_t *query_pos;    /* [W] */
-};
 
 /* Sum of numel x element size per head, over every dataset under /layers. */
 typedef struct {

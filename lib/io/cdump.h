@@ -77,6 +77,14 @@ void mkv_cdump_abort(mkv_cdump_writer *w);
 /* ---- reading ---- */
 typedef struct mkv_cdump mkv_cdump;
 
+/* A compressed dump held in memory: created like mkv_cdump_create, and
+ * turned by mkv_cdump_commit_open into a reader of what was stored (the
+ * same checks as mkv_cdump_open; messages name it "(memory)").  Frees w
+ * whatever the outcome. */
+int mkv_cdump_create_memory(const mkv_cdump_meta *meta, const int32_t *query_pos, mkv_cdump_writer **out,
+                            mkv_error *err);
+int mkv_cdump_commit_open(mkv_cdump_writer *w, mkv_cdump **out, mkv_error *err);
+
 int mkv_cdump_open(const char *path, mkv_cdump **out, mkv_error *err);
 const mkv_cdump_meta *mkv_cdump_meta_of(const mkv_cdump *c);
 /* Look up "key" in the recorded params; NULL if absent. */

@@ -139,6 +139,23 @@ int mkv_h5_create(const char *path, const char *protect, mkv_h5_out *out, mkv_er
     return MKV_OK;
 }
 
+int mkv_h5_create_memory(mkv_h5_out *out, mkv_error *err)
+{
+    mkv_h5_quiet();
+    memset(&out->file, 0, sizeof out->file);
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+    if (fapl < 0 || H5Pset_fapl_core(fapl, 4 << 20, 0) < 0) {
+        if (fapl >= 0)
+            H5Pclose(fapl);
+        return mkv_fail(err, MKV_EIO, "cannot set up an in-memory HDF5 file");
+    }
+    out->fid = H5Fcreate("mkv-memory.h5", H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    H5Pclose(fapl);
+    if (out->fid < 0)
+        return mkv_fail(err, MKV_EIO, "cannot create an in-memory HDF5 file");
+    return MKV_OK;
+}
+
 static int write_image(mkv_h5_out *out, mkv_error *err)
 {
     if (H5Fflush(out->fid, H5F_SCOPE_GLOBAL) < 0)

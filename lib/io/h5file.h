@@ -28,6 +28,9 @@ typedef struct {
  * path "-" writes to stdout when finished; a terminal is refused. protect
  * (may be NULL) names an input the output must not overwrite. */
 int mkv_h5_create(const char *path, const char *protect, mkv_h5_out *out, mkv_error *err);
+/* An HDF5 file held in memory only (nothing is ever written out): for a
+ * compressed cache built and read back within one process. */
+int mkv_h5_create_memory(mkv_h5_out *out, mkv_error *err);
 /* Close, fsync and rename into place (or write the image through). On
  * failure the temporary is removed and nothing appears under the name. */
 int mkv_h5_finish(mkv_h5_out *out, mkv_error *err);

@@ -63,76 +63,11 @@ static void usage(FILE *fp, int status)
             "      --help-method    describe the parameters of --method NAME, then exit\n\n",
             mkv_progname(), mkv_progname(), mkv_progname());
     mkv_common_usage(fp, MKV_COMMON_THREADS);
-    fprintf(fp, "\nMethods:");
-    for (int i = 0; mkv_methods[i]; i++)
-        fprintf(fp, " %s", mkv_methods[i]->name);
-    fprintf(fp, "\n");
+    mkv_method_names_usage(fp);
     exit(status);
 }
 
 MKV_TOOL_MISUSE(SHORTOPTS)
-
-/* ------------------------------------------------------------ methods */
-
-static void method_names(char *buf, size_t size)
-{
-    size_t len = 0;
-    buf[0] = '\0';
-    for (int i = 0; mkv_methods[i] && len < size; i++)
-        len += (size_t)snprintf(buf + len, size - len, "%s%s", i ? ", " : "", mkv_methods[i]->name);
-}
-
-static const mkv_method *find_method_or_exit(const char *name)
-{
-    const mkv_method *m = mkv_method_find(name);
-    if (!m) {
-        char names[512];
-        method_names(names, sizeof names);
-        mkv_usage_error("unknown method '%s' (methods: %s)", name, names);
-        exit(2);
-    }
-    return m;
-}
-
-static void print_method(FILE *fp, const mkv_method *m)
-{
-    fprintf(fp, "%s - %s\n", m->name, m->summary);
-    mkv_params p;
-    mkv_params_init(&p, m->params);
-    if (p.n == 0)
-        fprintf(fp, "    (no parameters)\n");
-    for (int i = 0; i < p.n; i++) {
-        const mkv_param_spec *s = p.spec[i];
-        char setting[96], range[128];
-        snprintf(setting, sizeof setting, "%s=%s", s->name, p.value[i]);
-        mkv_param_range_text(s, range, sizeof range);
-        fprintf(fp, "    %-18s %-6s %-16s %s\n", setting,
-                s->kind == MKV_PARAM_INT ? "int" : s->kind == MKV_PARAM_DOUBLE ? "real" : "text", range,
-                s->help ? s->help : "");
-    }
-}
-
-static void list_methods(void)
-{
-    printf("Methods and their parameters (KEY=DEFAULT, type, range, meaning);\n"
-           "set them with -P KEY=VALUE[,KEY=VALUE...]:\n");
-    for (int i = 0; mkv_methods[i]; i++) {
-        printf("\n");
-        print_method(stdout, mkv_methods[i]);
-    }
-    exit(0);
-}
-
-/* -P 'K=V,K=V ...' */
-static void set_params(const mkv_method *m, mkv_params *p, const char *arg)
-{
-    mkv_error err;
-    mkv_error_clear(&err);
-    if (mkv_params_parse_list(p, arg, &err) < 0) {
-        mkv_usage_error("method '%s': %s", m->name, err.msg);
-        exit(2);
-    }
-}
 
 /* ------------------------------------------------------------ arguments */
 
@@ -174,8 +109,8 @@ static void parse_args(int argc, char **argv, compress_args *a)
         case 'p':
             mkv_renamed_option("-p", "-P");
         case OPT_LIST_METHODS:
-            list_methods();
-            break;
+            mkv_list_methods(stdout);
+            exit(0);
         case OPT_HELP_METHOD:
             help_method = 1;
             break;
@@ -191,7 +126,7 @@ static void parse_args(int argc, char **argv, compress_args *a)
     if (help_method) {
         if (!method_name)
             misuse("--help-method needs --method NAME");
-        print_method(stdout, find_method_or_exit(method_name));
+        mkv_print_method(stdout, mkv_method_or_exit(method_name));
         exit(0);
     }
     if (optind >= argc)
@@ -204,10 +139,10 @@ static void parse_args(int argc, char **argv, compress_args *a)
     a->input = argv[optind];
     if (!method_name)
         misuse("missing --method NAME (see --list-methods)");
-    a->method = find_method_or_exit(method_name);
+    a->method = mkv_method_or_exit(method_name);
     mkv_params_init(&a->params, a->method->params);
     for (int i = 0; i < n_param_args; i++)
-        set_params(a->method, &a->params, param_args[i]);
+        mkv_method_params_or_exit(a->method, &a->params, param_args[i]);
     free(param_args);
     if (!a->output)
         misuse("missing -o FILE (use '-o -' for stdout)");

@@ -15,6 +15,7 @@
 #include <zlib.h>
 
 #include "core/log.h"
+#include "methods/method.h"
 #include "mkv_cuda.h"
 
 void mkv_common_init(mkv_common_opts *c)
@@ -212,4 +213,72 @@ void mkv_print_version(FILE *fp)
                 gpus[i].multiprocessors, gpus[i].total_mem / 1073741824.0,
                 gpus[i].free_mem / 1073741824.0,
                 gpus[i].usable ? "" : " [no code for it in this build]");
+}
+
+/* ---------------------------------------------------------------- methods */
+
+static void method_names(char *buf, size_t size)
+{
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int i = 0; mkv_methods[i] && len < size; i++)
+        len += (size_t)snprintf(buf + len, size - len, "%s%s", i ? ", " : "", mkv_methods[i]->name);
+}
+
+const mkv_method *mkv_method_or_exit(const char *name)
+{
+    const mkv_method *m = mkv_method_find(name);
+    if (!m) {
+        char names[512];
+        method_names(names, sizeof names);
+        mkv_usage_error("unknown method '%s' (methods: %s)", name, names);
+        exit(2);
+    }
+    return m;
+}
+
+void mkv_method_params_or_exit(const mkv_method *m, mkv_params *p, const char *arg)
+{
+    mkv_error err;
+    mkv_error_clear(&err);
+    if (mkv_params_parse_list(p, arg, &err) < 0) {
+        mkv_usage_error("method '%s': %s", m->name, err.msg);
+        exit(2);
+    }
+}
+
+void mkv_print_method(FILE *fp, const mkv_method *m)
+{
+    fprintf(fp, "%s - %s\n", m->name, m->summary);
+    mkv_params p;
+    mkv_params_init(&p, m->params);
+    if (p.n == 0)
+        fprintf(fp, "    (no parameters)\n");
+    for (int i = 0; i < p.n; i++) {
+        const mkv_param_spec *s = p.spec[i];
+        char setting[96], range[128];
+        snprintf(setting, sizeof setting, "%s=%s", s->name, p.value[i]);
+        mkv_param_range_text(s, range, sizeof range);
+        fprintf(fp, "    %-18s %-6s %-16s %s\n", setting,
+                s->kind == MKV_PARAM_INT ? "int" : s->kind == MKV_PARAM_DOUBLE ? "real" : "text", range,
+                s->help ? s->help : "");
+    }
+}
+
+void mkv_list_methods(FILE *fp)
+{
+    fprintf(fp, "Methods and their parameters (KEY=DEFAULT, type, range, meaning);\n"
+                "set them with -P KEY=VALUE[,KEY=VALUE...]:\n");
+    for (int i = 0; mkv_methods[i]; i++) {
+        fprintf(fp, "\n");
+        mkv_print_method(fp, mkv_methods[i]);
+    }
+}
+
+void mkv_method_names_usage(FILE *fp)
+{
+    fprintf(fp, "\nMethods:");
+    for (int i = 0; mkv_methods[i]; i++)
+        fprintf(fp, " %s", mkv_methods[i]->name);
+    fprintf(fp, "\n");
 }

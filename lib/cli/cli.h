@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include "core/mkv.h"
+#include "methods/method.h"
 
 /* The common options (samtools' SAM_OPT_GLOBAL_OPTIONS): every tool takes
  * -h, -q, -v and --version; each declares which of the others it takes by
@@ -99,6 +100,21 @@ void mkv_renamed_option(const char *old, const char *new_spelling) __attribute__
     case ':':                                                                  \
         bad_option(opt, argv);                                                 \
         break;
+
+/* ---- methods on the command line (mkv-compress, mkv-decode) ---- */
+/* The method called name; otherwise "PROG: unknown method 'x' (methods:
+ * a, b, ...)" on stderr and exit 2. */
+const mkv_method *mkv_method_or_exit(const char *name);
+/* Apply -P 'K=V,K=V ...' to p; otherwise "PROG: method 'NAME': message"
+ * and exit 2. */
+void mkv_method_params_or_exit(const mkv_method *m, mkv_params *p, const char *arg);
+/* A method and its parameters (KEY=DEFAULT, type, range, meaning), as
+ * --help-method shows it. */
+void mkv_print_method(FILE *fp, const mkv_method *m);
+/* Every method, as --list-methods shows them. */
+void mkv_list_methods(FILE *fp);
+/* "\nMethods: a b c\n", the end of a usage text. */
+void mkv_method_names_usage(FILE *fp);
 
 /* Print "PROG: <err->msg>" to stderr. */
 void mkv_report(const mkv_error *err);

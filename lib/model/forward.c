@@ -161,6 +161,16 @@ int mkv_forward_pos(const mkv_forward *f) { return f->pos; }
 int mkv_forward_max_seq_len(const mkv_forward *f) { return f->max_seq; }
 void mkv_forward_reset(mkv_forward *f) { f->pos = 0; }
 
+int mkv_forward_seek(mkv_forward *f, int pos, mkv_error *err)
+{
+    if (f->k_cache)
+        return mkv_fail(err, MKV_EUSAGE, "a forward pass with its own cache cannot skip positions");
+    if (pos < 0 || pos > f->max_seq)
+        return mkv_fail(err, MKV_EUSAGE, "position %d is outside the context of %d tokens", pos, f->max_seq);
+    f->pos = pos;
+    return MKV_OK;
+}
+
 int mkv_forward_rewind(mkv_forward *f, int pos, mkv_error *err)
 {
     if (pos < 0 || pos > f->pos)

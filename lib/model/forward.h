@@ -86,6 +86,9 @@ int mkv_forward_pos(const mkv_forward *f);
 int mkv_forward_max_seq_len(const mkv_forward *f);
 /* Forget the cache: the next token is at position 0. */
 void mkv_forward_reset(mkv_forward *f);
+/* Place a pass that has no cache of its own (an external attention holds
+ * the past) at position pos in 0..max_seq_len. */
+int mkv_forward_seek(mkv_forward *f, int pos, mkv_error *err);
 /* Rewind to position pos <= current (drops later cache entries). */
 int mkv_forward_rewind(mkv_forward *f, int pos, mkv_error *err);
 

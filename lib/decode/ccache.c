@@ -1,0 +1,277 @@
+/* A compressed KV cache for decoding: the method's compressed prefix and a
+ * dense 16-bit tail, merged by log-sum-exp. */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/attn.h"
+#include "core/half.h"
+#include "core/tasks.h"
+#include "core/tensor.h"
+#include "decode/ccache.h"
+#include "io/cdump.h"
+#include "methods/compress.h"
+
+struct mkv_ccache {
+    const mkv_method *method;
+    int n_layers, n_heads, n_kv_heads, G, d;
+    int threads;
+    int64_t prefix;            /* tokens compressed */
+    int tail_cap;
+    int *tail_len;             /* [n_layers] */
+    float *tail_k, *tail_v;    /* [n_layers][n_kv_heads][tail_cap][d], float16 values */
+    void **states;             /* [n_layers][n_kv_heads] */
+    uint64_t prefix_bytes;
+    uint64_t *bytes_read;      /* [n_layers]: the last attention of the layer */
+    uint64_t *head_bytes;      /* [n_kv_heads]: scratch of one attention */
+};
+
+static size_t head_index(const mkv_ccache *cc, int layer, int head)
+{
+    return (size_t)layer * (size_t)cc->n_kv_heads + (size_t)head;
+}
+
+static float *tail_row(const mkv_ccache *cc, float *base, int layer, int head, int t)
+{
+    return base + (head_index(cc, layer, head) * (size_t)cc->tail_cap + (size_t)t) * (size_t)cc->d;
+}
+
+void mkv_ccache_free(mkv_ccache *cc)
+{
+    if (!cc)
+        return;
+    if (cc->states)
+        for (int l = 0; l < cc->n_layers; l++)
+            for (int h = 0; h < cc->n_kv_heads; h++)
+                if (cc->states[head_index(cc, l, h)])
+                    cc->method->free_state(cc->states[head_index(cc, l, h)]);
+    free(cc->states);
+    free(cc->tail_len);
+    mkv_free(cc->tail_k);
+    mkv_free(cc->tail_v);
+    free(cc->bytes_read);
+    free(cc->head_bytes);
+    free(cc);
+}
+
+static void fill_meta(const mkv_model_config *cfg, int64_t n, int W, mkv_dump_meta *m)
+{
+    memset(m, 0, sizeof *m);
+    snprintf(m->model, sizeof m->model, "%s", cfg->name);
+    m->n_layers = cfg->n_layers;
+    m->n_heads = cfg->n_heads;
+    m->n_kv_heads = cfg->n_kv_heads;
+    m->head_dim = cfg->head_dim;
+    m->rope_theta = cfg->rope_theta;
+    strcpy(m->k_rope, "post");
+    strcpy(m->source, "capture");
+    m->n_tokens = n;
+    m->n_queries = W;
+    m->dtype = MKV_DTYPE_F32;
+}
+
+/* Compress every layer of the forward pass's cache into an in-memory dump. */
+static int compress_prefix(const mkv_ccache_opts *o, const mkv_dump_meta *m, const mkv_forward *f,
+                           const mkv_obs_queries *obs, mkv_cdump **out, mkv_error *err)
+{
+    int H = m->n_kv_heads, d = m->head_dim;
+    size_t head_n = (size_t)m->n_tokens * (size_t)d;
+    float *k = mkv_alloc((size_t)H * head_n, sizeof(float), "keys of a layer", err);
+    float *v = k ? mkv_alloc((size_t)H * head_n, sizeof(float), "values of a layer", err) : NULL;
+    if (!v) {
+        mkv_free(k);
+        return MKV_ENOMEM;
+    }
+    mkv_cdump_meta cm;
+    memset(&cm, 0, sizeof cm);
+    snprintf(cm.method, sizeof cm.method, "%s", o->method->name);
+    mkv_params_format(o->params, cm.params, sizeof cm.params);
+    strcpy(cm.source, "decode");
+    cm.raw = *m;
+    mkv_cdump_writer *w = NULL;
+    int rc = mkv_cdump_create_memory(&cm, obs->pos, &w, err);
+    mkv_compressor comp = {.method = o->method, .params = o->params};
+    size_t q_layer = (size_t)m->n_heads * (size_t)obs->W * (size_t)d;
+    for (int l = 0; l < m->n_layers && !rc; l++) {
+        for (int h = 0; h < H; h++) {
+            memcpy(k + (size_t)h * head_n, mkv_forward_k(f, l, h), head_n * sizeof(float));
+            memcpy(v + (size_t)h * head_n, mkv_forward_v(f, l, h), head_n * sizeof(float));
+        }
+        mkv_layer_kv layer = {.layer = l, .k = k, .v = v, .q = obs->W ? obs->q + (size_t)l * q_layer : NULL,
+                              .query_pos = obs->pos};
+        rc = mkv_compress_layer(&comp, m, &layer, o->threads, w, err);
+    }
+    mkv_free(k);
+    mkv_free(v);
+    if (rc) {
+        mkv_cdump_abort(w);
+        return rc;
+    }
+    return mkv_cdump_commit_open(w, out, err);
+}
+
+int mkv_ccache_build(const mkv_model_config *cfg, const mkv_forward *f, int64_t n, const mkv_obs_queries *obs,
+                     const mkv_ccache_opts *o, mkv_ccache **out, mkv_error *err)
+{
+    *out = NULL;
+    if (n < 1 || n > mkv_forward_pos(f) || !mkv_forward_k(f, 0, 0))
+        return mkv_fail(err, MKV_EUSAGE, "no prefill cache of %lld tokens to compress", (long long)n);
+    if (o->max_new < 0 || n + o->max_new > mkv_forward_max_seq_len(f))
+        return mkv_fail(err, MKV_EUSAGE, "%lld + %d tokens exceed the context of %d", (long long)n, o->max_new,
+                        mkv_forward_max_seq_len(f));
+    mkv_dump_meta m;
+    fill_meta(cfg, n, obs->W, &m);
+    int rc = o->method->check(o->params, &m, err);
+    if (rc)
+        return mkv_error_prefix(err, "method '%s'", o->method->name);
+
+    mkv_ccache *cc = calloc(1, sizeof *cc);
+    if (!cc)
+        return mkv_fail(err, MKV_ENOMEM, "out of memory for the compressed cache");
+    cc->method = o->method;
+    cc->n_layers = cfg->n_layers;
+    cc->n_heads = cfg->n_heads;
+    cc->n_kv_heads = cfg->n_kv_heads;
+    cc->G = cfg->n_heads / cfg->n_kv_heads;
+    cc->d = cfg->head_dim;
+    cc->threads = o->threads > 0 ? o->threads : 1;
+    cc->prefix = n;
+    cc->tail_cap = o->max_new > 0 ? o->max_new : 1;
+    size_t heads = (size_t)cc->n_layers * (size_t)cc->n_kv_heads;
+    size_t tail_n = heads * (size_t)cc->tail_cap * (size_t)cc->d;
+    cc->states = calloc(heads, sizeof *cc->states);
+    cc->tail_len = calloc((size_t)cc->n_layers, sizeof *cc->tail_len);
+    cc->bytes_read = calloc((size_t)cc->n_layers, sizeof *cc->bytes_read);
+    cc->head_bytes = calloc((size_t)cc->n_kv_heads, sizeof *cc->head_bytes);
+    if (!cc->states || !cc->tail_len || !cc->bytes_read || !cc->head_bytes ||
+        !(cc->tail_k = mkv_alloc(tail_n, sizeof(float), "decode tail keys", err)) ||
+        !(cc->tail_v = mkv_alloc(tail_n, sizeof(float), "decode tail values", err))) {
+        mkv_ccache_free(cc);
+        return mkv_fail(err, MKV_ENOMEM, "out of memory for the compressed cache");
+    }
+
+    mkv_cdump *c = NULL;
+    if ((rc = compress_prefix(o, &m, f, obs, &c, err))) {
+        mkv_ccache_free(cc);
+        return rc;
+    }
+    cc->prefix_bytes = mkv_cdump_meta_of(c)->physical_bytes;
+    for (int l = 0; l < cc->n_layers && !rc; l++)
+        for (int h = 0; h < cc->n_kv_heads && !rc; h++)
+            if ((rc = o->method->load(o->params, c, l, h, &cc->states[head_index(cc, l, h)], err)))
+                mkv_error_prefix(err, "method '%s': layer %d head %d", o->method->name, l, h);
+    mkv_cdump_close(c);
+    if (rc) {
+        mkv_ccache_free(cc);
+        return rc;
+    }
+    *out = cc;
+    return MKV_OK;
+}
+
+typedef struct {
+    mkv_ccache *cc;
+    const mkv_capture_batch *b;
+    float *out;
+} attention_ctx;
+
+/* One KV head of one layer: append the batch's keys and values to the
+ * tail, then answer each query over the prefix (the method) and the tail
+ * up to its own position (exact), merged. */
+static int head_task(void *ctx, int h, mkv_error *err)
+{
+    attention_ctx *a = ctx;
+    mkv_ccache *cc = a->cc;
+    const mkv_capture_batch *b = a->b;
+    int l = b->layer, d = cc->d, G = cc->G, base = cc->tail_len[l];
+    size_t kv_dim = (size_t)cc->n_kv_heads * (size_t)d, q_dim = (size_t)cc->n_heads * (size_t)d;
+    for (int i = 0; i < b->n; i++) {
+        float *tk = tail_row(cc, cc->tail_k, l, h, base + i), *tv = tail_row(cc, cc->tail_v, l, h, base + i);
+        const float *k = b->k + (size_t)i * kv_dim + (size_t)h * d, *v = b->v + (size_t)i * kv_dim + (size_t)h * d;
+        for (int j = 0; j < d; j++) {
+            tk[j] = mkv_f16_to_f32(mkv_f32_to_f16(k[j]));
+            tv[j] = mkv_f16_to_f32(mkv_f32_to_f16(v[j]));
+        }
+    }
+    uint8_t *attended = mkv_alloc((size_t)cc->prefix, 1, "attended tokens", err);
+    float *prefix_out = mkv_alloc((size_t)G * (size_t)d, sizeof(float), "prefix attention", err);
+    double *lse = mkv_alloc((size_t)G, sizeof(double), "log-sum-exp", err);
+    double *acc = mkv_alloc((size_t)d, sizeof(double), "attention accumulator", err);
+    int rc = attended && prefix_out && lse && acc ? MKV_OK : MKV_ENOMEM;
+    double scale = 1.0 / sqrt((double)d);
+    uint64_t bytes = 0;
+    for (int i = 0; i < b->n && !rc; i++) {
+        const float *q = b->q + (size_t)i * q_dim + (size_t)h * G * d;
+        memset(attended, 0, (size_t)cc->prefix);
+        mkv_attend_query aq = {.G = G, .d = d, .q = q, .pos = cc->prefix - 1, .scale = scale};
+        mkv_attend_result r = {.out = prefix_out, .attended = attended, .bytes_read = 0, .lse = lse};
+        if ((rc = cc->method->attend(cc->states[head_index(cc, l, h)], &aq, &r, err))) {
+            mkv_error_prefix(err, "method '%s': layer %d head %d", cc->method->name, l, h);
+            break;
+        }
+        int visible = base + i + 1;
+        bytes += r.bytes_read + (uint64_t)visible * 2u * (uint64_t)d * 2u;
+        for (int g = 0; g < G; g++) {
+            const float *qg = q + (size_t)g * d;
+            mkv_osm s;
+            mkv_osm_from_output(&s, acc, d, prefix_out + (size_t)g * d, lse[g]);
+            for (int t = 0; t < visible; t++) {
+                const float *tk = tail_row(cc, cc->tail_k, l, h, t);
+                double dot = 0;
+                for (int j = 0; j < d; j++)
+                    dot += (double)qg[j] * tk[j];
+                mkv_osm_add(&s, dot * scale, tail_row(cc, cc->tail_v, l, h, t));
+            }
+            mkv_osm_finish(&s, a->out + (size_t)i * q_dim + ((size_t)h * G + g) * d);
+        }
+    }
+    cc->head_bytes[h] = bytes;
+    mkv_free(attended);
+    mkv_free(prefix_out);
+    mkv_free(lse);
+    mkv_free(acc);
+    return rc;
+}
+
+int mkv_ccache_attention(void *user, const mkv_capture_batch *b, float *out, mkv_error *err)
+{
+    mkv_ccache *cc = user;
+    if (b->layer < 0 || b->layer >= cc->n_layers)
+        return mkv_fail(err, MKV_EUSAGE, "layer %d is not in the compressed cache", b->layer);
+    if (b->pos0 != cc->prefix + cc->tail_len[b->layer])
+        return mkv_fail(err, MKV_EUSAGE, "tokens at position %d do not follow the %lld cached",
+                        b->pos0, (long long)(cc->prefix + cc->tail_len[b->layer]));
+    if (b->n > cc->tail_cap - cc->tail_len[b->layer])
+        return mkv_fail(err, MKV_EUSAGE, "the decode tail holds %d tokens; %d more do not fit", cc->tail_cap,
+                        b->n);
+    attention_ctx a = {cc, b, out};
+    int failed;
+    int threads = cc->threads < cc->n_kv_heads ? cc->threads : cc->n_kv_heads;
+    int rc = mkv_run_tasks(cc->n_kv_heads, threads, head_task, &a, &failed, err);
+    if (rc)
+        return rc;
+    cc->tail_len[b->layer] += b->n;
+    uint64_t bytes = 0;
+    for (int h = 0; h < cc->n_kv_heads; h++)
+        bytes += cc->head_bytes[h];
+    cc->bytes_read[b->layer] = bytes;
+    return MKV_OK;
+}
+
+void mkv_ccache_get_stats(const mkv_ccache *cc, mkv_ccache_stats *s)
+{
+    uint64_t heads = (uint64_t)cc->n_layers * (uint64_t)cc->n_kv_heads, per_token = 2u * (uint64_t)cc->d * 2u;
+    s->prefix_tokens = cc->prefix;
+    s->tail_tokens = cc->tail_len[0];
+    s->prefix_bytes = cc->prefix_bytes;
+    s->tail_bytes = heads * (uint64_t)cc->tail_len[0] * per_token;
+    s->logical_bytes = heads * (uint64_t)(cc->prefix + cc->tail_len[0]) * per_token;
+    s->bytes_read = 0;
+    for (int l = 0; l < cc->n_layers; l++)
+        s->bytes_read += cc->bytes_read[l];
+}

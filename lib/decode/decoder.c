@@ -1,0 +1,338 @@
+/* Decoding with a compressed cache, and the teacher-forced perplexity run. */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/tensor.h"
+#include "decode/ccache.h"
+#include "decode/decoder.h"
+#include "model/forward.h"
+
+#define DEFAULT_CHUNK 512
+
+struct mkv_decoder {
+    const mkv_model *model;
+    mkv_forward *f;
+    mkv_ccache *cc;            /* NULL: the forward pass's own cache */
+    int64_t prefilled;         /* tokens of the prefill */
+    int stepped;               /* decode steps run */
+    /* observation queries of the prefill (full decoders) */
+    int W;
+    int32_t *obs_pos;          /* [W] */
+    float *obs_q;              /* [n_layers][n_heads][W][head_dim] */
+    double prefill_seconds, compress_seconds;
+};
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void mkv_decoder_opts_init(mkv_decoder_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->threads = 1;
+    o->window = 32;
+}
+
+static int is_full(const mkv_decoder_opts *o)
+{
+    return !o->method || strcmp(o->method->name, "full") == 0;
+}
+
+void mkv_decoder_free(mkv_decoder *d)
+{
+    if (!d)
+        return;
+    mkv_ccache_free(d->cc);
+    mkv_forward_free(d->f);
+    free(d->obs_pos);
+    mkv_free(d->obs_q);
+    free(d);
+}
+
+/* The capture hook of the prefill: keep the queries of the last W positions. */
+static int keep_queries(void *user, const mkv_capture_batch *b, mkv_error *err)
+{
+    (void)err;
+    mkv_decoder *d = user;
+    const mkv_model_config *c = &d->model->cfg;
+    int first = (int)d->prefilled - d->W;
+    size_t hd = (size_t)c->head_dim, W = (size_t)d->W;
+    for (int i = 0; i < b->n; i++) {
+        int w = b->pos0 + i - first;
+        if (w < 0)
+            continue;
+        for (int h = 0; h < c->n_heads; h++)
+            memcpy(d->obs_q + (((size_t)b->layer * c->n_heads + h) * W + (size_t)w) * hd,
+                   b->q + ((size_t)i * c->n_heads + h) * hd, hd * sizeof(float));
+    }
+    return MKV_OK;
+}
+
+static int create_forward(const mkv_model *m, const mkv_decoder_opts *o, int64_t positions, mkv_forward **f,
+                          mkv_error *err)
+{
+    if (positions > m->cfg.max_seq_len)
+        return mkv_fail(err, MKV_EFORMAT, "%lld tokens exceed the context of %d of model '%s'",
+                        (long long)positions, m->cfg.max_seq_len, m->cfg.name);
+    mkv_forward_opts fo = {.threads = o->threads, .chunk = o->chunk > 0 ? o->chunk : DEFAULT_CHUNK,
+                           .max_seq_len = (int)positions};
+    return mkv_forward_create(m, &fo, f, err);
+}
+
+/* Give d a compressed cache built from the prefill cache of src, and make
+ * it d's attention. */
+static int attach_ccache(mkv_decoder *d, const mkv_decoder *src, const mkv_decoder_opts *o, mkv_error *err)
+{
+    double t0 = now();
+    mkv_obs_queries obs = {.W = src->W, .pos = src->obs_pos, .q = src->obs_q};
+    mkv_ccache_opts co = {.method = o->method, .params = o->params, .threads = o->threads > 0 ? o->threads : 1,
+                          .max_new = o->max_new};
+    int rc = mkv_ccache_build(&d->model->cfg, src->f, src->prefilled, &obs, &co, &d->cc, err);
+    if (rc)
+        return rc;
+    mkv_forward_drop_cache(d->f);
+    if ((rc = mkv_forward_seek(d->f, (int)src->prefilled, err)))
+        return rc;
+    mkv_forward_set_attention(d->f, mkv_ccache_attention, d->cc);
+    d->compress_seconds = now() - t0;
+    return MKV_OK;
+}
+
+int mkv_decoder_prefill(const mkv_model *m, const int32_t *tokens, int64_t n, const mkv_decoder_opts *o,
+                        float *logits, mkv_decoder **out, mkv_error *err)
+{
+    *out = NULL;
+    if (n < 1)
+        return mkv_fail(err, MKV_EFORMAT, "nothing to prefill");
+    if (o->window < 1 || o->max_new < 0)
+        return mkv_fail(err, MKV_EUSAGE, "the window must be positive and the decode steps not negative");
+    mkv_decoder *d = calloc(1, sizeof *d);
+    if (!d)
+        return mkv_fail(err, MKV_ENOMEM, "out of memory for the decoder");
+    d->model = m;
+    d->prefilled = n;
+    d->W = (int)(o->window < n ? o->window : n);
+    const mkv_model_config *c = &m->cfg;
+    int rc = create_forward(m, o, n + o->max_new, &d->f, err);
+    if (!rc) {
+        d->obs_pos = calloc((size_t)d->W, sizeof *d->obs_pos);
+        d->obs_q = mkv_alloc((size_t)c->n_layers * (size_t)c->n_heads * (size_t)d->W, (size_t)c->head_dim * sizeof(float),
+                             "observation queries", err);
+        if (!d->obs_pos || !d->obs_q)
+            rc = mkv_fail(err, MKV_ENOMEM, "out of memory for the observation queries");
+    }
+    if (rc) {
+        mkv_decoder_free(d);
+        return rc;
+    }
+    for (int w = 0; w < d->W; w++)
+        d->obs_pos[w] = (int32_t)(n - d->W + w);
+    double t0 = now();
+    mkv_forward_set_capture(d->f, keep_queries, d);
+    rc = mkv_forward_run(d->f, tokens, (size_t)n, logits, logits ? MKV_LOGITS_LAST : MKV_LOGITS_NONE, err);
+    mkv_forward_set_capture(d->f, NULL, NULL);
+    d->prefill_seconds = now() - t0;
+    if (!rc && !is_full(o))
+        rc = attach_ccache(d, d, o, err);
+    if (rc) {
+        mkv_decoder_free(d);
+        return rc;
+    }
+    *out = d;
+    return MKV_OK;
+}
+
+int mkv_decoder_fork(const mkv_decoder *full, const mkv_decoder_opts *o, mkv_decoder **out, mkv_error *err)
+{
+    *out = NULL;
+    if (full->cc || full->stepped || !mkv_forward_k(full->f, 0, 0))
+        return mkv_fail(err, MKV_EUSAGE, "a decoder forks only from a full-cache decoder right after its prefill");
+    if (full->prefilled + o->max_new > mkv_forward_max_seq_len(full->f))
+        return mkv_fail(err, MKV_EUSAGE, "%lld + %d tokens exceed the %d positions of the prefill",
+                        (long long)full->prefilled, o->max_new, mkv_forward_max_seq_len(full->f));
+    mkv_decoder *d = calloc(1, sizeof *d);
+    if (!d)
+        return mkv_fail(err, MKV_ENOMEM, "out of memory for the decoder");
+    d->model = full->model;
+    d->prefilled = full->prefilled;
+    d->prefill_seconds = full->prefill_seconds;
+    int rc = create_forward(d->model, o, full->prefilled + o->max_new, &d->f, err);
+    if (!rc && is_full(o))
+        rc = mkv_fail(err, MKV_EUSAGE, "the full cache is not forked: use the full decoder itself");
+    if (!rc)
+        rc = attach_ccache(d, full, o, err);
+    if (rc) {
+        mkv_decoder_free(d);
+        return rc;
+    }
+    *out = d;
+    return MKV_OK;
+}
+
+int mkv_decoder_step(mkv_decoder *d, int32_t token, float *logits, mkv_error *err)
+{
+    int rc = mkv_forward_run(d->f, &token, 1, logits, MKV_LOGITS_LAST, err);
+    if (!rc)
+        d->stepped++;
+    return rc;
+}
+
+void mkv_decoder_get_stats(const mkv_decoder *d, mkv_decoder_stats *s)
+{
+    const mkv_model_config *c = &d->model->cfg;
+    uint64_t per_token = (uint64_t)c->n_layers * (uint64_t)c->n_kv_heads * 2u * (uint64_t)c->head_dim * 2u;
+    memset(s, 0, sizeof *s);
+    s->tokens = mkv_forward_pos(d->f);
+    s->prefill_seconds = d->prefill_seconds;
+    s->compress_seconds = d->compress_seconds;
+    s->logical_bytes = (uint64_t)s->tokens * per_token;
+    if (!d->cc) {
+        /* the dense cache counted in 16 bits, as the full method stores it */
+        s->bytes_held = s->logical_bytes;
+        s->bytes_read = d->stepped ? s->logical_bytes : 0;
+        s->tail_tokens = s->tokens - d->prefilled;
+        return;
+    }
+    mkv_ccache_stats cs;
+    mkv_ccache_get_stats(d->cc, &cs);
+    s->prefix_tokens = cs.prefix_tokens;
+    s->tail_tokens = cs.tail_tokens;
+    s->bytes_held = cs.prefix_bytes + cs.tail_bytes;
+    s->bytes_read = d->stepped ? cs.bytes_read : 0;
+}
+
+/* ---------------------------------------------------------- perplexity */
+
+void mkv_log_softmax(const float *logits, int n, double *out)
+{
+    double max = logits[0];
+    for (int i = 1; i < n; i++)
+        if (logits[i] > max)
+            max = logits[i];
+    double sum = 0;
+    for (int i = 0; i < n; i++)
+        sum += exp((double)logits[i] - max);
+    double lse = max + log(sum);
+    for (int i = 0; i < n; i++)
+        out[i] = (double)logits[i] - lse;
+}
+
+static int argmax(const double *x, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
+}
+
+int mkv_decode_ppl(const mkv_model *m, const int32_t *tokens, size_t n_tokens, int64_t context, int64_t score,
+                   const mkv_decoder_opts *o, int reference, mkv_ppl_result *r, mkv_error *err)
+{
+    memset(r, 0, sizeof *r);
+    r->context = context;
+    r->scored = score;
+    r->nll_full = r->step_seconds_full = NAN;
+    if (context < 1 || score < 1)
+        return mkv_fail(err, MKV_EUSAGE, "the context and the scored tokens must be positive");
+    if ((uint64_t)n_tokens < (uint64_t)context + (uint64_t)score + 1)
+        return mkv_fail(err, MKV_EFORMAT, "the text has %zu tokens; context %lld and %lld scored need %lld",
+                        n_tokens, (long long)context, (long long)score, (long long)(context + score + 1));
+    int V = m->cfg.vocab_size;
+    mkv_decoder_opts fo = *o;
+    fo.method = NULL;
+    fo.max_new = (int)score;
+    mkv_decoder_opts mo = *o;
+    mo.max_new = (int)score;
+    mkv_decoder *full = NULL, *dec = NULL;
+    float *logits = mkv_alloc((size_t)V, 2 * sizeof(float), "logits", err);
+    double *lp = mkv_alloc((size_t)V, 2 * sizeof(double), "log-probabilities", err);
+    if (!logits || !lp) {
+        mkv_free(logits);
+        mkv_free(lp);
+        return MKV_ENOMEM;
+    }
+    float *logits_full = logits + V;
+    double *lp_full = lp + V;
+    int rc = mkv_decoder_prefill(m, tokens, context, &fo, NULL, &full, err);
+    int compressed = !is_full(o);
+    if (!rc && compressed) {
+        rc = mkv_decoder_fork(full, &mo, &dec, err);
+        if (!rc && !reference) {
+            mkv_decoder_free(full);
+            full = NULL;
+        }
+    } else if (!rc) {
+        dec = full;   /* the full cache is its own reference */
+        full = NULL;
+    }
+    if (!rc) {
+        mkv_decoder_stats s;
+        mkv_decoder_get_stats(dec, &s);
+        r->prefill_seconds = s.prefill_seconds;
+        r->compress_seconds = s.compress_seconds;
+        r->prefix_bytes_held = s.bytes_held;
+        r->prefix_logical_bytes = s.logical_bytes;
+    }
+    double nll = 0, nll_full = 0, kl = 0, t_dec = 0, t_full = 0, read = 0, dense = 0;
+    int64_t agree = 0;
+    for (int64_t i = 0; i < score && !rc; i++) {
+        int32_t in = tokens[context + i], target = tokens[context + i + 1];
+        double t0 = now();
+        if ((rc = mkv_decoder_step(dec, in, logits, err)))
+            break;
+        t_dec += now() - t0;
+        mkv_decoder_stats s;
+        mkv_decoder_get_stats(dec, &s);
+        read += (double)s.bytes_read;
+        dense += (double)s.logical_bytes;
+        mkv_log_softmax(logits, V, lp);
+        nll -= lp[target];
+        if (full) {
+            t0 = now();
+            if ((rc = mkv_decoder_step(full, in, logits_full, err)))
+                break;
+            t_full += now() - t0;
+            mkv_log_softmax(logits_full, V, lp_full);
+            nll_full -= lp_full[target];
+            double k = 0;
+            for (int j = 0; j < V; j++)
+                k += exp(lp_full[j]) * (lp_full[j] - lp[j]);
+            kl += k;
+            agree += argmax(lp, V) == argmax(lp_full, V);
+        }
+    }
+    if (!rc) {
+        double n = (double)score;
+        r->nll = nll / n;
+        r->bytes_read_mean = read / n;
+        r->dense_read_mean = dense / n;
+        r->step_seconds = t_dec / n;
+        if (full || !compressed) {
+            r->nll_full = full ? nll_full / n : r->nll;
+            r->kl = full ? kl / n : 0;
+            r->agreement = full ? (double)agree / n : 1;
+            r->step_seconds_full = full ? t_full / n : r->step_seconds;
+        } else {
+            r->kl = r->agreement = NAN;
+        }
+        mkv_decoder_stats s;
+        mkv_decoder_get_stats(dec, &s);
+        r->bytes_held = s.bytes_held;
+        r->logical_bytes = s.logical_bytes;
+    }
+    mkv_decoder_free(dec);
+    mkv_decoder_free(full);
+    mkv_free(logits);
+    mkv_free(lp);
+    return rc;
+}

@@ -1,0 +1,89 @@
+/* Decoding a model with a compressed KV cache: prefill with full
+ * attention, compress the cache the prefill leaves with a method
+ * (decode/ccache.h), then run one decode step per token over it; and the
+ * teacher-forced perplexity run that compares such a decode with the
+ * full-cache one token by token.
+ *
+ * The full cache ("full", or no method) is the model's own forward pass,
+ * untouched: its logits are those of mkv-capture's run.  A method's decoder
+ * either prefills itself or is forked from a full decoder that has just
+ * prefilled, so that one prefill serves both sides of a comparison. */
+#ifndef MKV_DECODER_H
+#define MKV_DECODER_H
+
+#include <stdint.h>
+#include "core/mkv.h"
+#include "methods/method.h"
+#include "model/model.h"
+
+typedef struct {
+    const mkv_method *method;   /* NULL or the "full" method: the dense cache */
+    const mkv_params *params;
+    int threads;                /* forward pass and method workers (>= 1) */
+    int chunk;                  /* prefill chunk in tokens; 0: 512 */
+    int window;                 /* observation queries: the last window prefill positions (>= 1) */
+    int max_new;                /* decode steps after the prefill */
+} mkv_decoder_opts;
+
+void mkv_decoder_opts_init(mkv_decoder_opts *o);
+
+typedef struct mkv_decoder mkv_decoder;
+
+/* Prefill tokens[0..n) with full attention (logits: the last token's, or
+ * NULL), then compress the cache unless the method is the full cache.
+ * MKV_EFORMAT when n + max_new exceeds the model's context. */
+int mkv_decoder_prefill(const mkv_model *m, const int32_t *tokens, int64_t n, const mkv_decoder_opts *o,
+                        float *logits, mkv_decoder **out, mkv_error *err);
+
+/* A decoder of o's method over the cache of full, a full-cache decoder
+ * that has prefilled and not stepped yet; full is unchanged. */
+int mkv_decoder_fork(const mkv_decoder *full, const mkv_decoder_opts *o, mkv_decoder **out, mkv_error *err);
+
+/* Run token at the next position; logits [vocab] of what follows it. */
+int mkv_decoder_step(mkv_decoder *d, int32_t token, float *logits, mkv_error *err);
+
+void mkv_decoder_free(mkv_decoder *d);
+
+typedef struct {
+    int64_t tokens;            /* in the cache */
+    int64_t prefix_tokens;     /* compressed by the method (0 for the full cache) */
+    int64_t tail_tokens;       /* decoded since, held dense */
+    uint64_t bytes_held;       /* physical bytes of K and V held */
+    uint64_t logical_bytes;    /* dense 16-bit K and V of the same tokens */
+    uint64_t bytes_read;       /* read by attention in the last step */
+    double prefill_seconds, compress_seconds;
+} mkv_decoder_stats;
+
+void mkv_decoder_get_stats(const mkv_decoder *d, mkv_decoder_stats *s);
+
+/* ---------------------------------------------------------- perplexity */
+
+typedef struct {
+    int64_t context, scored;
+    double nll;                /* mean negative log-likelihood, nats */
+    double nll_full;           /* the same with the full cache (NaN without reference) */
+    double kl;                 /* mean KL(full || method) of the next-token distribution */
+    double agreement;          /* share of steps whose argmax equals the full cache's */
+    uint64_t bytes_held, logical_bytes;   /* at the end of the run */
+    uint64_t prefix_bytes_held, prefix_logical_bytes;  /* right after compression */
+    double bytes_read_mean;    /* per step */
+    double dense_read_mean;    /* what the full cache reads per step */
+    double prefill_seconds, compress_seconds;
+    double step_seconds;       /* mean decode step of the method */
+    double step_seconds_full;  /* mean decode step of the full cache (NaN without reference) */
+} mkv_ppl_result;
+
+/* Teacher forcing: prefill tokens[0..context), compress, then feed
+ * tokens[context..context+score) one decode step each and score the
+ * prediction of tokens[context+1..context+score] (the prediction of
+ * tokens[context] comes from the prefill and is the same for every
+ * method, so it is not scored).  With reference, a full-cache decoder
+ * forked from the same prefill runs in lockstep for KL and agreement.
+ * MKV_EFORMAT when n_tokens < context + score + 1. */
+int mkv_decode_ppl(const mkv_model *m, const int32_t *tokens, size_t n_tokens, int64_t context, int64_t score,
+                   const mkv_decoder_opts *o, int reference, mkv_ppl_result *r, mkv_error *err);
+
+/* log softmax of logits [n] into out [n], in double. */
+void mkv_log_softmax(const float *logits, int n, double *out);
+
+#endif

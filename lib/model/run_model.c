@@ -82,7 +82,12 @@ int mkv_run_model_open(const mkv_run_model_opts *o, const mkv_prompt_opts *po, m
             (rc = mkv_prompt_shape(out->shape, &cfg, po, o->random_tokens, o->seed, &out->prompt, err)))
             return rc;
     }
-    if ((rc = mkv_run_check(&cfg, out->prompt.n, o->generate, err)))
+    if (o->run_tokens > 0 && out->prompt.n == 0)
+        return mkv_fail(err, MKV_EFORMAT, "empty text");
+    if (o->run_tokens > 0 && (rc = mkv_run_check(&cfg, (size_t)o->run_tokens, 0, err)))
+        return mkv_fail(err, MKV_EFORMAT, "a run of %lld tokens exceeds the context of %d of model '%s'",
+                        (long long)o->run_tokens, cfg.max_seq_len, cfg.name);
+    if (o->run_tokens <= 0 && (rc = mkv_run_check(&cfg, out->prompt.n, o->generate, err)))
         return rc;
     if (out->shape)
         rc = build_shape(o, out->shape, &cfg, out->layer_index, (int)out->prompt.n + o->generate,

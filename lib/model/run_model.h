@@ -27,6 +27,9 @@ typedef struct {
     int64_t max_memory;       /* bytes the run may need; 0: what is available */
     /* the run, for a shape-only model's memory estimate and the context check */
     int threads, chunk, generate;
+    int64_t run_tokens;       /* > 0: the run takes this many tokens of the prompt,
+                                 checked against the context instead of the
+                                 prompt and generate (a text read in parts) */
 } mkv_run_model_opts;
 
 typedef struct {

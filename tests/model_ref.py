@@ -13,6 +13,16 @@ description in ../shared/models/README.md, not from the C code.
     --rope-scaling: the RoPE frequencies of Hugging Face's rope_scaling of
     that type (transformers' modeling_rope_utils definitions).
 
+  model_ref.py decode CHECKPOINT --tokens IDS --context C --score N
+      [--quest PAGE,BUDGET,SINK,RECENT]
+    Teacher-forced decoding: prefill the first C tokens with full
+    attention, then one decode step per token C..C+N-1; prints the mean
+    negative log-likelihood of tokens C+1..C+N.  --quest: the prefill's
+    keys and values are held in float16 and each step attends the tokens
+    Quest selects among them (the page bound of its min/max keys, sink,
+    recent, whole pages by score, ties to the lower page) plus every
+    decoded token, also in float16.
+
   model_ref.py tokenize TOKENIZER TEXTS
     TEXTS holds strings separated by NUL bytes; prints the ids of each (BOS
     first) on one line, encoded the way llama2.c's run.c encodes.
@@ -142,6 +152,109 @@ def forward(shape, w, tokens, theta, rope_dim, layout, eps, biases, scaling=None
     return captured, logits
 
 
+def quest_select(q_group, k16, C, page, budget, sink, recent):
+    """Tokens of the prefix (0..C-1) Quest attends for the queries of one
+    KV head: q_group [G][hd], k16 [C][hd] in float16."""
+    n = C
+    want = int(np.ceil(budget * n - 1e-9)) if budget <= 1 else int(budget)
+    want = min(max(want, 1), n)
+    chosen = np.zeros(n, dtype=bool)
+    sink_end = min(sink, n)
+    chosen[:sink_end] = True
+    recent_start = max(C - recent, sink_end)
+    chosen[recent_start:n] = True
+    if chosen.sum() >= want:
+        return chosen
+    k = k16.astype(np.float64)
+    pages = (n - 1) // page + 1
+    scores = []
+    for pg in range(pages):
+        block = k[pg * page:min((pg + 1) * page, n)]
+        mn, mx = block.min(axis=0), block.max(axis=0)
+        scores.append(max(float(np.maximum(q * mn, q * mx).sum()) for q in q_group))
+    for pg in sorted(range(pages), key=lambda i: (-scores[i], i)):
+        if chosen.sum() >= want:
+            break
+        chosen[pg * page:min((pg + 1) * page, n)] = True
+    return chosen
+
+
+def layer_qkv(shape, w, l, x, positions, theta, rope_dim, layout, eps):
+    H, KV, hd = shape["n_heads"], shape["n_kv_heads"], shape["head_dim"]
+    xb = rmsnorm(x, w["rms_att"][l], eps)
+    q = (xb @ w["wq"][l].T).reshape(len(x), H, hd)
+    k = (xb @ w["wk"][l].T).reshape(len(x), KV, hd)
+    v = (xb @ w["wv"][l].T).reshape(len(x), KV, hd)
+    return rope(q, positions, theta, rope_dim, layout), rope(k, positions, theta, rope_dim, layout), v
+
+
+def layer_rest(w, l, x, att, eps):
+    x = x + att @ w["wo"][l].T
+    xb = rmsnorm(x, w["rms_ffn"][l], eps)
+    gate = xb @ w["w1"][l].T
+    return x + ((gate / (1.0 + np.exp(-gate))) * (xb @ w["w3"][l].T)) @ w["w2"][l].T
+
+
+def decode_nll(shape, w, tokens, C, N, theta, rope_dim, layout, eps, quest=None):
+    H, KV, hd = shape["n_heads"], shape["n_kv_heads"], shape["head_dim"]
+    group = H // KV
+    captured, logits = forward(shape, w, tokens[:C], theta, rope_dim, layout, eps, None)
+    # per layer: K, V of every position so far [KV][T][hd]
+    keys = [layer[1].copy() for layer in captured]
+    values = [layer[3].copy() for layer in captured]
+    if quest:
+        keys = [np.float16(k).astype(np.float64) for k in keys]
+        values = [np.float16(v).astype(np.float64) for v in values]
+    nll = 0.0
+    for s in range(N):
+        pos = C + s
+        x = w["embedding"][[tokens[pos]]]
+        for l in range(shape["n_layers"]):
+            q, k, v = layer_qkv(shape, w, l, x, np.array([pos], dtype=np.float64), theta, rope_dim, layout, eps)
+            if quest:
+                k, v = np.float16(k).astype(np.float64), np.float16(v).astype(np.float64)
+            keys[l] = np.concatenate([keys[l], k.transpose(1, 0, 2)], axis=1)
+            values[l] = np.concatenate([values[l], v.transpose(1, 0, 2)], axis=1)
+            att = np.empty((1, H, hd))
+            for kvh in range(KV):
+                qg = q[0, kvh * group:(kvh + 1) * group, :]
+                mask = np.ones(pos + 1, dtype=bool)
+                if quest:
+                    page, budget, sink, recent = quest
+                    mask[:C] = quest_select(qg, keys[l][kvh, :C], C, page, budget, sink, recent)
+                K, V = keys[l][kvh][mask], values[l][kvh][mask]
+                for g in range(group):
+                    sc = K @ qg[g] / np.sqrt(hd)
+                    p = np.exp(sc - sc.max())
+                    att[0, kvh * group + g] = (p / p.sum()) @ V
+            x = layer_rest(w, l, x, att.reshape(1, H * hd), eps)
+        out = rmsnorm(x, w["rms_final"], eps) @ w["classifier"].T
+        out = out[0] - out[0].max()
+        nll -= out[tokens[pos + 1]] - np.log(np.exp(out).sum())
+    return nll / N
+
+
+def cmd_decode(argv):
+    import argparse
+    ap = argparse.ArgumentParser(prog="model_ref.py decode")
+    ap.add_argument("checkpoint")
+    ap.add_argument("--tokens", required=True)
+    ap.add_argument("--context", type=int, required=True)
+    ap.add_argument("--score", type=int, required=True)
+    ap.add_argument("--quest")
+    ap.add_argument("--eps", type=float, default=1e-5)
+    a = ap.parse_args(argv)
+    shape, w = read_checkpoint(a.checkpoint)
+    tokens = [int(t) for t in a.tokens.split(",")]
+    quest = None
+    if a.quest:
+        page, budget, sink, recent = a.quest.split(",")
+        quest = (int(page), float(budget), int(sink), int(recent))
+    nll = decode_nll(shape, w, tokens, a.context, a.score, 10000.0, shape["head_dim"], "interleaved",
+                     np.float32(a.eps).astype(np.float64), quest)
+    print("%.17g" % nll)
+
+
 def read_biases(path, shape):
     q_dim = shape["n_heads"] * shape["head_dim"]
     kv_dim = shape["n_kv_heads"] * shape["head_dim"]
@@ -243,11 +356,13 @@ def cmd_tokenize(argv):
 
 
 def main():
-    if len(sys.argv) < 2 or sys.argv[1] not in ("forward", "tokenize"):
+    if len(sys.argv) < 2 or sys.argv[1] not in ("forward", "decode", "tokenize"):
         sys.stderr.write(__doc__)
         return 2
     if sys.argv[1] == "forward":
         cmd_forward(sys.argv[2:])
+    elif sys.argv[1] == "decode":
+        cmd_decode(sys.argv[2:])
     else:
         cmd_tokenize(sys.argv[2:])
     return 0

@@ -20,7 +20,7 @@
 # as skipped, when not run as root; `skip-unless-h5py` likewise without a
 # python with h5py and numpy (PYTHON_H5PY). Exit: 0 pass, 1 fail, 77 when nothing ran.
 . "${top_srcdir:-.}/tests/cli/common.sh"
-cli_init cli_golden mkv-capture mkv-analyze mkv-compress mkv-attend
+cli_init cli_golden mkv-capture mkv-analyze mkv-compress mkv-attend mkv-decode
 PATH=$top_builddir/tools:$PATH
 export PATH PY FIXTURES MODELS top_srcdir top_builddir
 transcripts=$*

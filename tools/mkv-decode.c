@@ -527,9 +527,12 @@ static int generate(const decode_args *a, mkv_run_model *rm, mkv_error *err)
 static int perplexity(const decode_args *a, mkv_run_model *rm, mkv_error *err)
 {
     const mkv_prompt *p = &rm->prompt;
+    int rc;
+    for (int i = 0; i < a->n_contexts; i++)
+        if ((rc = mkv_ppl_check(p->n, a->contexts[i], a->score, err)))
+            return rc;
     mkv_outfile out;
-    int rc = mkv_outfile_open(&out, a->output ? a->output : "-", a->ppl, 0, err);
-    if (rc)
+    if ((rc = mkv_outfile_open(&out, a->output ? a->output : "-", a->ppl, 0, err)))
         return rc;
     FILE *fp = mkv_outfile_fp(&out);
     fputs(PPL_HEADER, fp);

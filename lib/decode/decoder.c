@@ -235,6 +235,16 @@ static int argmax(const double *x, int n)
     return best;
 }
 
+int mkv_ppl_check(size_t n_tokens, int64_t context, int64_t score, mkv_error *err)
+{
+    if (context < 1 || score < 1)
+        return mkv_fail(err, MKV_EUSAGE, "the context and the scored tokens must be positive");
+    if ((uint64_t)n_tokens < (uint64_t)context + (uint64_t)score + 1)
+        return mkv_fail(err, MKV_EFORMAT, "the text has %zu tokens; context %lld and %lld scored need %lld",
+                        n_tokens, (long long)context, (long long)score, (long long)(context + score + 1));
+    return MKV_OK;
+}
+
 int mkv_decode_ppl(const mkv_model *m, const int32_t *tokens, size_t n_tokens, int64_t context, int64_t score,
                    const mkv_decoder_opts *o, int reference, mkv_ppl_result *r, mkv_error *err)
 {
@@ -242,11 +252,9 @@ int mkv_decode_ppl(const mkv_model *m, const int32_t *tokens, size_t n_tokens, i
     r->context = context;
     r->scored = score;
     r->nll_full = r->step_seconds_full = NAN;
-    if (context < 1 || score < 1)
-        return mkv_fail(err, MKV_EUSAGE, "the context and the scored tokens must be positive");
-    if ((uint64_t)n_tokens < (uint64_t)context + (uint64_t)score + 1)
-        return mkv_fail(err, MKV_EFORMAT, "the text has %zu tokens; context %lld and %lld scored need %lld",
-                        n_tokens, (long long)context, (long long)score, (long long)(context + score + 1));
+    int rc = mkv_ppl_check(n_tokens, context, score, err);
+    if (rc)
+        return rc;
     int V = m->cfg.vocab_size;
     mkv_decoder_opts fo = *o;
     fo.method = NULL;
@@ -263,7 +271,7 @@ int mkv_decode_ppl(const mkv_model *m, const int32_t *tokens, size_t n_tokens, i
     }
     float *logits_full = logits + V;
     double *lp_full = lp + V;
-    int rc = mkv_decoder_prefill(m, tokens, context, &fo, NULL, &full, err);
+    rc = mkv_decoder_prefill(m, tokens, context, &fo, NULL, &full, err);
     int compressed = !is_full(o);
     if (!rc && compressed) {
         rc = mkv_decoder_fork(full, &mo, &dec, err);

@@ -83,6 +83,9 @@ typedef struct {
 int mkv_decode_ppl(const mkv_model *m, const int32_t *tokens, size_t n_tokens, int64_t context, int64_t score,
                    const mkv_decoder_opts *o, int reference, mkv_ppl_result *r, mkv_error *err);
 
+/* The text is long enough for context and score (MKV_EFORMAT otherwise). */
+int mkv_ppl_check(size_t n_tokens, int64_t context, int64_t score, mkv_error *err);
+
 /* log softmax of logits [n] into out [n], in double. */
 void mkv_log_softmax(const float *logits, int n, double *out);
 

@@ -1,0 +1,99 @@
+# mkv-decode: usage errors (exit 2) and runtime errors (exit 1), each with
+# its exact stderr and nothing on stdout, and the shape of what a run
+# writes. The model is tests/model_fixture.py's: random weights, a byte
+# tokenizer, a context of 512 tokens.
+
+% skip-unless-h5py
+% "$PY" "$top_srcdir/tests/model_fixture.py" model.bin tok.bin
+% printf 'short text' >short.txt
+% cp "$top_srcdir/data/heldout.txt" text.txt
+
+# ---------------------------------------------------------------- usage errors: exit 2
+$ mkv-decode
+! mkv-decode: missing MODEL (or --shape NAME); try 'mkv-decode --help'
+[2]
+$ mkv-decode model.bin a
+! mkv-decode: too many operands ('a' after MODEL); try 'mkv-decode --help'
+[2]
+$ mkv-decode model.bin --shape smollm2-135m
+! mkv-decode: MODEL and --shape exclude each other; try 'mkv-decode --help'
+[2]
+$ mkv-decode --shape smollm2-135m --ppl text.txt
+! mkv-decode: --ppl needs a real model, not --shape (random weights measure speed only); try 'mkv-decode --help'
+[2]
+$ mkv-decode model.bin --tokens 5 -p hi
+! mkv-decode: --tokens is an option of --shape; try 'mkv-decode --help'
+[2]
+
+# options of the other mode
+$ mkv-decode model.bin --context 100 -p hi
+! mkv-decode: --context is not an option of generation (it needs --ppl); try 'mkv-decode --help'
+[2]
+$ mkv-decode model.bin --ppl text.txt -p hi
+! mkv-decode: --prompt is not an option of --ppl; try 'mkv-decode --help'
+[2]
+$ mkv-decode model.bin --ppl text.txt --stats s.tsv
+! mkv-decode: --stats is not an option of --ppl; try 'mkv-decode --help'
+[2]
+
+# values
+$ mkv-decode model.bin --ppl text.txt --context 0
+! mkv-decode: invalid value '0' for --context: must be in 1..2147483647
+[2]
+$ mkv-decode model.bin -p hi --window 0
+! mkv-decode: invalid value '0' for --window: must be in 1..65536
+[2]
+$ mkv-decode model.bin -p hi -m nope
+! mkv-decode: unknown method 'nope' (methods: full, mosaic, uniform2d, quest, think, kivi, snapkv, streaming, naive2d)
+[2]
+$ mkv-decode model.bin -p hi -m quest -P budget=0
+! mkv-decode: method 'quest': invalid value '0' for parameter 'budget': must be in (0, 1e+15]
+[2]
+$ mkv-decode model.bin --tokenizer tok.bin -p hi -n 5 -m quest -P budget=600
+! mkv-decode: method 'quest': budget=600 tokens is larger than the context of 4 tokens
+[2]
+
+# outputs that would destroy an input or mix with the text
+$ mkv-decode model.bin -p hi --stats -
+! mkv-decode: --stats - and the generated text both write to standard output; try 'mkv-decode --help'
+[2]
+$ mkv-decode model.bin --ppl text.txt -o text.txt
+! mkv-decode: -o would overwrite the --ppl text; try 'mkv-decode --help'
+[2]
+
+# ---------------------------------------------------------------- runtime errors: exit 1
+$ mkv-decode nosuch.bin -p hi
+! mkv-decode: cannot open 'nosuch.bin': No such file or directory
+[1]
+$ mkv-decode model.bin --tokenizer tok.bin --ppl nosuch.txt
+! mkv-decode: cannot open 'nosuch.txt': No such file or directory
+[1]
+$ mkv-decode model.bin --tokenizer tok.bin --ppl short.txt --context 100 --score 10
+! mkv-decode: the text has 12 tokens; context 100 and 10 scored need 111
+[1]
+$ mkv-decode model.bin --tokenizer tok.bin --ppl text.txt --context 1K --score 10
+! mkv-decode: a run of 1034 tokens exceeds the context of 512 of model 'model'
+[1]
+$ mkv-decode model.bin --tokenizer tok.bin -p hi -n 600
+! mkv-decode: the prompt has 4 tokens; 600 more to generate exceed the context of 512
+[1]
+$ mkv-decode model.bin --tokenizer tok.bin -p hi -n 3 --stats nosuch/s.tsv
+! mkv-decode: cannot create 'nosuch/s.tsv': No such file or directory
+[1]
+$ mkv-decode model.bin --tokenizer tok.bin --ppl text.txt --context 64 --score 8 -o nosuch/p.tsv
+! mkv-decode: cannot create 'nosuch/p.tsv': No such file or directory
+[1]
+
+# ---------------------------------------------------------------- runs
+# the perplexity table: one row per context
+$ mkv-decode model.bin --tokenizer tok.bin --ppl text.txt --context 64,128 --score 8 -m quest -q | cut -f1-4 | tr '\t' ' '
+| context scored method params
+| 64 8 quest page=16 budget=0.1 sink=4 recent=64 agg=max
+| 128 8 quest page=16 budget=0.1 sink=4 recent=64 agg=max
+# the step table: every step adds one dense 16-bit token (2 layers x 2 KV
+# heads x K and V x 8 channels x 2 bytes = 128 bytes) to the 4 of the prompt
+$ mkv-decode model.bin --tokenizer tok.bin -p hi -n 3 -m streaming -P keep=0.5 --stats s.tsv -q >/dev/null && cut -f1-4,6 s.tsv | tr '\t' ' '
+| step tokens prefix_tokens tail_tokens logical_bytes
+| 1 5 4 1 640
+| 2 6 4 2 768
+| 3 7 4 3 896

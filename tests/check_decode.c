@@ -15,6 +15,7 @@
 #include "decode/ccache.h"
 #include "core/log.h"
 #include "decode/decoder.h"
+#include "decode/needle.h"
 #include "methods/method.h"
 #include "model/forward.h"
 #include "model/model.h"
@@ -352,6 +353,77 @@ START_TEST(misuse_refused)
 }
 END_TEST
 
+/* The passkey generator: deterministic by (seed, length, depth, trial),
+ * 5 to 7 digits without a leading zero, all three lengths seen. */
+START_TEST(needle_passkeys)
+{
+    char a[8], b[8];
+    int seen[8] = {0};
+    for (int t = 0; t < 200; t++) {
+        mkv_needle_passkey(7, 4096, 0.25, t, a);
+        mkv_needle_passkey(7, 4096, 0.25, t, b);
+        ck_assert_str_eq(a, b);
+        size_t n = strlen(a);
+        ck_assert_msg(n >= 5 && n <= 7 && a[0] != '0', "passkey '%s'", a);
+        for (size_t i = 0; i < n; i++)
+            ck_assert(a[i] >= '0' && a[i] <= '9');
+        seen[n] = 1;
+    }
+    ck_assert(seen[5] && seen[6] && seen[7]);
+    mkv_needle_passkey(7, 4096, 0.25, 0, a);
+    mkv_needle_passkey(8, 4096, 0.25, 0, b);
+    ck_assert_str_ne(a, b);
+    mkv_needle_passkey(7, 4096, 0.5, 0, b);
+    ck_assert_str_ne(a, b);
+
+    ck_assert(mkv_needle_correct(" The pass key is 12345.", "12345"));
+    ck_assert(mkv_needle_correct("12345", "12345"));
+    ck_assert(!mkv_needle_correct("The pass key is 123456.", "12345"));
+    ck_assert(!mkv_needle_correct("The pass key is 1234.", "12345"));
+    ck_assert(!mkv_needle_correct("I do not know.", "12345"));
+    ck_assert(!mkv_needle_correct("It is 54321, not 12345.", "12345"));
+}
+END_TEST
+
+/* The needle goes to the sentence end nearest the depth, the filler is cut
+ * at a sentence end and wraps around, the instruction comes first and the
+ * question last. */
+START_TEST(needle_text_layout)
+{
+    static const char filler[] = "One two. Three four five. Six! Seven eight nine ten.";
+    size_t flen = strlen(filler);
+    char *t;
+    size_t at;
+    double nd;
+    mkv_error err;
+    /* 30 bytes of filler: cut back to "One two. Three four five. Six!" */
+    ck_assert_int_eq(mkv_needle_text(filler, flen, 33, 0.5, "4242", &t, &at, &nd, &err), MKV_OK);
+    const char *needle = " The pass key is 4242. Remember it. 4242 is the pass key.";
+    ck_assert_ptr_nonnull(strstr(t, needle));
+    ck_assert_uint_eq((size_t)(strstr(t, needle) - t), at);
+    /* the middle of 30 bytes is 15: the nearest sentence end is after "two." (8) */
+    ck_assert_msg(strncmp(t + at - 8, "One two.", 8) == 0, "needle at %zu in '%s'", at, t);
+    ck_assert(fabs(nd - 8.0 / 30.0) < 1e-12);
+    ck_assert_msg(strstr(t, "Six!\n\nWhat is the pass key?") != NULL, "%s", t);
+    free(t);
+    /* depth 0: right after the instruction; depth 1: before the question */
+    ck_assert_int_eq(mkv_needle_text(filler, flen, 33, 0.0, "4242", &t, &at, &nd, &err), MKV_OK);
+    ck_assert(strncmp(t + at + strlen(needle), "One two.", 8) == 0);
+    ck_assert(t[at - 1] == '\n');
+    ck_assert(nd == 0.0);
+    free(t);
+    ck_assert_int_eq(mkv_needle_text(filler, flen, 33, 1.0, "4242", &t, &at, &nd, &err), MKV_OK);
+    ck_assert(strncmp(t + at + strlen(needle), "\n\nWhat is", 9) == 0);
+    ck_assert(nd == 1.0);
+    free(t);
+    /* more filler than the text has: it wraps */
+    ck_assert_int_eq(mkv_needle_text(filler, flen, 2 * flen + 10, 0.5, "4242", &t, &at, &nd, &err), MKV_OK);
+    ck_assert_ptr_nonnull(strstr(t, "ten.One two."));
+    free(t);
+    ck_assert_int_eq(mkv_needle_text(filler, 0, 10, 0.5, "4242", &t, &at, &nd, &err), MKV_EFORMAT);
+}
+END_TEST
+
 int main(void)
 {
     mkv_log_init("check_decode");
@@ -363,6 +435,8 @@ int main(void)
     tcase_add_test(tc, bytes_counted_by_hand);
     tcase_add_test(tc, ppl_matches_model_ref);
     tcase_add_test(tc, misuse_refused);
+    tcase_add_test(tc, needle_passkeys);
+    tcase_add_test(tc, needle_text_layout);
     suite_add_tcase(s, tc);
     return test_run(s);
 }

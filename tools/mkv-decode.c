@@ -29,6 +29,7 @@
 #include "core/outfile.h"
 #include "core/tensor.h"
 #include "decode/decoder.h"
+#include "decode/needle.h"
 #include "methods/method.h"
 #include "model/prompt.h"
 #include "model/run_model.h"
@@ -56,6 +57,11 @@ enum {
     OPT_NO_BOS,
     OPT_SHAPE,
     OPT_TOKENS,
+    OPT_NEEDLE,
+    OPT_LENGTHS,
+    OPT_DEPTHS,
+    OPT_TRIALS,
+    OPT_FILLER,
     OPT_END
 };
 
@@ -89,6 +95,11 @@ static const struct option longopts[] = {
     {"no-bos", no_argument, NULL, OPT_NO_BOS},
     {"shape", required_argument, NULL, OPT_SHAPE},
     {"tokens", required_argument, NULL, OPT_TOKENS},
+    {"needle", no_argument, NULL, OPT_NEEDLE},
+    {"lengths", required_argument, NULL, OPT_LENGTHS},
+    {"depths", required_argument, NULL, OPT_DEPTHS},
+    {"trials", required_argument, NULL, OPT_TRIALS},
+    {"filler", required_argument, NULL, OPT_FILLER},
     {NULL, 0, NULL, 0}};
 
 /* Leading ':' so a missing value is told apart from an unknown option. */
@@ -98,12 +109,14 @@ static const struct option longopts[] = {
 #define DEFAULT_CONTEXT 1024
 #define DEFAULT_SCORE 256
 #define MAX_CONTEXTS 16
+#define NEEDLE_ANSWER_TOKENS 12
 
 static void usage(FILE *fp, int status)
 {
     fprintf(fp,
             "Usage: %s MODEL [-p TEXT | -f FILE | --token-ids FILE] [-n N] [-m METHOD [-P K=V,...]] [options]\n"
             "       %s MODEL --ppl TEXTFILE [--context C[,C...]] [--score N] [-m METHOD [-P K=V,...]] [options]\n"
+            "       %s MODEL --needle [--lengths L,...] [--depths D,...] [--trials K] [-m METHOD] [options]\n"
             "       %s --shape NAME [--tokens N] [-n N] [-m METHOD] [options]\n"
             "       %s --list-methods | -m METHOD --help-method\n\n"
             "Decode MODEL with its KV cache compressed by METHOD: the prompt (or the first C\n"
@@ -133,7 +146,17 @@ static void usage(FILE *fp, int status)
             "      --context LIST   contexts in tokens, K suffixes (default 1K)\n"
             "      --score N        tokens scored per context (default %d)\n"
             "      --no-reference   skip the full-cache run (no KL or agreement)\n"
-            "  -o, --output FILE    the perplexity table (TSV; default stdout)\n\n"
+            "  -o, --output FILE    the perplexity or retrieval table (TSV; default stdout)\n\n"
+            "Retrieval (passkey):\n"
+            "      --needle         hide a 5-7 digit pass key in filler prose at each depth,\n"
+            "                       ask for it at the end, answer greedily (exact match)\n"
+            "      --lengths LIST   prompt lengths in tokens, K suffixes (default 1K,2K,4K,8K)\n"
+            "      --depths LIST    where the key goes, 0..1 of the filler (default\n"
+            "                       0,0.25,0.5,0.75,1)\n"
+            "      --trials K       keys per length and depth (default 1)\n"
+            "      --seed N         the keys' seed (default 1)\n"
+            "      --filler FILE    the filler prose (default: data/filler.txt)\n"
+            "      --chat           wrap each prompt in the model's chat template\n\n"
             "Method:\n"
             "  -m, --method NAME    compression method (default full; see --list-methods)\n"
             "  -P, --param K=V[,K=V...]\n"
@@ -145,7 +168,8 @@ static void usage(FILE *fp, int status)
             "      --shape NAME     a model of a published shape with seeded random weights\n"
             "      --tokens N       random prompt of N tokens (default 1K)\n"
             "      --chunk N        prefill chunk in tokens (default 512)\n\n",
-            mkv_progname(), mkv_progname(), mkv_progname(), mkv_progname(), DEFAULT_GENERATE, DEFAULT_SCORE);
+            mkv_progname(), mkv_progname(), mkv_progname(), mkv_progname(), mkv_progname(), DEFAULT_GENERATE,
+            DEFAULT_SCORE);
     mkv_common_usage(fp, MKV_COMMON_THREADS);
     mkv_method_names_usage(fp);
     exit(status);
@@ -164,6 +188,13 @@ typedef struct {
     const char *ppl, *output, *stats;
     int64_t contexts[MAX_CONTEXTS];
     int n_contexts;
+    int needle;
+    int64_t lengths[MAX_CONTEXTS];
+    int n_lengths;
+    double depths[MAX_CONTEXTS];
+    int n_depths;
+    int64_t trials;
+    const char *filler;
     int64_t score, window, chunk;
     int reference;
     double temperature, top_p;
@@ -192,37 +223,78 @@ static uint64_t parse_seed(const char *arg)
     return (uint64_t)v;
 }
 
-static void parse_contexts(decode_args *a, const char *arg)
+/* A comma-separated list of sizes (K suffixes) into out[MAX_CONTEXTS]. */
+static int parse_size_list(const char *arg, const char *name, int64_t *out)
 {
     char *copy = strdup(arg);
     if (!copy) {
         mkv_usage_error("out of memory");
         exit(1);
     }
-    a->n_contexts = 0;
+    int n = 0;
     for (char *save = NULL, *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        if (a->n_contexts == MAX_CONTEXTS) {
-            mkv_usage_error("invalid value '%s' for --context: at most %d contexts", arg, MAX_CONTEXTS);
+        if (n == MAX_CONTEXTS) {
+            mkv_usage_error("invalid value '%s' for --%s: at most %d values", arg, name, MAX_CONTEXTS);
             exit(2);
         }
-        a->contexts[a->n_contexts++] = size_or_exit(tok, "context", 1, INT32_MAX);
+        out[n++] = size_or_exit(tok, name, 1, INT32_MAX);
     }
     free(copy);
-    if (a->n_contexts == 0) {
-        mkv_usage_error("invalid value '%s' for --context: expected C[,C...]", arg);
+    if (n == 0) {
+        mkv_usage_error("invalid value '%s' for --%s: expected N[,N...]", arg, name);
         exit(2);
     }
+    return n;
 }
 
-/* Options that belong to one mode only. */
+static int parse_depths(const char *arg, double *out)
+{
+    char *copy = strdup(arg);
+    if (!copy) {
+        mkv_usage_error("out of memory");
+        exit(1);
+    }
+    int n = 0;
+    for (char *save = NULL, *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (n == MAX_CONTEXTS) {
+            mkv_usage_error("invalid value '%s' for --depths: at most %d values", arg, MAX_CONTEXTS);
+            exit(2);
+        }
+        if (mkv_parse_double(tok, "depths", 0.0, 1.0, &out[n++]))
+            exit(2);
+    }
+    free(copy);
+    if (n == 0) {
+        mkv_usage_error("invalid value '%s' for --depths: expected D[,D...]", arg);
+        exit(2);
+    }
+    return n;
+}
+
+static void parse_contexts(decode_args *a, const char *arg)
+{
+    a->n_contexts = parse_size_list(arg, "context", a->contexts);
+}
+
+enum { MODE_GENERATE = 1, MODE_PPL = 2, MODE_NEEDLE = 4 };
+
+/* Options that belong to some modes only. */
 static const struct {
     int opt;
-    int ppl;   /* 1: --ppl only, 0: generation only */
+    int modes;
 } MODE_OPTIONS[] = {
-    {OPT_CONTEXT, 1}, {OPT_SCORE, 1}, {OPT_NO_REFERENCE, 1}, {'o', 1},
-    {'p', 0}, {'n', 0}, {OPT_TOKEN_IDS, 0}, {OPT_CHAT, 0}, {OPT_SYSTEM, 0}, {OPT_SPECIAL, 0},
-    {OPT_TEMPERATURE, 0}, {OPT_TOP_P, 0}, {OPT_STATS, 0}, {'f', 0},
+    {OPT_CONTEXT, MODE_PPL}, {OPT_SCORE, MODE_PPL}, {OPT_NO_REFERENCE, MODE_PPL | MODE_NEEDLE},
+    {'o', MODE_PPL | MODE_NEEDLE}, {'p', MODE_GENERATE}, {'n', MODE_GENERATE}, {'f', MODE_GENERATE},
+    {OPT_TOKEN_IDS, MODE_GENERATE}, {OPT_CHAT, MODE_GENERATE | MODE_NEEDLE},
+    {OPT_SYSTEM, MODE_GENERATE | MODE_NEEDLE}, {OPT_SPECIAL, MODE_GENERATE}, {OPT_TEMPERATURE, MODE_GENERATE},
+    {OPT_TOP_P, MODE_GENERATE}, {OPT_STATS, MODE_GENERATE}, {OPT_LENGTHS, MODE_NEEDLE},
+    {OPT_DEPTHS, MODE_NEEDLE}, {OPT_TRIALS, MODE_NEEDLE}, {OPT_FILLER, MODE_NEEDLE},
 };
+
+static const char *mode_name(int mode)
+{
+    return mode == MODE_PPL ? "--ppl" : mode == MODE_NEEDLE ? "--needle" : "generation";
+}
 
 static const char *option_name(int opt)
 {
@@ -245,6 +317,13 @@ static void parse_args(int argc, char **argv, decode_args *a)
     a->tokens = 1024;
     a->contexts[0] = DEFAULT_CONTEXT;
     a->n_contexts = 1;
+    static const int64_t default_lengths[] = {1024, 2048, 4096, 8192};
+    static const double default_depths[] = {0, 0.25, 0.5, 0.75, 1};
+    memcpy(a->lengths, default_lengths, sizeof default_lengths);
+    a->n_lengths = 4;
+    memcpy(a->depths, default_depths, sizeof default_depths);
+    a->n_depths = 5;
+    a->trials = 1;
     mkv_common_opts common;
     mkv_common_init(&common);
     const char *method_name = "full";
@@ -345,6 +424,21 @@ static void parse_args(int argc, char **argv, decode_args *a)
         case OPT_TOKENS:
             a->tokens = size_or_exit(optarg, "tokens", 1, INT32_MAX);
             break;
+        case OPT_NEEDLE:
+            a->needle = 1;
+            break;
+        case OPT_LENGTHS:
+            a->n_lengths = parse_size_list(optarg, "lengths", a->lengths);
+            break;
+        case OPT_DEPTHS:
+            a->n_depths = parse_depths(optarg, a->depths);
+            break;
+        case OPT_TRIALS:
+            a->trials = size_or_exit(optarg, "trials", 1, 1000000);
+            break;
+        case OPT_FILLER:
+            a->filler = optarg;
+            break;
         default: {
             int handled = mkv_common_option(&common, opt, optarg);
             if (handled < 0)
@@ -377,15 +471,19 @@ static void parse_args(int argc, char **argv, decode_args *a)
         misuse("missing MODEL (or --shape NAME)");
     if (a->model_path && a->shape)
         misuse("MODEL and --shape exclude each other");
-    if (a->shape && a->ppl)
-        misuse("--ppl needs a real model, not --shape (random weights measure speed only)");
+    if (a->ppl && a->needle)
+        misuse("--ppl and --needle exclude each other");
+    if (a->shape && (a->ppl || a->needle))
+        misuse(a->ppl ? "--ppl needs a real model, not --shape (random weights measure speed only)"
+                      : "--needle needs a real model, not --shape (random weights measure speed only)");
     if (a->given[OPT_TOKENS] && !a->shape)
         misuse("--tokens is an option of --shape");
+    int mode = a->ppl ? MODE_PPL : a->needle ? MODE_NEEDLE : MODE_GENERATE;
     for (size_t i = 0; i < sizeof MODE_OPTIONS / sizeof *MODE_OPTIONS; i++)
-        if (a->given[MODE_OPTIONS[i].opt] && MODE_OPTIONS[i].ppl != !!a->ppl) {
+        if (a->given[MODE_OPTIONS[i].opt] && !(MODE_OPTIONS[i].modes & mode)) {
             char what[160];
             snprintf(what, sizeof what, "--%s is not an option of %s", option_name(MODE_OPTIONS[i].opt),
-                     a->ppl ? "--ppl" : "generation (it needs --ppl)");
+                     mode_name(mode));
             misuse(what);
         }
     mkv_error err;
@@ -562,6 +660,143 @@ static int perplexity(const decode_args *a, mkv_run_model *rm, mkv_error *err)
     return mkv_outfile_commit(&out, err);
 }
 
+/* ---------------------------------------------------------- retrieval */
+
+#define NEEDLE_HEADER                                                                              \
+    "length\tdepth\ttrial\ttokens\tneedle_depth\tpasskey\tmethod\tparams\tanswer\tcorrect\t"     \
+    "answer_full\tcorrect_full\n"
+
+/* The answer's text with tabs and line breaks as spaces, for a TSV cell. */
+static char *answer_text(const mkv_tokenizer *t, const int32_t *ids, int n, mkv_error *err)
+{
+    char *text;
+    size_t len;
+    if (mkv_tokenizer_decode(t, ids, (size_t)n, &text, &len, err))
+        return NULL;
+    for (size_t i = 0; i < len; i++)
+        if (text[i] == '\t' || text[i] == '\n' || text[i] == '\r' || text[i] == '\0')
+            text[i] = ' ';
+    return text;
+}
+
+static const char *filler_path(const decode_args *a, char *buf, size_t size)
+{
+    if (a->filler)
+        return a->filler;
+    const char *dir = getenv("MKV_DATA_DIR");
+    snprintf(buf, size, "%s/filler.txt", dir && *dir ? dir : MKV_SOURCE_DATA_DIR);
+    return buf;
+}
+
+static int needle(const decode_args *a, mkv_error *err)
+{
+    char fbuf[4200];
+    const char *fpath = filler_path(a, fbuf, sizeof fbuf);
+    if (a->output && mkv_outfile_overwrites(a->output, fpath))
+        return mkv_fail(err, MKV_EUSAGE, "-o would overwrite the filler text '%s'", fpath);
+    mkv_loaded_model lm;
+    mkv_model_load_opts lo = {a->tokenizer, 1};
+    int rc = mkv_model_load(a->model_path, &lo, &lm, err);
+    if (rc)
+        return rc;
+    const mkv_model_config *c = &lm.model->cfg;
+    char *filler = NULL;
+    size_t filler_len = 0;
+    for (int i = 0; i < a->n_lengths && !rc; i++)
+        if (a->lengths[i] > c->max_seq_len)
+            rc = mkv_fail(err, MKV_EFORMAT, "a prompt of %lld tokens exceeds the context of %d of model '%s'",
+                          (long long)a->lengths[i], c->max_seq_len, c->name);
+        else if (a->lengths[i] <= 4 * NEEDLE_ANSWER_TOKENS)
+            rc = mkv_fail(err, MKV_EUSAGE, "--lengths: %lld tokens cannot hold a passkey prompt",
+                          (long long)a->lengths[i]);
+    if (!rc)
+        rc = mkv_read_file(fpath, &filler, &filler_len, err);
+    /* every prompt first, so that a length that cannot be met fails
+     * before anything is written */
+    int cells = a->n_lengths * a->n_depths;
+    size_t n_cases = (size_t)cells * (size_t)a->trials;
+    mkv_needle_case *cases = rc ? NULL : calloc(n_cases, sizeof *cases);
+    int64_t *hits = rc ? NULL : calloc((size_t)cells * 2, sizeof *hits);
+    if (!rc && (!cases || !hits))
+        rc = mkv_fail(err, MKV_ENOMEM, "out of memory for %zu passkey prompts", n_cases);
+    for (size_t i = 0; i < n_cases && !rc; i++) {
+        int li = (int)(i / ((size_t)a->n_depths * (size_t)a->trials));
+        int di = (int)(i / (size_t)a->trials % (size_t)a->n_depths);
+        rc = mkv_needle_build(&lm, a->model_path, &a->prompt, filler, filler_len,
+                              a->lengths[li] - NEEDLE_ANSWER_TOKENS, a->seed, a->lengths[li], a->depths[di],
+                              (int)(i % (size_t)a->trials), &cases[i], err);
+    }
+    mkv_outfile out;
+    int have_out = 0;
+    if (!rc && !(rc = mkv_outfile_open(&out, a->output ? a->output : "-", fpath, 0, err)))
+        have_out = 1;
+    if (have_out)
+        fputs(NEEDLE_HEADER, mkv_outfile_fp(&out));
+    char params[1024];
+    mkv_params_format(&a->params, params, sizeof params);
+    int32_t answer[NEEDLE_ANSWER_TOKENS], answer_full[NEEDLE_ANSWER_TOKENS];
+    for (int li = 0; li < a->n_lengths && !rc; li++)
+        for (int di = 0; di < a->n_depths && !rc; di++)
+            for (int64_t k = 0; k < a->trials && !rc; k++) {
+                const mkv_needle_case *c0 = &cases[((size_t)li * (size_t)a->n_depths + (size_t)di) * (size_t)a->trials + (size_t)k];
+                mkv_needle_case nc = *c0;
+                mkv_decoder_opts o;
+                decoder_opts(a, NEEDLE_ANSWER_TOKENS, &o);
+                int n = 0, n_full = 0;
+                rc = mkv_needle_answer(lm.model, nc.prompt.tokens, nc.prompt.n, &o, NEEDLE_ANSWER_TOKENS,
+                                       lm.tok->eos_id, answer, &n, a->reference ? answer_full : NULL, &n_full,
+                                       err);
+                char *text = rc ? NULL : answer_text(lm.tok, answer, n, err);
+                char *text_full = rc || !text || !a->reference ? NULL : answer_text(lm.tok, answer_full, n_full, err);
+                if (!rc && (!text || (a->reference && !text_full)))
+                    rc = err->code ? err->code : MKV_ENOMEM;
+                if (!rc) {
+                    int ok = mkv_needle_correct(text, nc.passkey);
+                    int ok_full = a->reference && mkv_needle_correct(text_full, nc.passkey);
+                    hits[2 * (li * a->n_depths + di)] += ok;
+                    hits[2 * (li * a->n_depths + di) + 1] += ok_full;
+                    fprintf(mkv_outfile_fp(&out), "%" PRId64 "\t%g\t%" PRId64 "\t%zu\t%.4f\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n",
+                            a->lengths[li], a->depths[di], k, nc.prompt.n, nc.needle_depth, nc.passkey,
+                            a->method->name, params[0] ? params : "-", text, ok, a->reference ? text_full : "-",
+                            a->reference ? (ok_full ? "1" : "0") : "-");
+                    fflush(mkv_outfile_fp(&out));
+                }
+                free(text);
+                free(text_full);
+            }
+    if (!rc && a->verbosity > MKV_LOG_ERROR) {
+        fprintf(stderr, "%s: %s: passkey accuracy (full cache in parentheses)\n%-8s", mkv_progname(),
+                a->method->name, "length");
+        for (int di = 0; di < a->n_depths; di++)
+            fprintf(stderr, "  depth %-9g", a->depths[di]);
+        fputc('\n', stderr);
+        for (int li = 0; li < a->n_lengths; li++) {
+            fprintf(stderr, "%-8" PRId64, a->lengths[li]);
+            for (int di = 0; di < a->n_depths; di++) {
+                int64_t *h = hits + 2 * (li * a->n_depths + di);
+                if (a->reference)
+                    fprintf(stderr, "  %5.2f (%5.2f)   ", (double)h[0] / a->trials, (double)h[1] / a->trials);
+                else
+                    fprintf(stderr, "  %5.2f           ", (double)h[0] / a->trials);
+            }
+            fputc('\n', stderr);
+        }
+    }
+    for (size_t i = 0; cases && i < n_cases; i++)
+        free(cases[i].prompt.tokens);
+    free(cases);
+    free(hits);
+    free(filler);
+    if (have_out) {
+        if (rc)
+            mkv_outfile_abort(&out);
+        else
+            rc = mkv_outfile_commit(&out, err);
+    }
+    mkv_loaded_model_free(&lm);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     mkv_log_init(argv[0]);
@@ -570,6 +805,11 @@ int main(int argc, char **argv)
     mkv_error err;
     mkv_error_clear(&err);
 
+    if (a.needle) {
+        if (needle(&a, &err))
+            fail(&err);
+        return 0;
+    }
     mkv_prompt_opts po = a.prompt;
     int64_t run_tokens = 0, max_context = 0;
     if (a.ppl) {

@@ -27,7 +27,7 @@ $ mkv-decode model.bin --tokens 5 -p hi
 
 # options of the other mode
 $ mkv-decode model.bin --context 100 -p hi
-! mkv-decode: --context is not an option of generation (it needs --ppl); try 'mkv-decode --help'
+! mkv-decode: --context is not an option of generation; try 'mkv-decode --help'
 [2]
 $ mkv-decode model.bin --ppl text.txt -p hi
 ! mkv-decode: --prompt is not an option of --ppl; try 'mkv-decode --help'
@@ -36,7 +36,26 @@ $ mkv-decode model.bin --ppl text.txt --stats s.tsv
 ! mkv-decode: --stats is not an option of --ppl; try 'mkv-decode --help'
 [2]
 
+$ mkv-decode model.bin --needle --ppl text.txt
+! mkv-decode: --ppl and --needle exclude each other; try 'mkv-decode --help'
+[2]
+$ mkv-decode model.bin --needle -p hi
+! mkv-decode: --prompt is not an option of --needle; try 'mkv-decode --help'
+[2]
+$ mkv-decode model.bin --needle --score 5
+! mkv-decode: --score is not an option of --needle; try 'mkv-decode --help'
+[2]
+$ mkv-decode --shape smollm2-135m --needle
+! mkv-decode: --needle needs a real model, not --shape (random weights measure speed only); try 'mkv-decode --help'
+[2]
+
 # values
+$ mkv-decode model.bin --needle --depths 0,2
+! mkv-decode: invalid value '2' for --depths: must be in 0..1
+[2]
+$ mkv-decode model.bin --tokenizer tok.bin --needle --lengths 20
+! mkv-decode: --lengths: 20 tokens cannot hold a passkey prompt
+[2]
 $ mkv-decode model.bin --ppl text.txt --context 0
 ! mkv-decode: invalid value '0' for --context: must be in 1..2147483647
 [2]
@@ -77,6 +96,15 @@ $ mkv-decode model.bin --tokenizer tok.bin --ppl text.txt --context 1K --score 1
 $ mkv-decode model.bin --tokenizer tok.bin -p hi -n 600
 ! mkv-decode: the prompt has 4 tokens; 600 more to generate exceed the context of 512
 [1]
+$ mkv-decode model.bin --tokenizer tok.bin --needle --lengths 1K
+! mkv-decode: a prompt of 1024 tokens exceeds the context of 512 of model 'model'
+[1]
+$ mkv-decode model.bin --tokenizer tok.bin --needle --lengths 200
+! mkv-decode: cannot fit a passkey prompt in 188 tokens
+[1]
+$ mkv-decode model.bin --tokenizer tok.bin --needle --lengths 300 --filler nosuch.txt
+! mkv-decode: cannot open 'nosuch.txt': No such file or directory
+[1]
 $ mkv-decode model.bin --tokenizer tok.bin -p hi -n 3 --stats nosuch/s.tsv
 ! mkv-decode: cannot create 'nosuch/s.tsv': No such file or directory
 [1]
@@ -97,3 +125,11 @@ $ mkv-decode model.bin --tokenizer tok.bin -p hi -n 3 -m streaming -P keep=0.5 -
 | 1 5 4 1 640
 | 2 6 4 2 768
 | 3 7 4 3 896
+# the retrieval table: one row per length, depth and trial; the same seed
+# gives the same keys (this random model does not find them)
+$ mkv-decode model.bin --tokenizer tok.bin --needle --lengths 300 --depths 0,1 --trials 2 --seed 3 -m quest -q | cut -f1-3,5-7 | tr '\t' ' '
+| length depth trial needle_depth passkey method
+| 300 0 0 0.0000 69479 quest
+| 300 0 1 0.0000 68879 quest
+| 300 1 0 1.0000 8132288 quest
+| 300 1 1 1.0000 7206178 quest

@@ -223,8 +223,10 @@ static uint64_t parse_seed(const char *arg)
     return (uint64_t)v;
 }
 
-/* A comma-separated list of sizes (K suffixes) into out[MAX_CONTEXTS]. */
-static int parse_size_list(const char *arg, const char *name, int64_t *out)
+/* The items of a comma-separated list given to --name, each handed to
+ * take(item, index, out); at most MAX_CONTEXTS.  Returns the count. */
+static int parse_list(const char *arg, const char *name, void (*take)(const char *, const char *, int, void *),
+                      void *out)
 {
     char *copy = strdup(arg);
     if (!copy) {
@@ -237,38 +239,35 @@ static int parse_size_list(const char *arg, const char *name, int64_t *out)
             mkv_usage_error("invalid value '%s' for --%s: at most %d values", arg, name, MAX_CONTEXTS);
             exit(2);
         }
-        out[n++] = size_or_exit(tok, name, 1, INT32_MAX);
+        take(tok, name, n++, out);
     }
     free(copy);
     if (n == 0) {
-        mkv_usage_error("invalid value '%s' for --%s: expected N[,N...]", arg, name);
+        mkv_usage_error("invalid value '%s' for --%s: expected a comma-separated list", arg, name);
         exit(2);
     }
     return n;
 }
 
+static void take_size(const char *item, const char *name, int i, void *out)
+{
+    ((int64_t *)out)[i] = size_or_exit(item, name, 1, INT32_MAX);
+}
+
+static void take_depth(const char *item, const char *name, int i, void *out)
+{
+    if (mkv_parse_double(item, name, 0.0, 1.0, &((double *)out)[i]))
+        exit(2);
+}
+
+static int parse_size_list(const char *arg, const char *name, int64_t *out)
+{
+    return parse_list(arg, name, take_size, out);
+}
+
 static int parse_depths(const char *arg, double *out)
 {
-    char *copy = strdup(arg);
-    if (!copy) {
-        mkv_usage_error("out of memory");
-        exit(1);
-    }
-    int n = 0;
-    for (char *save = NULL, *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        if (n == MAX_CONTEXTS) {
-            mkv_usage_error("invalid value '%s' for --depths: at most %d values", arg, MAX_CONTEXTS);
-            exit(2);
-        }
-        if (mkv_parse_double(tok, "depths", 0.0, 1.0, &out[n++]))
-            exit(2);
-    }
-    free(copy);
-    if (n == 0) {
-        mkv_usage_error("invalid value '%s' for --depths: expected D[,D...]", arg);
-        exit(2);
-    }
-    return n;
+    return parse_list(arg, "depths", take_depth, out);
 }
 
 static void parse_contexts(decode_args *a, const char *arg)

@@ -12,7 +12,9 @@ typedef int (*mkv_task_fn)(void *ctx, int task, mkv_error *err);
  * calling one included (fewer when a thread cannot be created).  Once a
  * task fails no further task starts.  Returns MKV_OK, or the status of the
  * failed task with the lowest index; *failed gets that index and *err its
- * error (a task that failed without a message gets a generic one). */
+ * error (a task that failed without a message gets a generic one).
+ * With OpenBLAS this sets OpenBLAS to one thread (process-wide): the tasks
+ * divide the work among their own threads. */
 int mkv_run_tasks(int n, int threads, mkv_task_fn fn, void *ctx, int *failed, mkv_error *err);
 
 #endif

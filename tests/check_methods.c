@@ -419,6 +419,7 @@ START_TEST(registry_is_sound)
         ck_assert_msg(m->params && m->check && m->compress && m->load && m->attend && m->free_state,
                       "%s: missing callbacks", m->name);
         ck_assert_ptr_eq(mkv_method_find(m->name), m);
+        ck_assert_msg(!m->append == !m->state_bytes, "%s: append and state_bytes come together", m->name);
         int n_specs = 0;
         while (m->params[n_specs].name)
             n_specs++;

@@ -17,11 +17,11 @@ description in ../shared/models/README.md, not from the C code.
       [--quest PAGE,BUDGET,SINK,RECENT]
     Teacher-forced decoding: prefill the first C tokens with full
     attention, then one decode step per token C..C+N-1; prints the mean
-    negative log-likelihood of tokens C+1..C+N.  --quest: the prefill's
-    keys and values are held in float16 and each step attends the tokens
-    Quest selects among them (the page bound of its min/max keys, sink,
-    recent, whole pages by score, ties to the lower page) plus every
-    decoded token, also in float16.
+    negative log-likelihood of tokens C+1..C+N.  --quest: keys and values
+    are held in float16, the decoded tokens appended to the pages, and each
+    step attends the tokens Quest selects among all of them (the page bound
+    of its min/max keys, sink, recent, whole pages by score, ties to the
+    lower page, the budget a share of every token so far).
 
   model_ref.py tokenize TOKENIZER TEXTS
     TEXTS holds strings separated by NUL bytes; prints the ids of each (BOS
@@ -153,7 +153,7 @@ def forward(shape, w, tokens, theta, rope_dim, layout, eps, biases, scaling=None
 
 
 def quest_select(q_group, k16, C, page, budget, sink, recent):
-    """Tokens of the prefix (0..C-1) Quest attends for the queries of one
+    """Tokens of the cache (0..C-1) Quest attends for the queries of one
     KV head: q_group [G][hd], k16 [C][hd] in float16."""
     n = C
     want = int(np.ceil(budget * n - 1e-9)) if budget <= 1 else int(budget)
@@ -221,7 +221,7 @@ def decode_nll(shape, w, tokens, C, N, theta, rope_dim, layout, eps, quest=None)
                 mask = np.ones(pos + 1, dtype=bool)
                 if quest:
                     page, budget, sink, recent = quest
-                    mask[:C] = quest_select(qg, keys[l][kvh, :C], C, page, budget, sink, recent)
+                    mask = quest_select(qg, keys[l][kvh], pos + 1, page, budget, sink, recent)
                 K, V = keys[l][kvh][mask], values[l][kvh][mask]
                 for g in range(group):
                     sc = K @ qg[g] / np.sqrt(hd)

@@ -29,6 +29,7 @@ struct mkv_ccache {
     uint64_t prefix_bytes;
     uint64_t *bytes_read;      /* [n_layers]: the last attention of the layer */
     uint64_t *head_bytes;      /* [n_kv_heads]: scratch of one attention */
+    int appends;               /* the method takes new tokens itself (method->append) */
 };
 
 static size_t head_index(const mkv_ccache *cc, int layer, int head)
@@ -142,8 +143,10 @@ int mkv_ccache_build(const mkv_model_config *cfg, const mkv_forward *f, int64_t 
     cc->threads = o->threads > 0 ? o->threads : 1;
     cc->prefix = n;
     cc->tail_cap = o->max_new > 0 ? o->max_new : 1;
+    cc->appends = o->method->append != NULL;
     size_t heads = (size_t)cc->n_layers * (size_t)cc->n_kv_heads;
-    size_t tail_n = heads * (size_t)cc->tail_cap * (size_t)cc->d;
+    /* a method that appends holds new tokens itself: the tail keeps none */
+    size_t tail_n = cc->appends ? 1 : heads * (size_t)cc->tail_cap * (size_t)cc->d;
     cc->states = calloc(heads, sizeof *cc->states);
     cc->tail_len = calloc((size_t)cc->n_layers, sizeof *cc->tail_len);
     cc->bytes_read = calloc((size_t)cc->n_layers, sizeof *cc->bytes_read);
@@ -183,10 +186,46 @@ typedef struct {
 /* One KV head of one layer: append the batch's keys and values to the
  * tail, then answer each query over the prefix (the method) and the tail
  * up to its own position (exact), merged. */
+/* The same for a method that takes new tokens itself: append each, then
+ * attend over everything the state holds. */
+static int head_task_appending(attention_ctx *a, int h, mkv_error *err)
+{
+    mkv_ccache *cc = a->cc;
+    const mkv_capture_batch *b = a->b;
+    int l = b->layer, d = cc->d, G = cc->G, base = cc->tail_len[l];
+    size_t kv_dim = (size_t)cc->n_kv_heads * (size_t)d, q_dim = (size_t)cc->n_heads * (size_t)d;
+    void *state = cc->states[head_index(cc, l, h)];
+    size_t n_att = (size_t)(cc->prefix + cc->tail_cap);
+    uint8_t *attended = mkv_alloc(n_att, 1, "attended tokens", err);
+    if (!attended)
+        return MKV_ENOMEM;
+    int rc = MKV_OK;
+    uint64_t bytes = 0;
+    for (int i = 0; i < b->n && !rc; i++) {
+        const float *k = b->k + (size_t)i * kv_dim + (size_t)h * d, *v = b->v + (size_t)i * kv_dim + (size_t)h * d;
+        if ((rc = cc->method->append(state, k, v, err))) {
+            mkv_error_prefix(err, "method '%s': layer %d head %d", cc->method->name, l, h);
+            break;
+        }
+        memset(attended, 0, n_att);
+        mkv_attend_query aq = {.G = G, .d = d, .q = b->q + (size_t)i * q_dim + (size_t)h * G * d,
+                               .pos = cc->prefix + base + i, .scale = 1.0 / sqrt((double)d)};
+        mkv_attend_result r = {.out = a->out + (size_t)i * q_dim + (size_t)h * G * d, .attended = attended};
+        if ((rc = cc->method->attend(state, &aq, &r, err)))
+            mkv_error_prefix(err, "method '%s': layer %d head %d", cc->method->name, l, h);
+        bytes += r.bytes_read;
+    }
+    cc->head_bytes[h] = bytes;
+    mkv_free(attended);
+    return rc;
+}
+
 static int head_task(void *ctx, int h, mkv_error *err)
 {
     attention_ctx *a = ctx;
     mkv_ccache *cc = a->cc;
+    if (cc->appends)
+        return head_task_appending(a, h, err);
     const mkv_capture_batch *b = a->b;
     int l = b->layer, d = cc->d, G = cc->G, base = cc->tail_len[l];
     size_t kv_dim = (size_t)cc->n_kv_heads * (size_t)d, q_dim = (size_t)cc->n_heads * (size_t)d;
@@ -270,6 +309,14 @@ void mkv_ccache_get_stats(const mkv_ccache *cc, mkv_ccache_stats *s)
     s->tail_tokens = cc->tail_len[0];
     s->prefix_bytes = cc->prefix_bytes;
     s->tail_bytes = heads * (uint64_t)cc->tail_len[0] * per_token;
+    s->held_bytes = s->prefix_bytes + s->tail_bytes;
+    if (cc->appends) {
+        /* what the states hold now, new tokens the method's own way */
+        s->held_bytes = 0;
+        for (size_t i = 0; i < heads; i++)
+            s->held_bytes += cc->method->state_bytes(cc->states[i]);
+        s->tail_bytes = s->held_bytes > s->prefix_bytes ? s->held_bytes - s->prefix_bytes : 0;
+    }
     s->logical_bytes = heads * (uint64_t)(cc->prefix + cc->tail_len[0]) * per_token;
     s->bytes_read = 0;
     for (int l = 0; l < cc->n_layers; l++)

@@ -11,9 +11,14 @@
  * two parts are merged by their log-sum-exp (mkv_osm_from_output), so a
  * step's attention is the softmax over both.
  *
+ * A method with its own decode-time rule (mkv_method.append: Quest adds
+ * pages, ...) takes each new token itself instead, and its attend answers
+ * over everything it holds.
+ *
  * Physical bytes are those of the compressed dump (every stored array,
  * as mkv-compress counts them) plus 2 x d x 2 bytes per tail token and KV
- * head.  mkv_ccache_attention is the forward pass's external attention
+ * head, or what an appending method's states hold (state_bytes).
+ * mkv_ccache_attention is the forward pass's external attention
  * (model/forward.h). */
 #ifndef MKV_CCACHE_H
 #define MKV_CCACHE_H
@@ -57,7 +62,8 @@ typedef struct {
     int64_t prefix_tokens;     /* compressed by the method */
     int64_t tail_tokens;       /* decoded since (layer 0's count) */
     uint64_t prefix_bytes;     /* physical bytes of the compressed prefix */
-    uint64_t tail_bytes;       /* 16-bit K and V of the tail */
+    uint64_t tail_bytes;       /* what new tokens added to it (16-bit K and V of the tail) */
+    uint64_t held_bytes;       /* physical bytes held now */
     uint64_t logical_bytes;    /* dense 16-bit K and V of prefix and tail */
     uint64_t bytes_read;       /* read by the last attention of every layer */
 } mkv_ccache_stats;

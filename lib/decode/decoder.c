@@ -206,7 +206,7 @@ void mkv_decoder_get_stats(const mkv_decoder *d, mkv_decoder_stats *s)
     mkv_ccache_get_stats(d->cc, &cs);
     s->prefix_tokens = cs.prefix_tokens;
     s->tail_tokens = cs.tail_tokens;
-    s->bytes_held = cs.prefix_bytes + cs.tail_bytes;
+    s->bytes_held = cs.held_bytes;
     s->bytes_read = d->stepped ? cs.bytes_read : 0;
 }
 

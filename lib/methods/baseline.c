@@ -100,6 +100,35 @@ int64_t mkv_bl_pages(int64_t T, int page)
     return (T + page - 1) / page;
 }
 
+int mkv_bl_grow_rows(float **rows, int64_t *cap, int64_t used, int64_t need, int n, mkv_error *err)
+{
+    if (need <= *cap)
+        return MKV_OK;
+    int64_t c = *cap > 0 ? *cap : 16;
+    while (c < need)
+        c *= 2;
+    float *p = mkv_alloc((size_t)c, (size_t)n * sizeof(float), "decode-time rows", err);
+    if (!p)
+        return MKV_ENOMEM;
+    if (used > 0)
+        memcpy(p, *rows, (size_t)used * (size_t)n * sizeof(float));
+    mkv_free(*rows);
+    *rows = p;
+    *cap = c;
+    return MKV_OK;
+}
+
+int mkv_bl_round_f16(const float *x, int n, float *out, const char *what, mkv_error *err)
+{
+    for (int i = 0; i < n; i++) {
+        if (!(fabsf(x[i]) <= F16_MAX))
+            return mkv_fail(err, MKV_EFORMAT, "a new %s value %g does not fit float16 (|x| <= 65504)", what,
+                            (double)x[i]);
+        out[i] = mkv_f16_to_f32(mkv_f32_to_f16(x[i]));
+    }
+    return MKV_OK;
+}
+
 void mkv_bl_page_minmax(const float *x, int64_t T, int n, int page, float *mn, float *mx)
 {
     int64_t pages = mkv_bl_pages(T, page);

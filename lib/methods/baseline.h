@@ -46,6 +46,12 @@ int mkv_bl_check_query(const mkv_attend_query *q, int64_t T, int d, int G, mkv_e
 
 /* Number of pages of `page` tokens covering T tokens. */
 int64_t mkv_bl_pages(int64_t T, int page);
+/* Make *rows (mkv_alloc'd, *cap rows of n floats, the first `used` kept)
+ * hold at least need rows, doubling: what a decode-time append grows. */
+int mkv_bl_grow_rows(float **rows, int64_t *cap, int64_t used, int64_t need, int n, mkv_error *err);
+/* x [n] rounded to float16 (as stored) into out [n]; MKV_EFORMAT naming
+ * what when a value does not fit float16. */
+int mkv_bl_round_f16(const float *x, int n, float *out, const char *what, mkv_error *err);
 /* Elementwise min and max of each page of x [T][n] into mn, mx [pages][n]. */
 void mkv_bl_page_minmax(const float *x, int64_t T, int n, int page, float *mn, float *mx);
 /* Quest's bound on q.k for every k with mn <= k <= mx elementwise:

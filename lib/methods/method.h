@@ -106,6 +106,15 @@ typedef struct mkv_method {
     int (*load)(const mkv_params *p, mkv_cdump *c, int layer, int head, void **state, mkv_error *err);
     int (*attend)(void *state, const mkv_attend_query *q, mkv_attend_result *r, mkv_error *err);
     void (*free_state)(void *state);
+    /* Decode-time growth (optional). append adds the token at position T
+     * of the state (T = the tokens it holds: the compressed context, then
+     * each token appended), given as its post-RoPE key k [d] and value v
+     * [d], the method's own way (documented in its file); attend then
+     * answers queries up to that position. state_bytes: the physical bytes
+     * the state holds, counted as compress counts them. Without append a
+     * decoder keeps new tokens beside the state (lib/decode/ccache.h). */
+    int (*append)(void *state, const float *k, const float *v, mkv_error *err);
+    uint64_t (*state_bytes)(const void *state);
 } mkv_method;
 
 /* Registry: every method, NULL-terminated; lookup by name. */

@@ -18,9 +18,15 @@
  * always, whole pages by descending score until the budget); exact softmax
  * attention over the chosen tokens <= p.
  * bytes_read: the metadata of the pages scored (2 x P_visible x d x 2) plus
- * K and V of the attended tokens (2 x n x d x 2). */
+ * K and V of the attended tokens (2 x n x d x 2).
+ *
+ * Decode (append): a new token's key and value are stored in float16 after
+ * the others; it joins the last page, whose minimum and maximum take it in,
+ * or opens the next one. The budget, the recent window and the pages then
+ * cover the grown cache as they covered the compressed one. */
 #include "config.h"
 #include <stdlib.h>
+#include <string.h>
 
 #include "methods/baseline.h"
 #include "core/tensor.h"
@@ -40,6 +46,7 @@ typedef struct {
     int d, G;
     mkv_bl_selection sel;
     float *k, *v, *mn, *mx;
+    int64_t cap, page_cap;   /* rows allocated (grown by append) */
 } quest_state;
 
 static int quest_check(const mkv_params *p, const mkv_dump_meta *m, mkv_error *err)
@@ -100,6 +107,8 @@ static int quest_load(const mkv_params *p, mkv_cdump *c, int layer, int head, vo
         return rc;
     }
     s->pages = mkv_bl_pages(s->T, s->sel.page);
+    s->cap = s->T;
+    s->page_cap = s->pages;
     int64_t kv[2] = {s->T, s->d}, meta[2] = {s->pages, s->d};
     if ((rc = mkv_cdump_get_shaped(c, layer, head, "k", MKV_EL_F16, 2, kv, (void **)&s->k, err)) ||
         (rc = mkv_cdump_get_shaped(c, layer, head, "v", MKV_EL_F16, 2, kv, (void **)&s->v, err)) ||
@@ -130,6 +139,43 @@ static int quest_attend(void *state, const mkv_attend_query *q, mkv_attend_resul
     return mkv_bl_attend_rows(q, s->k, s->v, q->pos + 1, r->attended, r, err);
 }
 
+static int quest_append(void *state, const float *k, const float *v, mkv_error *err)
+{
+    quest_state *s = state;
+    int d = s->d, rc;
+    int64_t cap_k = s->cap, cap_v = s->cap, pmin = s->page_cap, pmax = s->page_cap;
+    int64_t pg = s->T / s->sel.page;
+    if ((rc = mkv_bl_grow_rows(&s->k, &cap_k, s->T, s->T + 1, d, err)) ||
+        (rc = mkv_bl_grow_rows(&s->v, &cap_v, s->T, s->T + 1, d, err)) ||
+        (rc = mkv_bl_grow_rows(&s->mn, &pmin, s->pages, pg + 1, d, err)) ||
+        (rc = mkv_bl_grow_rows(&s->mx, &pmax, s->pages, pg + 1, d, err)))
+        return rc;
+    s->cap = cap_k;
+    s->page_cap = pmin;
+    float *kt = s->k + (size_t)s->T * d, *vt = s->v + (size_t)s->T * d;
+    if ((rc = mkv_bl_round_f16(k, d, kt, "key", err)) || (rc = mkv_bl_round_f16(v, d, vt, "value", err)))
+        return rc;
+    float *lo = s->mn + (size_t)pg * d, *hi = s->mx + (size_t)pg * d;
+    if (pg == s->pages) {
+        memcpy(lo, kt, (size_t)d * sizeof(float));
+        memcpy(hi, kt, (size_t)d * sizeof(float));
+        s->pages++;
+    } else {
+        for (int i = 0; i < d; i++) {
+            lo[i] = kt[i] < lo[i] ? kt[i] : lo[i];
+            hi[i] = kt[i] > hi[i] ? kt[i] : hi[i];
+        }
+    }
+    s->T++;
+    return MKV_OK;
+}
+
+static uint64_t quest_state_bytes(const void *state)
+{
+    const quest_state *s = state;
+    return ((uint64_t)s->T + (uint64_t)s->pages) * 2u * (uint64_t)s->d * 2u;
+}
+
 const mkv_method mkv_method_quest = {
     .name = "quest",
     .summary = "Quest: per-step selection of key pages by min/max bound (saves bandwidth, not memory)",
@@ -139,4 +185,6 @@ const mkv_method mkv_method_quest = {
     .load = quest_load,
     .attend = quest_attend,
     .free_state = quest_free,
+    .append = quest_append,
+    .state_bytes = quest_state_bytes,
 };

@@ -420,6 +420,8 @@ START_TEST(registry_is_sound)
                       "%s: missing callbacks", m->name);
         ck_assert_ptr_eq(mkv_method_find(m->name), m);
         ck_assert_msg(!m->append == !m->state_bytes, "%s: append and state_bytes come together", m->name);
+        ck_assert_msg(m->append || (!m->decode_counters && !m->decode_flush),
+                      "%s: decode counters and flush without append", m->name);
         int n_specs = 0;
         while (m->params[n_specs].name)
             n_specs++;

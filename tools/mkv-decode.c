@@ -520,7 +520,9 @@ static void decoder_opts(const decode_args *a, int max_new, mkv_decoder_opts *o)
 
 /* ---------------------------------------------------------- generation */
 
-#define STATS_HEADER "step\ttokens\tprefix_tokens\ttail_tokens\tbytes_held\tlogical_bytes\tbytes_read\tstep_ms\n"
+#define STATS_HEADER                                                                                  \
+    "step\ttokens\tprefix_tokens\ttail_tokens\tbytes_held\tlogical_bytes\tbytes_read\tstep_ms\t"        \
+    "segments_finalized\ttemp_tokens\twaited\n"
 
 static int generate(const decode_args *a, mkv_run_model *rm, mkv_error *err)
 {
@@ -583,8 +585,9 @@ static int generate(const decode_args *a, mkv_run_model *rm, mkv_error *err)
             mkv_decoder_stats st;
             mkv_decoder_get_stats(d, &st);
             fprintf(mkv_outfile_fp(&stats), "%" PRId64 "\t%" PRId64 "\t%" PRId64 "\t%" PRId64 "\t%" PRIu64
-                    "\t%" PRIu64 "\t%" PRIu64 "\t%.3f\n", i + 1, st.tokens, st.prefix_tokens, st.tail_tokens,
-                    st.bytes_held, st.logical_bytes, st.bytes_read, 1e3 * dt);
+                    "\t%" PRIu64 "\t%" PRIu64 "\t%.3f\t%" PRId64 "\t%" PRId64 "\t%" PRId64 "\n", i + 1, st.tokens,
+                    st.prefix_tokens, st.tail_tokens, st.bytes_held, st.logical_bytes, st.bytes_read, 1e3 * dt,
+                    st.growth.finalized, st.growth.temp_tokens, st.growth.steps_waited);
         }
     }
     if (!rc) {
@@ -595,6 +598,14 @@ static int generate(const decode_args *a, mkv_run_model *rm, mkv_error *err)
     if (!rc && a->verbosity > MKV_LOG_ERROR) {
         mkv_decoder_stats st;
         mkv_decoder_get_stats(d, &st);
+        if (st.growth.finalized || st.growth.temp_bytes_peak)
+            fprintf(stderr,
+                    "%s: %s: during decoding %" PRId64 " segments (over all layers and heads) were finalised, "
+                    "%.1f ms each on average (at most %.1f ms), %" PRId64 " steps waited; temporary region at "
+                    "most %" PRIu64 " bytes\n",
+                    mkv_progname(), a->method->name, st.growth.finalized,
+                    st.growth.finalized ? 1e3 * st.growth.finalize_seconds / (double)st.growth.finalized : 0.0,
+                    1e3 * st.growth.finalize_seconds_max, st.growth.steps_waited, st.growth.temp_bytes_peak);
         fprintf(stderr,
                 "%s: %s: prompt %zu tokens, %" PRId64 " decode steps, %.2f ms per step; KV %" PRIu64
                 " bytes held (dense 16-bit %" PRIu64 ", ratio %.3f); prefill %.2f s, compression %.2f s\n",

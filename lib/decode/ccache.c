@@ -321,4 +321,30 @@ void mkv_ccache_get_stats(const mkv_ccache *cc, mkv_ccache_stats *s)
     s->bytes_read = 0;
     for (int l = 0; l < cc->n_layers; l++)
         s->bytes_read += cc->bytes_read[l];
+    memset(&s->growth, 0, sizeof s->growth);
+    for (size_t i = 0; cc->method->decode_counters && i < heads; i++) {
+        mkv_decode_counters c;
+        cc->method->decode_counters(cc->states[i], &c);
+        mkv_decode_counters *g = &s->growth;
+        g->finalized += c.finalized;
+        g->finalize_seconds += c.finalize_seconds;
+        if (c.finalize_seconds_max > g->finalize_seconds_max)
+            g->finalize_seconds_max = c.finalize_seconds_max;
+        if (c.temp_tokens > g->temp_tokens)
+            g->temp_tokens = c.temp_tokens;
+        g->temp_bytes += c.temp_bytes;
+        g->temp_bytes_peak += c.temp_bytes_peak;
+        g->steps_waited += c.steps_waited;
+    }
+}
+
+int mkv_ccache_flush(mkv_ccache *cc, mkv_error *err)
+{
+    size_t heads = (size_t)cc->n_layers * (size_t)cc->n_kv_heads;
+    for (size_t i = 0; cc->method->decode_flush && i < heads; i++) {
+        int rc = cc->method->decode_flush(cc->states[i], err);
+        if (rc)
+            return rc;
+    }
+    return MKV_OK;
 }

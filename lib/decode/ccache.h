@@ -66,8 +66,16 @@ typedef struct {
     uint64_t held_bytes;       /* physical bytes held now */
     uint64_t logical_bytes;    /* dense 16-bit K and V of prefix and tail */
     uint64_t bytes_read;       /* read by the last attention of every layer */
+    /* a method's decode-time growth (mkv_decode_counters), over every
+     * layer and KV head: summed, except temp_tokens (the most any head
+     * holds) */
+    mkv_decode_counters growth;
 } mkv_ccache_stats;
 
 void mkv_ccache_get_stats(const mkv_ccache *cc, mkv_ccache_stats *s);
+
+/* Finish the methods' pending decode-time work (a manager's segments)
+ * and publish it: the end of a run, never a decode step. */
+int mkv_ccache_flush(mkv_ccache *cc, mkv_error *err);
 
 #endif

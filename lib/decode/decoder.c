@@ -207,7 +207,13 @@ void mkv_decoder_get_stats(const mkv_decoder *d, mkv_decoder_stats *s)
     s->prefix_tokens = cs.prefix_tokens;
     s->tail_tokens = cs.tail_tokens;
     s->bytes_held = cs.held_bytes;
+    s->growth = cs.growth;
     s->bytes_read = d->stepped ? cs.bytes_read : 0;
+}
+
+int mkv_decoder_finish(mkv_decoder *d, mkv_error *err)
+{
+    return d->cc ? mkv_ccache_flush(d->cc, err) : MKV_OK;
 }
 
 /* ---------------------------------------------------------- perplexity */

@@ -52,9 +52,14 @@ typedef struct {
     uint64_t logical_bytes;    /* dense 16-bit K and V of the same tokens */
     uint64_t bytes_read;       /* read by attention in the last step */
     double prefill_seconds, compress_seconds;
+    mkv_decode_counters growth;  /* the method's decode-time growth (mkv_ccache_stats) */
 } mkv_decoder_stats;
 
 void mkv_decoder_get_stats(const mkv_decoder *d, mkv_decoder_stats *s);
+
+/* The end of a run: the method's pending decode-time work done and
+ * published (mkv_ccache_flush). */
+int mkv_decoder_finish(mkv_decoder *d, mkv_error *err);
 
 /* ---------------------------------------------------------- perplexity */
 

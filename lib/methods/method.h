@@ -94,6 +94,17 @@ typedef struct {
                                 does not hold; mkv_osm_from_output) */
 } mkv_attend_result;
 
+/* What a method's decode-time growth did so far (one state): segments
+ * finalised by a manager and the time that took, tokens and bytes of a
+ * temporary region, decode steps that had to wait for the manager. */
+typedef struct {
+    int64_t finalized;
+    double finalize_seconds, finalize_seconds_max;
+    int64_t temp_tokens;
+    uint64_t temp_bytes, temp_bytes_peak;
+    int64_t steps_waited;
+} mkv_decode_counters;
+
 typedef struct mkv_method {
     const char *name;
     const char *summary;                 /* one line for --help */
@@ -115,6 +126,10 @@ typedef struct mkv_method {
      * decoder keeps new tokens beside the state (lib/decode/ccache.h). */
     int (*append)(void *state, const float *k, const float *v, mkv_error *err);
     uint64_t (*state_bytes)(const void *state);
+    /* Optional, with append: what the growth did so far; and the end of a
+     * run (every pending piece of work done and published). */
+    void (*decode_counters)(const void *state, mkv_decode_counters *c);
+    int (*decode_flush)(void *state, mkv_error *err);
 } mkv_method;
 
 /* Registry: every method, NULL-terminated; lookup by name. */

@@ -208,7 +208,7 @@ void mkv_mosaic_config_common(const mkv_params *p, int d, mkv_mosaic_config *c)
     c->attn.agg_sum = strcmp(mkv_params_str(p, "agg"), "sum") == 0;
 }
 
-static void config_from(const mkv_params *p, int d, mkv_mosaic_config *c)
+void mkv_mosaic_config_of(const mkv_params *p, int d, mkv_mosaic_config *c)
 {
     mkv_mosaic_config_common(p, d, c);
     c->dynamic = strcmp(mkv_params_str(p, "strategy"), "fixed") != 0;
@@ -1137,43 +1137,9 @@ int mkv_mosaic_attend(const mkv_mosaic_head *h, const mkv_mosaic_attn_opts *o,
 
 /* ---------------------------------------------------------------- method hooks */
 
-typedef struct {
-    mkv_mosaic_head h;
-    mkv_mosaic_attn_opts o;
-} mosaic_state;
-
-int mkv_mosaic_method_load(const mkv_params *p, mkv_cdump *c, int layer, int head, void **state,
-                           mkv_error *err)
+static int mosaic_load(const mkv_params *p, mkv_cdump *c, int layer, int head, void **state, mkv_error *err)
 {
-    mosaic_state *s = mkv_calloc(1, sizeof *s, "a mosaic state", err);
-    if (!s)
-        return err ? err->code : MKV_ENOMEM;
-    s->o.budget = mkv_params_double(p, "budget");
-    s->o.agg_sum = strcmp(mkv_params_str(p, "agg"), "sum") == 0;
-    int rc = mkv_mosaic_load(c, layer, head, (int)mkv_params_int(p, "block"), mkv_params_int(p, "sink"),
-                             mkv_params_int(p, "recent"), &s->h, err);
-    if (rc != MKV_OK) {
-        mkv_free(s);
-        return rc;
-    }
-    *state = s;
-    return MKV_OK;
-}
-
-int mkv_mosaic_method_attend(void *state, const mkv_attend_query *q, mkv_attend_result *r,
-                             mkv_error *err)
-{
-    mosaic_state *s = state;
-    return mkv_mosaic_attend(&s->h, &s->o, q, r, err);
-}
-
-void mkv_mosaic_method_free(void *state)
-{
-    mosaic_state *s = state;
-    if (!s)
-        return;
-    mkv_mosaic_head_free(&s->h);
-    mkv_free(s);
+    return mkv_mosaic_state_load(p, c, layer, head, mkv_mosaic_config_of, state, err);
 }
 
 int mkv_mosaic_compress_store(const mkv_mosaic_config *c, const mkv_head_kv *in, mkv_cdump_writer *w,
@@ -1192,7 +1158,7 @@ static int mosaic_compress(const mkv_params *p, const mkv_head_kv *in, mkv_cdump
                            mkv_error *err)
 {
     mkv_mosaic_config c;
-    config_from(p, in->d, &c);
+    mkv_mosaic_config_of(p, in->d, &c);
     return mkv_mosaic_compress_store(&c, in, w, err);
 }
 
@@ -1202,7 +1168,11 @@ const mkv_method mkv_method_mosaic = {
     .params = mosaic_params,
     .check = mosaic_check,
     .compress = mosaic_compress,
-    .load = mkv_mosaic_method_load,
+    .load = mosaic_load,
     .attend = mkv_mosaic_method_attend,
     .free_state = mkv_mosaic_method_free,
+    .append = mkv_mosaic_method_append,
+    .state_bytes = mkv_mosaic_method_state_bytes,
+    .decode_counters = mkv_mosaic_method_decode_stats,
+    .decode_flush = mkv_mosaic_method_flush,
 };

@@ -198,12 +198,33 @@ void mkv_mosaic_config_common(const mkv_params *p, int d, mkv_mosaic_config *c);
 /* Checks of sink, recent, segment, block, keydim, bound, keep, budget
  * against a dump (MKV_EUSAGE naming the parameter). */
 int mkv_mosaic_check_common(const mkv_params *p, const mkv_dump_meta *m, mkv_error *err);
-/* mkv_method hooks over a packed head; the state also holds budget and agg. */
-int mkv_mosaic_method_load(const mkv_params *p, mkv_cdump *c, int layer, int head, void **state,
-                           mkv_error *err);
+/* The settings of "mosaic" from its parameters. */
+void mkv_mosaic_config_of(const mkv_params *p, int d, mkv_mosaic_config *c);
+
+/* ---- the state at decode time (lib/mosaic/decode.c) ---- */
+/* A method's settings from its parameters, for a head of head_dim d. */
+typedef void (*mkv_mosaic_config_fn)(const mkv_params *p, int d, mkv_mosaic_config *c);
+/* mkv_method hooks over a packed head: load (config: the method's
+ * settings, which closed segments are compressed with), attend, free;
+ * growth by the dual buffer (append, its bytes and counters, flush: wait
+ * for the manager and publish everything). */
+int mkv_mosaic_state_load(const mkv_params *p, mkv_cdump *c, int layer, int head, mkv_mosaic_config_fn config,
+                          void **state, mkv_error *err);
 int mkv_mosaic_method_attend(void *state, const mkv_attend_query *q, mkv_attend_result *r,
                              mkv_error *err);
 void mkv_mosaic_method_free(void *state);
+int mkv_mosaic_method_append(void *state, const float *k, const float *v, mkv_error *err);
+uint64_t mkv_mosaic_method_state_bytes(const void *state);
+void mkv_mosaic_method_decode_stats(const void *state, mkv_decode_counters *out);
+int mkv_mosaic_method_flush(void *state, mkv_error *err);
+/* The packed head of a state (tests compare them). */
+const mkv_mosaic_head *mkv_mosaic_state_head(const void *state);
+/* Physical bytes of a head as mkv_mosaic_store stores it. */
+uint64_t mkv_mosaic_head_bytes(const mkv_mosaic_head *h);
+/* 1: closed segments are finalised at once on the decoding thread (for
+ * tests: the cache an asynchronous run ends with must be the same);
+ * 0 (default): on the manager thread. Process-wide. */
+void mkv_mosaic_set_sync_manager(int sync);
 
 extern const mkv_method mkv_method_mosaic;
 extern const mkv_method mkv_method_uniform2d;

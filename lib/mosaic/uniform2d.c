@@ -29,15 +29,25 @@ static const mkv_param_spec uniform2d_params[] = {
     {NULL, 0, NULL, 0, 0, NULL, NULL},
 };
 
+static void uniform2d_config(const mkv_params *p, int d, mkv_mosaic_config *c)
+{
+    mkv_mosaic_config_common(p, d, c);
+    c->r = mkv_mosaic_kept(mkv_params_double(p, "keep"), d);
+    c->g = 1;
+    c->pervector = 0;
+}
+
 static int uniform2d_compress(const mkv_params *p, const mkv_head_kv *in, mkv_cdump_writer *w,
                               mkv_error *err)
 {
     mkv_mosaic_config c;
-    mkv_mosaic_config_common(p, in->d, &c);
-    c.r = mkv_mosaic_kept(mkv_params_double(p, "keep"), in->d);
-    c.g = 1;
-    c.pervector = 0;
+    uniform2d_config(p, in->d, &c);
     return mkv_mosaic_compress_store(&c, in, w, err);
+}
+
+static int uniform2d_load(const mkv_params *p, mkv_cdump *c, int layer, int head, void **state, mkv_error *err)
+{
+    return mkv_mosaic_state_load(p, c, layer, head, uniform2d_config, state, err);
 }
 
 const mkv_method mkv_method_uniform2d = {
@@ -46,7 +56,11 @@ const mkv_method mkv_method_uniform2d = {
     .params = uniform2d_params,
     .check = mkv_mosaic_check_common,
     .compress = uniform2d_compress,
-    .load = mkv_mosaic_method_load,
+    .load = uniform2d_load,
     .attend = mkv_mosaic_method_attend,
     .free_state = mkv_mosaic_method_free,
+    .append = mkv_mosaic_method_append,
+    .state_bytes = mkv_mosaic_method_state_bytes,
+    .decode_counters = mkv_mosaic_method_decode_stats,
+    .decode_flush = mkv_mosaic_method_flush,
 };

@@ -1,0 +1,675 @@
+/* The mosaic methods at decode time: the method hooks over a packed head
+ * (load, attend, free) and its growth by the dual buffer, docs/DESIGN.md
+ * 5.3.
+ *
+ * GROWTH, per layer and KV head, one new token (post-RoPE k, v) per step:
+ *  1. The new token joins the dense recent window (fp16); once the window
+ *     holds `recent` tokens its oldest token leaves it for the temporary
+ *     region. With no packed segment to take its strategy from (a prompt
+ *     shorter than sink + recent), the window grows instead.
+ *  2. Temporary region: the open segment at the end of the strategy
+ *     tables. A token entering it is packed at once with the strategy and
+ *     rotations of the prefill's last segment (r, g, d', block keys of the
+ *     same shape; its block key row recomputed over the tokens of its
+ *     block), so attention reads it like any packed token from the next
+ *     query on. The region's raw tokens are kept beside it.
+ *  3. When the open segment reaches `segment` tokens it closes: the
+ *     manager compresses its raw tokens as a segment of its own (Gram
+ *     matrix and rotation, the strategy by the method's rule -- fixed,
+ *     dynamic or ratio on the segment's own bytes, with the energy loss:
+ *     decode has no observation queries for it) on its own thread, and
+ *     the next token opens a new segment. The paper also closes segments
+ *     early by a running loss; here they close at `segment` tokens only.
+ *  4. At the start of a step (an append) a finished segment is published:
+ *     its packed arrays replace the temporary ones in place. Decode never
+ *     waits for the manager; the switch happens only between steps.
+ * The final cache (every closed segment published, mkv_mosaic_state_flush)
+ * does not depend on when the manager ran: temporary tokens are packed
+ * with the prefill's strategy, finished segments with their own. */
+#include "config.h"
+#include "mosaic/mosaic.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/half.h"
+#include "core/tensor.h"
+
+/* ---------------------------------------------------------------- the manager */
+
+/* One closed segment to finalise. */
+typedef struct job {
+    mkv_mosaic_config c;
+    int64_t start, len;
+    int d, G;
+    float *k, *v;            /* [len][d] raw (fp16 values) */
+    mkv_mosaic_head out;     /* one segment at start 0 */
+    int rc;
+    mkv_error err;
+    double seconds;
+    atomic_int done;
+    struct job *next;        /* the manager's queue */
+} job;
+
+/* One manager thread for every growing state of the process: started by
+ * the first closed segment, stopped when the last growing state goes. */
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t wake, finished;
+    job *head, *tail;
+    int started;             /* 1 running, -1 could not start, 0 not yet */
+    int stop;
+    int users;               /* growing states */
+    pthread_t tid;
+    atomic_int sync;
+} manager = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, 0, 0, 0,
+             0, 0};
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void run_job(job *j)
+{
+    double t0 = now();
+    mkv_head_kv in = {.layer = 0, .head = 0, .T = j->len, .d = j->d, .G = j->G, .k = j->k, .v = j->v,
+                      .W = 0, .threads = 1};
+    mkv_error_clear(&j->err);
+    j->rc = mkv_mosaic_compress(&j->c, &in, &j->out, &j->err);
+    j->seconds = now() - t0;
+}
+
+static void *manager_main(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&manager.mu);
+    for (;;) {
+        while (!manager.head && !manager.stop)
+            pthread_cond_wait(&manager.wake, &manager.mu);
+        if (!manager.head)
+            break;
+        job *j = manager.head;
+        manager.head = j->next;
+        if (!manager.head)
+            manager.tail = NULL;
+        pthread_mutex_unlock(&manager.mu);
+        run_job(j);
+        pthread_mutex_lock(&manager.mu);
+        atomic_store_explicit(&j->done, 1, memory_order_release);
+        pthread_cond_broadcast(&manager.finished);
+    }
+    pthread_mutex_unlock(&manager.mu);
+    return NULL;
+}
+
+static void manager_use(void)
+{
+    pthread_mutex_lock(&manager.mu);
+    manager.users++;
+    pthread_mutex_unlock(&manager.mu);
+}
+
+/* The last user stops the thread (its queue is empty by then: every
+ * state waits for its own jobs before it goes). */
+static void manager_release(void)
+{
+    pthread_mutex_lock(&manager.mu);
+    int last = --manager.users == 0 && manager.started == 1;
+    if (last) {
+        manager.stop = 1;
+        pthread_cond_broadcast(&manager.wake);
+    }
+    pthread_mutex_unlock(&manager.mu);
+    if (!last)
+        return;
+    pthread_join(manager.tid, NULL);
+    pthread_mutex_lock(&manager.mu);
+    manager.started = 0;
+    manager.stop = 0;
+    pthread_mutex_unlock(&manager.mu);
+}
+
+void mkv_mosaic_set_sync_manager(int sync)
+{
+    atomic_store(&manager.sync, sync);
+}
+
+/* Queue j (or run it now when the manager is synchronous or cannot start). */
+static void submit(job *j)
+{
+    if (atomic_load(&manager.sync)) {
+        run_job(j);
+        atomic_store(&j->done, 1);
+        return;
+    }
+    pthread_mutex_lock(&manager.mu);
+    if (!manager.started)
+        manager.started = pthread_create(&manager.tid, NULL, manager_main, NULL) == 0 ? 1 : -1;
+    if (manager.started < 0) {
+        pthread_mutex_unlock(&manager.mu);
+        run_job(j);
+        atomic_store(&j->done, 1);
+        return;
+    }
+    j->next = NULL;
+    if (manager.tail)
+        manager.tail->next = j;
+    else
+        manager.head = j;
+    manager.tail = j;
+    pthread_cond_signal(&manager.wake);
+    pthread_mutex_unlock(&manager.mu);
+}
+
+static void wait_job(job *j)
+{
+    if (atomic_load_explicit(&j->done, memory_order_acquire))
+        return;
+    pthread_mutex_lock(&manager.mu);
+    while (!atomic_load_explicit(&j->done, memory_order_acquire))
+        pthread_cond_wait(&manager.finished, &manager.mu);
+    pthread_mutex_unlock(&manager.mu);
+}
+
+static void job_free(job *j)
+{
+    if (!j)
+        return;
+    wait_job(j);
+    mkv_free(j->k);
+    mkv_free(j->v);
+    mkv_mosaic_head_free(&j->out);
+    free(j);
+}
+
+/* ---------------------------------------------------------------- state */
+
+#define MAX_PENDING 64
+
+typedef struct {
+    mkv_mosaic_head h;
+    mkv_mosaic_attn_opts o;
+    mkv_mosaic_config cfg;
+    int growing;                      /* growth set up (first append) */
+    /* the temporary region's strategy: the prefill's last segment */
+    int have_template;
+    mkv_mosaic_strategy tk, tv;
+    double *rk, *rv;                  /* [d][d] their rotations (zero beyond the stored columns) */
+    float *rot_k, *rot_v;             /* [d][cols] as stored */
+    /* the open segment: its raw tokens */
+    int64_t open_len, open_cap;
+    float *raw_k, *raw_v;             /* [open_cap][d] */
+    /* closed segments waiting for the manager, oldest first */
+    job *pending[MAX_PENDING];
+    int n_pending;
+    /* capacities of the growing arrays */
+    int64_t cap[2][4];                /* k/v x values, bitmap, blockkeys, rotation */
+    int64_t dense_cap;
+    mkv_decode_counters stats;
+} mosaic_state;
+
+static void state_free(mosaic_state *s)
+{
+    for (int i = 0; i < s->n_pending; i++)
+        job_free(s->pending[i]);
+    if (s->growing)
+        manager_release();
+    mkv_mosaic_head_free(&s->h);
+    mkv_free(s->rk);
+    mkv_free(s->rv);
+    mkv_free(s->rot_k);
+    mkv_free(s->rot_v);
+    mkv_free(s->raw_k);
+    mkv_free(s->raw_v);
+    mkv_free(s);
+}
+
+int mkv_mosaic_state_load(const mkv_params *p, mkv_cdump *c, int layer, int head, mkv_mosaic_config_fn config,
+                          void **state, mkv_error *err)
+{
+    mosaic_state *s = mkv_calloc(1, sizeof *s, "a mosaic state", err);
+    if (!s)
+        return err ? err->code : MKV_ENOMEM;
+    s->o.budget = mkv_params_double(p, "budget");
+    s->o.agg_sum = strcmp(mkv_params_str(p, "agg"), "sum") == 0;
+    int rc = mkv_mosaic_load(c, layer, head, (int)mkv_params_int(p, "block"), mkv_params_int(p, "sink"),
+                             mkv_params_int(p, "recent"), &s->h, err);
+    if (rc != MKV_OK) {
+        mkv_free(s);
+        return rc;
+    }
+    config(p, s->h.d, &s->cfg);
+    *state = s;
+    return MKV_OK;
+}
+
+int mkv_mosaic_method_attend(void *state, const mkv_attend_query *q, mkv_attend_result *r, mkv_error *err)
+{
+    mosaic_state *s = state;
+    return mkv_mosaic_attend(&s->h, &s->o, q, r, err);
+}
+
+void mkv_mosaic_method_free(void *state)
+{
+    if (state)
+        state_free(state);
+}
+
+const mkv_mosaic_head *mkv_mosaic_state_head(const void *state)
+{
+    return &((const mosaic_state *)state)->h;
+}
+
+/* ---------------------------------------------------------------- bytes */
+
+static uint64_t tensor_bytes(const mkv_mosaic_tensor *t, int is_key)
+{
+    uint64_t tables = (uint64_t)t->nseg * (MKV_MOSAIC_TABLE_COLS + MKV_MOSAIC_LOSS_COLS +
+                                           (is_key ? MKV_MOSAIC_BLOCKDIM_COLS : 0)) * 4;
+    return tables + (uint64_t)t->n_values * 2 + (uint64_t)t->n_bitmap + (uint64_t)t->n_blockkeys * 2 +
+           (uint64_t)t->n_rotation * 2;
+}
+
+uint64_t mkv_mosaic_head_bytes(const mkv_mosaic_head *h)
+{
+    return 2 * (uint64_t)(h->sink_n + h->recent_n) * (uint64_t)h->d * 2 + tensor_bytes(&h->k, 1) +
+           tensor_bytes(&h->v, 0);
+}
+
+uint64_t mkv_mosaic_method_state_bytes(const void *state)
+{
+    return mkv_mosaic_head_bytes(&((const mosaic_state *)state)->h);
+}
+
+void mkv_mosaic_method_decode_stats(const void *state, mkv_decode_counters *out)
+{
+    *out = ((const mosaic_state *)state)->stats;
+}
+
+/* ---------------------------------------------------------------- growth */
+
+/* Room for `need` elements of `elem` bytes in *p (used kept), doubling. */
+static int grow(void **p, int64_t *cap, int64_t used, int64_t need, size_t elem, mkv_error *err)
+{
+    if (need <= *cap && *p)
+        return MKV_OK;
+    int64_t c = *cap > 16 ? *cap : 16;
+    while (c < need)
+        c *= 2;
+    void *q = mkv_alloc((size_t)c, elem, "a growing mosaic array", err);
+    if (!q)
+        return err ? err->code : MKV_ENOMEM;
+    if (used > 0)
+        memcpy(q, *p, (size_t)used * elem);
+    mkv_free(*p);
+    *p = q;
+    *cap = c;
+    return MKV_OK;
+}
+
+/* The template of the temporary region: the last packed segment's
+ * strategies and rotations (none: the recent window grows). */
+static int set_template(mosaic_state *s, mkv_error *err)
+{
+    mkv_mosaic_head *h = &s->h;
+    int d = h->d;
+    s->growing = 1;
+    manager_use();
+    s->dense_cap = h->sink_n + h->recent_n;
+    for (int x = 0; x < 2; x++) {
+        mkv_mosaic_tensor *t = x ? &h->v : &h->k;
+        s->cap[x][0] = t->n_values;
+        s->cap[x][1] = t->n_bitmap;
+        s->cap[x][2] = t->n_blockkeys;
+        s->cap[x][3] = t->n_rotation;
+    }
+    if (h->k.nseg == 0)
+        return MKV_OK;
+    int64_t last = h->k.nseg - 1;
+    s->tk = h->k.seg[last];
+    s->tv = h->v.seg[last];
+    size_t dd = (size_t)d * (size_t)d;
+    if (!(s->rk = mkv_calloc(dd, sizeof *s->rk, "a rotation", err)) ||
+        !(s->rv = mkv_calloc(dd, sizeof *s->rv, "a rotation", err)) ||
+        !(s->rot_k = mkv_alloc(dd, sizeof *s->rot_k, "a rotation", err)) ||
+        !(s->rot_v = mkv_alloc(dd, sizeof *s->rot_v, "a rotation", err)))
+        return err ? err->code : MKV_ENOMEM;
+    for (int x = 0; x < 2; x++) {
+        const mkv_mosaic_tensor *t = x ? &h->v : &h->k;
+        const mkv_mosaic_strategy *ts = x ? &s->tv : &s->tk;
+        int cols = mkv_mosaic_rotation_cols(ts);
+        const float *R = t->rotation + t->off_rotation[last];
+        double *full = x ? s->rv : s->rk;
+        float *copy = x ? s->rot_v : s->rot_k;
+        for (int j = 0; j < d; j++)
+            for (int c = 0; c < cols; c++) {
+                full[j * d + c] = R[j * cols + c];
+                copy[j * cols + c] = R[j * cols + c];
+            }
+    }
+    s->have_template = 1;
+    return MKV_OK;
+}
+
+/* Open a segment at token `start` with the template's strategies. */
+static int open_segment(mosaic_state *s, int64_t start, mkv_error *err)
+{
+    mkv_mosaic_head *h = &s->h;
+    int d = h->d;
+    for (int x = 0; x < 2; x++) {
+        mkv_mosaic_tensor *t = x ? &h->v : &h->k;
+        mkv_mosaic_strategy st = x ? s->tv : s->tk;
+        st.start = start;
+        st.len = 0;
+        int64_t n = t->nseg + 1;
+        mkv_mosaic_strategy *seg = mkv_alloc((size_t)n, sizeof *seg, "strategies", err);
+        float *loss = mkv_alloc((size_t)n * MKV_MOSAIC_LOSS_COLS, sizeof *loss, "losses", err);
+        if (!seg || !loss) {
+            mkv_free(seg);
+            mkv_free(loss);
+            return err ? err->code : MKV_ENOMEM;
+        }
+        if (t->nseg) {
+            memcpy(seg, t->seg, (size_t)t->nseg * sizeof *seg);
+            memcpy(loss, t->loss, (size_t)t->nseg * MKV_MOSAIC_LOSS_COLS * sizeof *loss);
+        }
+        seg[t->nseg] = st;
+        loss[t->nseg * MKV_MOSAIC_LOSS_COLS] = NAN;
+        loss[t->nseg * MKV_MOSAIC_LOSS_COLS + 1] = NAN;
+        mkv_free(t->seg);
+        mkv_free(t->loss);
+        t->seg = seg;
+        t->loss = loss;
+        t->nseg = n;
+        int cols = mkv_mosaic_rotation_cols(&st);
+        int64_t nr = (int64_t)d * cols;
+        int rc = grow((void **)&t->rotation, &s->cap[x][3], t->n_rotation, t->n_rotation + nr, sizeof(float), err);
+        if (rc)
+            return rc;
+        if (nr)
+            memcpy(t->rotation + t->n_rotation, x ? s->rot_v : s->rot_k, (size_t)nr * sizeof(float));
+        t->n_rotation += nr;
+    }
+    s->open_len = 0;
+    return MKV_OK;
+}
+
+/* Pack token x (already the open segment's last raw row) into the open
+ * segment of tensor t: its values and bitmap, and its block's key row. */
+static int pack_token(mosaic_state *s, int is_key, mkv_error *err)
+{
+    mkv_mosaic_head *h = &s->h;
+    mkv_mosaic_tensor *t = is_key ? &h->k : &h->v;
+    int d = h->d, B = h->block, x = !is_key;
+    mkv_mosaic_strategy *st = &t->seg[t->nseg - 1];
+    const float *raw = is_key ? s->raw_k : s->raw_v;
+    int64_t j = s->open_len - 1;                   /* the token within the open segment */
+    int64_t b0 = is_key ? j / B * B : j;           /* its block's first token */
+    mkv_mosaic_strategy part = *st;
+    part.start = st->start + b0;
+    part.len = j - b0 + 1;
+    int nbytes = mkv_mosaic_bitmap_bytes(st), width = is_key ? mkv_mosaic_block_width(st) : 0;
+    float keyrow[2 * MKV_MOSAIC_MAX_D];
+    float *vals = mkv_alloc((size_t)part.len * (size_t)st->r, sizeof *vals, "packed values", err);
+    uint8_t *bits = mkv_alloc((size_t)part.len * (size_t)(nbytes ? nbytes : 1), 1, "bitmaps", err);
+    float *rot = mkv_alloc((size_t)d * (size_t)d, sizeof *rot, "a rotation", err);
+    int rc = vals && bits && rot ? MKV_OK : MKV_ENOMEM;
+    part.rotate = st->rotate;
+    if (!rc)
+        rc = mkv_mosaic_encode(&part, raw + b0 * d, d, st->rotate ? (is_key ? s->rk : s->rv) : NULL,
+                               is_key ? B : 0, vals, nbytes ? bits : NULL, keyrow, rot, err);
+    if (!rc)
+        rc = grow((void **)&t->values, &s->cap[x][0], t->n_values, t->n_values + st->r, sizeof(float), err);
+    if (!rc)
+        rc = grow((void **)&t->bitmap, &s->cap[x][1], t->n_bitmap, t->n_bitmap + nbytes, 1, err);
+    if (!rc && is_key)
+        rc = grow((void **)&t->blockkeys, &s->cap[x][2], t->n_blockkeys, t->n_blockkeys + width, sizeof(float),
+                  err);
+    if (!rc) {
+        memcpy(t->values + t->n_values, vals + (j - b0) * st->r, (size_t)st->r * sizeof(float));
+        t->n_values += st->r;
+        if (nbytes)
+            memcpy(t->bitmap + t->n_bitmap, bits + (j - b0) * nbytes, (size_t)nbytes);
+        t->n_bitmap += nbytes;
+        if (is_key) {
+            /* a new block gets a row; a block already open has its row redone */
+            if (j == b0)
+                t->n_blockkeys += width;
+            memcpy(t->blockkeys + t->n_blockkeys - width, keyrow, (size_t)width * sizeof(float));
+        }
+        st->len++;
+    }
+    mkv_free(vals);
+    mkv_free(bits);
+    mkv_free(rot);
+    return rc;
+}
+
+/* Close the open segment: its raw tokens go to the manager. */
+static int close_segment(mosaic_state *s, mkv_error *err)
+{
+    if (s->n_pending == MAX_PENDING)
+        return mkv_fail(err, MKV_ENOMEM, "mosaic: %d segments wait for the manager", MAX_PENDING);
+    const mkv_mosaic_head *h = &s->h;
+    int d = h->d;
+    job *j = calloc(1, sizeof *j);
+    if (!j)
+        return mkv_fail(err, MKV_ENOMEM, "out of memory for a segment to finalise");
+    j->c = s->cfg;
+    j->c.sink = 0;
+    j->c.recent = 0;
+    j->c.segment = s->open_len;
+    j->start = h->k.seg[h->k.nseg - 1].start;
+    j->len = s->open_len;
+    j->d = d;
+    j->G = h->G;
+    size_t n = (size_t)s->open_len * (size_t)d;
+    j->k = mkv_alloc(n, sizeof(float), "segment keys", err);
+    j->v = mkv_alloc(n, sizeof(float), "segment values", err);
+    if (!j->k || !j->v) {
+        mkv_free(j->k);
+        mkv_free(j->v);
+        free(j);
+        return MKV_ENOMEM;
+    }
+    memcpy(j->k, s->raw_k, n * sizeof(float));
+    memcpy(j->v, s->raw_v, n * sizeof(float));
+    atomic_init(&j->done, 0);
+    s->pending[s->n_pending++] = j;
+    submit(j);
+    s->open_len = 0;
+    return MKV_OK;
+}
+
+/* Replace the arrays of segment i of t by the one segment of src (start
+ * shifted to `start`). */
+static int splice(mosaic_state *s, mkv_mosaic_tensor *t, int x, int64_t i, const mkv_mosaic_tensor *src,
+                  int64_t start, mkv_error *err)
+{
+    const mkv_mosaic_head *h = &s->h;
+    int d = h->d, block = x ? 0 : h->block;
+    int64_t lim[4] = {t->n_values, t->n_bitmap, t->n_blockkeys, t->n_rotation};
+    int64_t a[4] = {t->off_values[i], t->off_bitmap[i], t->off_blockkeys[i], t->off_rotation[i]};
+    int64_t b[4], add[4] = {src->n_values, src->n_bitmap, src->n_blockkeys, src->n_rotation};
+    int last = i + 1 == t->nseg;
+    b[0] = last ? lim[0] : t->off_values[i + 1];
+    b[1] = last ? lim[1] : t->off_bitmap[i + 1];
+    b[2] = last ? lim[2] : t->off_blockkeys[i + 1];
+    b[3] = last ? lim[3] : t->off_rotation[i + 1];
+    void *arr[4] = {t->values, t->bitmap, t->blockkeys, t->rotation};
+    const void *from[4] = {src->values, src->bitmap, src->blockkeys, src->rotation};
+    size_t elem[4] = {sizeof(float), 1, sizeof(float), sizeof(float)};
+    void *next[4] = {NULL, NULL, NULL, NULL};
+    int64_t size[4];
+    for (int k = 0; k < 4; k++) {
+        size[k] = lim[k] - (b[k] - a[k]) + add[k];
+        int64_t cap = size[k] > 16 ? size[k] : 16;
+        if (!(next[k] = mkv_alloc((size_t)cap, elem[k], "a mosaic array", err))) {
+            for (int m = 0; m < k; m++)
+                mkv_free(next[m]);
+            return err ? err->code : MKV_ENOMEM;
+        }
+        char *dst = next[k];
+        const char *old = arr[k];
+        memcpy(dst, old, (size_t)a[k] * elem[k]);
+        if (add[k])
+            memcpy(dst + (size_t)a[k] * elem[k], from[k], (size_t)add[k] * elem[k]);
+        memcpy(dst + (size_t)(a[k] + add[k]) * elem[k], old + (size_t)b[k] * elem[k],
+               (size_t)(lim[k] - b[k]) * elem[k]);
+        s->cap[x][k] = cap;
+    }
+    mkv_free(t->values);
+    mkv_free(t->bitmap);
+    mkv_free(t->blockkeys);
+    mkv_free(t->rotation);
+    t->values = next[0];
+    t->bitmap = next[1];
+    t->blockkeys = next[2];
+    t->rotation = next[3];
+    t->seg[i] = src->seg[0];
+    t->seg[i].start = start;
+    memcpy(t->loss + i * MKV_MOSAIC_LOSS_COLS, src->loss, MKV_MOSAIC_LOSS_COLS * sizeof *t->loss);
+    return mkv_mosaic_layout(t, d, block, h->sink_n, h->T - h->recent_n, err);
+}
+
+/* Publish the finished segments, oldest first (a step boundary). */
+static int publish(mosaic_state *s, int wait, mkv_error *err)
+{
+    while (s->n_pending > 0) {
+        job *j = s->pending[0];
+        if (wait)
+            wait_job(j);
+        else if (!atomic_load_explicit(&j->done, memory_order_acquire))
+            break;
+        if (j->rc) {
+            *err = j->err;
+            return mkv_error_prefix(err, "mosaic: finalising the segment at token %lld", (long long)j->start);
+        }
+        mkv_mosaic_head *h = &s->h;
+        int64_t i = 0;
+        while (i < h->k.nseg && h->k.seg[i].start != j->start)
+            i++;
+        int rc;
+        if (i == h->k.nseg || j->out.k.nseg != 1)
+            return mkv_fail(err, MKV_EFORMAT, "mosaic: no segment at token %lld to publish", (long long)j->start);
+        if ((rc = splice(s, &h->k, 0, i, &j->out.k, j->start, err)) ||
+            (rc = splice(s, &h->v, 1, i, &j->out.v, j->start, err)))
+            return rc;
+        s->stats.finalized++;
+        s->stats.finalize_seconds += j->seconds;
+        if (j->seconds > s->stats.finalize_seconds_max)
+            s->stats.finalize_seconds_max = j->seconds;
+        job_free(j);
+        memmove(s->pending, s->pending + 1, (size_t)(s->n_pending - 1) * sizeof *s->pending);
+        s->n_pending--;
+    }
+    return MKV_OK;
+}
+
+static int relayout(mosaic_state *s, mkv_error *err)
+{
+    mkv_mosaic_head *h = &s->h;
+    int rc = mkv_mosaic_layout(&h->k, h->d, h->block, h->sink_n, h->T - h->recent_n, err);
+    return rc ? rc : mkv_mosaic_layout(&h->v, h->d, 0, h->sink_n, h->T - h->recent_n, err);
+}
+
+/* Bytes of the temporary region: the segments waiting for the manager
+ * and the open one, the last of the tables. */
+static uint64_t temp_bytes(const mosaic_state *s)
+{
+    const mkv_mosaic_head *h = &s->h;
+    int64_t n = s->n_pending + (s->open_len > 0);
+    uint64_t b = 0;
+    for (int x = 0; x < 2; x++) {
+        const mkv_mosaic_tensor *t = x ? &h->v : &h->k;
+        for (int64_t i = t->nseg - n; i < t->nseg; i++) {
+            mkv_mosaic_bytes mb;
+            mkv_mosaic_strategy_bytes(&t->seg[i], h->d, x ? 0 : h->block, &mb);
+            b += mb.total;
+        }
+    }
+    return b;
+}
+
+int mkv_mosaic_method_append(void *state, const float *k, const float *v, mkv_error *err)
+{
+    mosaic_state *s = state;
+    mkv_mosaic_head *h = &s->h;
+    int d = h->d, rc;
+    if (!s->growing && (rc = set_template(s, err)))
+        return rc;
+    if ((rc = publish(s, 0, err)))
+        return rc;
+    /* the new token, in fp16, at the end of the dense rows */
+    int64_t nd = h->sink_n + h->recent_n;
+    float kr[MKV_MOSAIC_MAX_D], vr[MKV_MOSAIC_MAX_D];
+    for (int j = 0; j < d; j++) {
+        if (!(fabsf(k[j]) <= 65504.0f) || !(fabsf(v[j]) <= 65504.0f))
+            return mkv_fail(err, MKV_EFORMAT, "mosaic: a new key or value does not fit float16");
+        kr[j] = mkv_f16_to_f32(mkv_f32_to_f16(k[j]));
+        vr[j] = mkv_f16_to_f32(mkv_f32_to_f16(v[j]));
+    }
+    int leaves = s->have_template && h->recent_n >= s->cfg.recent && h->recent_n > 0;
+    int direct = s->have_template && s->cfg.recent == 0;
+    if (leaves || direct) {
+        /* the oldest recent token (or the new one, without a window) enters the open segment */
+        if (s->open_len == 0 && (rc = open_segment(s, h->T - h->recent_n, err)))
+            return rc;
+        int64_t oc = s->open_cap;
+        if ((rc = grow((void **)&s->raw_k, &oc, s->open_len, s->open_len + 1, (size_t)d * sizeof(float), err)) ||
+            (rc = grow((void **)&s->raw_v, &s->open_cap, s->open_len, s->open_len + 1, (size_t)d * sizeof(float),
+                       err)))
+            return rc;
+        const float *ok = direct ? kr : h->dense_k + h->sink_n * d, *ov = direct ? vr : h->dense_v + h->sink_n * d;
+        memcpy(s->raw_k + s->open_len * d, ok, (size_t)d * sizeof(float));
+        memcpy(s->raw_v + s->open_len * d, ov, (size_t)d * sizeof(float));
+        s->open_len++;
+        if (!direct) {
+            memmove(h->dense_k + h->sink_n * d, h->dense_k + (h->sink_n + 1) * d,
+                    (size_t)(h->recent_n - 1) * (size_t)d * sizeof(float));
+            memmove(h->dense_v + h->sink_n * d, h->dense_v + (h->sink_n + 1) * d,
+                    (size_t)(h->recent_n - 1) * (size_t)d * sizeof(float));
+            memcpy(h->dense_k + (nd - 1) * d, kr, (size_t)d * sizeof(float));
+            memcpy(h->dense_v + (nd - 1) * d, vr, (size_t)d * sizeof(float));
+        }
+        if ((rc = pack_token(s, 1, err)) || (rc = pack_token(s, 0, err)))
+            return rc;
+    } else {
+        /* no template (or the window is not full yet): the dense window grows */
+        if ((rc = grow((void **)&h->dense_k, &(int64_t){s->dense_cap}, nd, nd + 1, (size_t)d * sizeof(float), err)) ||
+            (rc = grow((void **)&h->dense_v, &s->dense_cap, nd, nd + 1, (size_t)d * sizeof(float), err)))
+            return rc;
+        memcpy(h->dense_k + nd * d, kr, (size_t)d * sizeof(float));
+        memcpy(h->dense_v + nd * d, vr, (size_t)d * sizeof(float));
+        h->recent_n++;
+    }
+    h->T++;
+    if ((rc = relayout(s, err)))
+        return rc;
+    if (s->have_template && s->open_len >= s->cfg.segment && (rc = close_segment(s, err)))
+        return rc;
+    s->stats.temp_bytes = temp_bytes(s);
+    if (s->stats.temp_bytes > s->stats.temp_bytes_peak)
+        s->stats.temp_bytes_peak = s->stats.temp_bytes;
+    s->stats.temp_tokens = 0;
+    for (int i = 0; i < s->n_pending; i++)
+        s->stats.temp_tokens += s->pending[i]->len;
+    s->stats.temp_tokens += s->open_len;
+    return MKV_OK;
+}
+
+int mkv_mosaic_method_flush(void *state, mkv_error *err)
+{
+    mosaic_state *s = state;
+    int rc = publish(s, 1, err);
+    s->stats.temp_bytes = temp_bytes(s);
+    s->stats.temp_tokens = s->open_len;
+    return rc;
+}

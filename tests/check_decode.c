@@ -108,7 +108,10 @@ START_TEST(full_is_the_forward_pass)
 }
 END_TEST
 
-/* Settings at which each method keeps and attends everything. */
+/* Settings at which each method keeps and attends everything, decoded
+ * tokens included: StreamingLLM's window has the size compression kept
+ * and evicts as tokens come, so it keeps everything only while every
+ * token is one of its sinks (sink >= C + N). */
 static const struct {
     const char *method, *params;
 } LOSSLESS[] = {
@@ -119,7 +122,7 @@ static const struct {
     {"think", "keep=1"},
     {"kivi", "bits=4 residual=150"},
     {"snapkv", "keep=1"},
-    {"streaming", "keep=1"},
+    {"streaming", "keep=1 sink=170"},
     {"naive2d", "keep=1 budget=1"},
 };
 
@@ -455,6 +458,10 @@ static const struct {
     int rules;
 } APPEND_CASES[] = {
     {"quest", "page=8 budget=0.3 sink=4 recent=16", SAME},
+    {"streaming", "sink=4 keep=30", SAME | WINDOW},
+    {"streaming", "sink=4 keep=0.25", WINDOW},
+    {"streaming", "sink=8 keep=5", WINDOW},
+    {"streaming", "sink=120 keep=1", WINDOW},
 };
 
 START_TEST(append_follows_each_method_rule)

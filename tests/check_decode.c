@@ -462,6 +462,7 @@ static const struct {
     {"streaming", "sink=4 keep=0.25", WINDOW},
     {"streaming", "sink=8 keep=5", WINDOW},
     {"streaming", "sink=120 keep=1", WINDOW},
+    {"snapkv", "keep=0.3 window=8 kernel=3 sink=4", KEPT},
 };
 
 START_TEST(append_follows_each_method_rule)

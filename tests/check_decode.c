@@ -458,6 +458,9 @@ static const struct {
     int rules;
 } APPEND_CASES[] = {
     {"quest", "page=8 budget=0.3 sink=4 recent=16", SAME},
+    {"kivi", "bits=2 group=8 residual=16", SAME},
+    {"kivi", "bits=2 group=32 residual=7", SAME},
+    {"kivi", "bits=4 group=5 residual=0", SAME},
     {"streaming", "sink=4 keep=30", SAME | WINDOW},
     {"streaming", "sink=4 keep=0.25", WINDOW},
     {"streaming", "sink=8 keep=5", WINDOW},

@@ -458,6 +458,8 @@ static const struct {
     int rules;
 } APPEND_CASES[] = {
     {"quest", "page=8 budget=0.3 sink=4 recent=16", SAME},
+    {"think", "keep=0.5 recent=16 window=8", SAME},
+    {"think", "keep=0.5 recent=0 window=8", SAME},
     {"kivi", "bits=2 group=8 residual=16", SAME},
     {"kivi", "bits=2 group=32 residual=7", SAME},
     {"kivi", "bits=4 group=5 residual=0", SAME},

@@ -458,6 +458,7 @@ static const struct {
     int rules;
 } APPEND_CASES[] = {
     {"quest", "page=8 budget=0.3 sink=4 recent=16", SAME},
+    {"naive2d", "keep=0.5 page=8 budget=0.3 sink=4 recent=16", SAME},
     {"think", "keep=0.5 recent=16 window=8", SAME},
     {"think", "keep=0.5 recent=0 window=8", SAME},
     {"kivi", "bits=2 group=8 residual=16", SAME},

@@ -2,7 +2,9 @@
  * plain forward pass bit for bit; every method at lossless settings equals
  * it within float16 rounding; perplexity matches tests/model_ref.py's
  * independent float64 decode for the full cache and for Quest; bytes held
- * are counted by hand; misuse is refused.  The models are written by the
+ * are counted by hand; each method's decode-time rule (its append) gives
+ * the state compress makes of the longer cache, or keeps the tokens its
+ * paper keeps; misuse is refused.  The models are written by the
  * test (random weights), stories260K is used too where it is found. */
 #include "config.h"
 
@@ -13,9 +15,13 @@
 #include <string.h>
 
 #include "decode/ccache.h"
+#include "core/attn.h"
+#include "core/half.h"
 #include "core/log.h"
 #include "decode/decoder.h"
 #include "decode/needle.h"
+#include "io/cdump.h"
+#include "io/dump.h"
 #include "methods/method.h"
 #include "model/forward.h"
 #include "model/model.h"
@@ -102,7 +108,10 @@ START_TEST(full_is_the_forward_pass)
 }
 END_TEST
 
-/* Settings at which each method keeps and attends everything. */
+/* Settings at which each method keeps and attends everything, decoded
+ * tokens included: StreamingLLM's window has the size compression kept
+ * and evicts as tokens come, so it keeps everything only while every
+ * token is one of its sinks (sink >= C + N). */
 static const struct {
     const char *method, *params;
 } LOSSLESS[] = {
@@ -113,7 +122,7 @@ static const struct {
     {"think", "keep=1"},
     {"kivi", "bits=4 residual=150"},
     {"snapkv", "keep=1"},
-    {"streaming", "keep=1"},
+    {"streaming", "keep=1 sink=170"},
     {"naive2d", "keep=1 budget=1"},
 };
 
@@ -219,6 +228,330 @@ START_TEST(bytes_counted_by_hand)
     mkv_decoder_free(d);
     free(tok);
     mkv_model_free(m);
+}
+END_TEST
+
+/* ---------------------------------------------------------- append rules */
+
+/* Each method's decode-time rule (its append) against an independent
+ * reference, on one (layer, KV head) of synthetic data: AT = 100 prompt
+ * tokens compressed, then AN = 40 appended one by one; after each append
+ * a query at the new position (as a decode step asks) and one at an
+ * earlier position are answered.  Keys and values are float16 values, so
+ * storing them rounds nothing and a state grown by append and a state
+ * compressed in one go hold the very same numbers.  Half the key (and
+ * value) channels are 4x the others, so that channel masks chosen on 100
+ * or on 140 tokens agree (their energies differ 16-fold, the sampling
+ * spread of 100 tokens is about 15%). */
+enum { AT = 100, AN = 40, AD = 16, AG = 2, AW = 8 };
+
+typedef struct {
+    float k[(AT + AN) * AD], v[(AT + AN) * AD];   /* float16 values */
+    float q_obs[AG * AW * AD];                     /* [G][W][d] observation queries */
+    int32_t qpos[AW];                              /* AT-AW..AT-1 */
+    float q[(AT + AN) * AG * AD];                  /* [t][G][d] a query for each position */
+} append_data;
+
+static double append_gauss(uint64_t *s)
+{
+    double u = test_uniform(s), v = test_uniform(s);
+    return sqrt(-2.0 * log(u + 1e-300)) * cos(6.283185307179586 * v);
+}
+
+static float f16_of(double x)
+{
+    return mkv_f16_to_f32(mkv_f32_to_f16((float)x));
+}
+
+static void append_data_make(append_data *x, uint64_t seed)
+{
+    for (int t = 0; t < AT + AN; t++)
+        for (int j = 0; j < AD; j++) {
+            double ks = (j * 5 + 3) % AD < AD / 2 ? 1.0 : 0.25, vs = (j * 3 + 1) % AD < AD / 2 ? 1.0 : 0.25;
+            x->k[t * AD + j] = f16_of(append_gauss(&seed) * ks);
+            x->v[t * AD + j] = f16_of(append_gauss(&seed) * vs);
+        }
+    for (int i = 0; i < AG * AW * AD; i++)
+        x->q_obs[i] = (float)append_gauss(&seed);
+    for (int w = 0; w < AW; w++)
+        x->qpos[w] = AT - AW + w;
+    for (int i = 0; i < (AT + AN) * AG * AD; i++)
+        x->q[i] = (float)(append_gauss(&seed) * 1.5);
+}
+
+typedef struct {
+    const mkv_method *m;
+    mkv_params p;
+    void *state;
+    uint64_t head_bytes;   /* what compress stored, as the compressed dump counts it */
+} append_state;
+
+/* Compress the first T tokens of x in one go into a compressed dump in
+ * memory and load the state back. */
+static void append_compress(const char *method, const char *params, const append_data *x, int64_t T,
+                            append_state *s)
+{
+    mkv_error err = {0};
+    s->m = mkv_method_find(method);
+    ck_assert_ptr_nonnull(s->m);
+    mkv_params_init(&s->p, s->m->params);
+    ck_assert_msg(mkv_params_parse_list(&s->p, params, &err) >= 0, "%s", err.msg);
+    mkv_cdump_meta meta;
+    memset(&meta, 0, sizeof meta);
+    snprintf(meta.method, sizeof meta.method, "%s", method);
+    mkv_params_format(&s->p, meta.params, sizeof meta.params);
+    snprintf(meta.source, sizeof meta.source, "check_decode");
+    mkv_dump_meta_init(&meta.raw);
+    snprintf(meta.raw.model, sizeof meta.raw.model, "test");
+    snprintf(meta.raw.source, sizeof meta.raw.source, "synthetic");
+    meta.raw.n_layers = 1;
+    meta.raw.n_heads = AG;
+    meta.raw.n_kv_heads = 1;
+    meta.raw.head_dim = AD;
+    meta.raw.n_tokens = T;
+    meta.raw.n_queries = AW;
+    ck_assert_msg(s->m->check(&s->p, &meta.raw, &err) == MKV_OK, "%s check: %s", method, err.msg);
+    mkv_cdump_writer *w;
+    ck_assert_msg(mkv_cdump_create_memory(&meta, x->qpos, &w, &err) == MKV_OK, "%s", err.msg);
+    mkv_head_kv in = {0, 0, T, AD, AG, x->k, x->v, AW, x->q_obs, x->qpos, 1};
+    int rc = s->m->compress(&s->p, &in, w, &err);
+    if (rc)
+        mkv_cdump_abort(w);
+    ck_assert_msg(rc == MKV_OK, "%s compress: %s", method, err.msg);
+    s->head_bytes = mkv_cdump_head_bytes(w, 0, 0);
+    mkv_cdump *c;
+    ck_assert_msg(mkv_cdump_commit_open(w, &c, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_msg(s->m->load(&s->p, c, 0, 0, &s->state, &err) == MKV_OK, "%s load: %s", method, err.msg);
+    mkv_cdump_close(c);   /* the state holds what it needs, as a decoder's does */
+}
+
+static void append_release(append_state *s)
+{
+    s->m->free_state(s->state);
+}
+
+static void append_token(append_state *s, const append_data *x, int64_t t)
+{
+    mkv_error err = {0};
+    ck_assert_msg(s->m->append(s->state, x->k + t * AD, x->v + t * AD, &err) == MKV_OK, "%s append: %s",
+                  s->m->name, err.msg);
+}
+
+typedef struct {
+    float out[AG * AD];
+    uint8_t attended[AT + AN];
+    uint64_t bytes_read;
+} append_answer;
+
+/* The state's answer to the query of position pos. */
+static void append_attend(append_state *s, const append_data *x, int64_t pos, append_answer *a)
+{
+    mkv_error err = {0};
+    memset(a, 0, sizeof *a);
+    mkv_attend_query q = {AG, AD, x->q + pos * AG * AD, pos, 1.0 / sqrt((double)AD)};
+    mkv_attend_result r = {a->out, a->attended, 0, NULL};
+    ck_assert_msg(s->m->attend(s->state, &q, &r, &err) == MKV_OK, "%s attend at %lld: %s", s->m->name,
+                  (long long)pos, err.msg);
+    a->bytes_read = r.bytes_read;
+}
+
+/* Exact softmax attention in double over the tokens marked in set, of the
+ * query of position pos: the reference for rules that keep whole tokens. */
+static void append_reference(const append_data *x, int64_t pos, const uint8_t *set, double *out)
+{
+    for (int g = 0; g < AG; g++) {
+        const float *q = x->q + (pos * AG + g) * AD;
+        double m = -INFINITY, l = 0, acc[AD] = {0};
+        for (int64_t t = 0; t <= pos; t++)
+            if (set[t]) {
+                double sc = 0;
+                for (int j = 0; j < AD; j++)
+                    sc += (double)q[j] * x->k[t * AD + j];
+                m = fmax(m, sc / sqrt((double)AD));
+            }
+        for (int64_t t = 0; t <= pos; t++)
+            if (set[t]) {
+                double sc = 0;
+                for (int j = 0; j < AD; j++)
+                    sc += (double)q[j] * x->k[t * AD + j];
+                double e = exp(sc / sqrt((double)AD) - m);
+                l += e;
+                for (int j = 0; j < AD; j++)
+                    acc[j] += e * x->v[t * AD + j];
+            }
+        for (int j = 0; j < AD; j++)
+            out[g * AD + j] = acc[j] / l;
+    }
+}
+
+/* The method's answer is the reference over `set` and attends exactly it.
+ * Tolerance: both accumulate in double; the method's output is rounded to
+ * float32 (2^-24 relative) and its online softmax rescales in another
+ * order: 1e-6 of the largest |value| bounds the difference. */
+static void append_expect_set(append_state *s, const append_data *x, int64_t pos, const uint8_t *set,
+                              const char *what)
+{
+    append_answer a;
+    append_attend(s, x, pos, &a);
+    int64_t n = 0;
+    for (int64_t t = 0; t < AT + AN; t++) {
+        int want = t <= pos && set[t];
+        ck_assert_msg(a.attended[t] == want, "%s at position %lld: token %lld %s", what, (long long)pos,
+                      (long long)t, want ? "not attended" : "attended");
+        n += want;
+    }
+    ck_assert_msg(a.bytes_read == (uint64_t)n * 2 * AD * 2, "%s at %lld: bytes read %llu for %lld tokens", what,
+                  (long long)pos, (unsigned long long)a.bytes_read, (long long)n);
+    double want[AG * AD], vmax = 0;
+    append_reference(x, pos, set, want);
+    for (int i = 0; i < (AT + AN) * AD; i++)
+        vmax = fmax(vmax, fabs(x->v[i]));
+    for (int i = 0; i < AG * AD; i++)
+        ck_assert_msg(fabs(a.out[i] - want[i]) <= 1e-6 * vmax, "%s at %lld: output %d is %.9g, reference %.9g",
+                      what, (long long)pos, i, a.out[i], want[i]);
+}
+
+/* Physical bytes of a state of T tokens, counted by hand from the stored
+ * arrays each method's file lists (float16 2 bytes, int16 2, int32 4). */
+static uint64_t append_hand_bytes(const append_state *s, int64_t T, int64_t kept)
+{
+    const mkv_params *p = &s->p;
+    const char *m = s->m->name;
+    uint64_t d = AD;
+    if (strcmp(m, "streaming") == 0)
+        return (uint64_t)kept * 2 * d * 2;                     /* K, V */
+    if (strcmp(m, "snapkv") == 0)
+        return (uint64_t)kept * (2 * d * 2 + 4);               /* K, V, index */
+    if (strcmp(m, "quest") == 0 || strcmp(m, "naive2d") == 0) {
+        uint64_t pages = (uint64_t)((T + mkv_params_int(p, "page") - 1) / mkv_params_int(p, "page"));
+        uint64_t kk = strcmp(m, "quest") == 0 ? d : (uint64_t)ceil(mkv_params_double(p, "keep") * AD - 1e-9);
+        uint64_t lists = strcmp(m, "quest") == 0 ? 0 : 2 * kk * 2;   /* k_channels, v_channels */
+        uint64_t kv = strcmp(m, "quest") == 0 ? 2 * d : 2 * kk;
+        return (uint64_t)T * kv * 2 + lists + pages * 2 * kk * 2;     /* K, V, page min and max */
+    }
+    if (strcmp(m, "think") == 0) {
+        uint64_t kk = (uint64_t)ceil(mkv_params_double(p, "keep") * AD - 1e-9);
+        int64_t r = mkv_params_int(p, "recent"), rec = r < T ? r : T;
+        /* channel list, pruned keys, recent keys, values */
+        return kk * 2 + (uint64_t)(T - rec) * kk * 2 + (uint64_t)rec * d * 2 + (uint64_t)T * d * 2;
+    }
+    ck_assert_str_eq(m, "kivi");
+    int64_t g = mkv_params_int(p, "group"), r = mkv_params_int(p, "residual"), bits = mkv_params_int(p, "bits");
+    uint64_t nq = T > r ? (uint64_t)((T - r) / g * g) : 0, gv = (uint64_t)((AD + g - 1) / g);
+    /* packed K and V codes, key scale and zero per group and channel, value
+     * scale and zero per token and channel group, fp16 residual K and V */
+    return 2 * ((nq * d * (uint64_t)bits + 7) / 8) + nq / (uint64_t)g * d * 2 * 2 + nq * gv * 2 * 2 +
+           (T - nq) * 2 * d * 2;
+}
+
+/* Rules checked: SAME, the state after appending equals the state
+ * compress makes of the longer cache in one go (answers, attended tokens,
+ * bytes read and held, to the bit: the same stored numbers, the same
+ * arithmetic in the same order); WINDOW, StreamingLLM's kept set (the
+ * sinks and the most recent tokens, the count fixed) against the
+ * reference attention; KEPT, SnapKV's, the tokens compression kept and
+ * every appended one, against the reference attention. */
+enum { SAME = 1, WINDOW = 2, KEPT = 4 };
+
+static const struct {
+    const char *method, *params;
+    int rules;
+} APPEND_CASES[] = {
+    {"quest", "page=8 budget=0.3 sink=4 recent=16", SAME},
+    {"naive2d", "keep=0.5 page=8 budget=0.3 sink=4 recent=16", SAME},
+    {"think", "keep=0.5 recent=16 window=8", SAME},
+    {"think", "keep=0.5 recent=0 window=8", SAME},
+    {"kivi", "bits=2 group=8 residual=16", SAME},
+    {"kivi", "bits=2 group=32 residual=7", SAME},
+    {"kivi", "bits=4 group=5 residual=0", SAME},
+    {"streaming", "sink=4 keep=30", SAME | WINDOW},
+    {"streaming", "sink=4 keep=0.25", WINDOW},
+    {"streaming", "sink=8 keep=5", WINDOW},
+    {"streaming", "sink=120 keep=1", WINDOW},
+    {"snapkv", "keep=0.3 window=8 kernel=3 sink=4", KEPT},
+};
+
+START_TEST(append_follows_each_method_rule)
+{
+    append_data *x = malloc(sizeof *x);
+    ck_assert_ptr_nonnull(x);
+    append_data_make(x, 29);
+    for (size_t c = 0; c < sizeof APPEND_CASES / sizeof *APPEND_CASES; c++) {
+        const char *method = APPEND_CASES[c].method, *params = APPEND_CASES[c].params;
+        int rules = APPEND_CASES[c].rules;
+        char what[160];
+        append_state grown;
+        append_compress(method, params, x, AT, &grown);
+        ck_assert_msg(grown.m->append && grown.m->state_bytes, "%s has no append", method);
+        ck_assert_msg(grown.m->state_bytes(grown.state) == grown.head_bytes,
+                      "%s (%s): state_bytes %llu after load, compress stored %llu", method, params,
+                      (unsigned long long)grown.m->state_bytes(grown.state), (unsigned long long)grown.head_bytes);
+        /* what compression kept (SnapKV), the sinks and window (StreamingLLM) */
+        append_answer first;
+        append_attend(&grown, x, AT - 1, &first);
+        int64_t n0 = 0, sinks = 0;
+        for (int64_t t = 0; t < AT; t++)
+            n0 += first.attended[t];
+        int64_t keep_n = 0, window = 0;
+        if (rules & WINDOW) {
+            keep_n = mkv_budget_tokens(mkv_params_double(&grown.p, "keep"), AT);
+            sinks = mkv_params_int(&grown.p, "sink") < keep_n ? mkv_params_int(&grown.p, "sink") : keep_n;
+            window = keep_n - sinks > 0 ? keep_n - sinks : 1;
+            ck_assert_int_eq(n0, keep_n);
+        }
+        for (int64_t T = AT + 1; T <= AT + AN; T++) {
+            append_token(&grown, x, T - 1);
+            int64_t ask[3] = {T - 1, T - 2, AT - 1 + (T - AT) / 2};
+            uint8_t set[AT + AN];
+            int64_t kept = 0;
+            if (rules & WINDOW) {
+                /* a prompt all sinks and shorter than `sink`: the sinks still come */
+                int64_t sink_param = mkv_params_int(&grown.p, "sink");
+                int64_t s_now = sinks == AT && sink_param > AT ? (sink_param < T ? sink_param : T) : sinks;
+                int64_t w0 = T - window > s_now ? T - window : s_now;
+                for (int64_t t = 0; t < AT + AN; t++)
+                    kept += set[t] = t < s_now || (t >= w0 && t < T);
+                if (keep_n > sinks)
+                    ck_assert_int_eq(kept, keep_n);
+            }
+            if (rules & KEPT)
+                for (int64_t t = 0; t < AT + AN; t++)
+                    kept += set[t] = t < AT ? first.attended[t] : t < T;
+            if (rules & (WINDOW | KEPT))
+                for (int i = 0; i < 3; i++) {
+                    snprintf(what, sizeof what, "%s (%s) after %lld tokens", method, params, (long long)T);
+                    append_expect_set(&grown, x, ask[i], set, what);
+                }
+            uint64_t held = grown.m->state_bytes(grown.state);
+            ck_assert_msg(held == append_hand_bytes(&grown, T, kept), "%s (%s) after %lld tokens: state_bytes %llu, by hand %llu",
+                          method, params, (long long)T, (unsigned long long)held,
+                          (unsigned long long)append_hand_bytes(&grown, T, kept));
+            if (!(rules & SAME))
+                continue;
+            append_state once;
+            append_compress(method, params, x, T, &once);
+            ck_assert_msg(held == once.head_bytes, "%s (%s) after %lld tokens: state_bytes %llu, compress stored %llu",
+                          method, params, (long long)T, (unsigned long long)held,
+                          (unsigned long long)once.head_bytes);
+            for (int i = 0; i < 3; i++) {
+                append_answer a, b;
+                append_attend(&grown, x, ask[i], &a);
+                append_attend(&once, x, ask[i], &b);
+                ck_assert_msg(memcmp(a.attended, b.attended, sizeof a.attended) == 0,
+                              "%s (%s) after %lld tokens, query at %lld: other tokens attended than compress's",
+                              method, params, (long long)T, (long long)ask[i]);
+                ck_assert_msg(a.bytes_read == b.bytes_read, "%s (%s) after %lld tokens: bytes read %llu, compress's %llu",
+                              method, params, (long long)T, (unsigned long long)a.bytes_read,
+                              (unsigned long long)b.bytes_read);
+                ck_assert_msg(memcmp(a.out, b.out, sizeof a.out) == 0,
+                              "%s (%s) after %lld tokens, query at %lld: output differs from compress's by %.3g",
+                              method, params, (long long)T, (long long)ask[i], max_abs_diff(a.out, b.out, AG * AD));
+            }
+            append_release(&once);
+        }
+        append_release(&grown);
+    }
+    free(x);
 }
 END_TEST
 
@@ -433,6 +766,7 @@ int main(void)
     tcase_add_test(tc, full_is_the_forward_pass);
     tcase_add_test(tc, lossless_methods_equal_full);
     tcase_add_test(tc, bytes_counted_by_hand);
+    tcase_add_test(tc, append_follows_each_method_rule);
     tcase_add_test(tc, ppl_matches_model_ref);
     tcase_add_test(tc, misuse_refused);
     tcase_add_test(tc, needle_passkeys);

@@ -100,35 +100,6 @@ int64_t mkv_bl_pages(int64_t T, int page)
     return (T + page - 1) / page;
 }
 
-int mkv_bl_grow_rows(float **rows, int64_t *cap, int64_t used, int64_t need, int n, mkv_error *err)
-{
-    if (need <= *cap)
-        return MKV_OK;
-    int64_t c = *cap > 0 ? *cap : 16;
-    while (c < need)
-        c *= 2;
-    float *p = mkv_alloc((size_t)c, (size_t)n * sizeof(float), "decode-time rows", err);
-    if (!p)
-        return MKV_ENOMEM;
-    if (used > 0)
-        memcpy(p, *rows, (size_t)used * (size_t)n * sizeof(float));
-    mkv_free(*rows);
-    *rows = p;
-    *cap = c;
-    return MKV_OK;
-}
-
-int mkv_bl_round_f16(const float *x, int n, float *out, const char *what, mkv_error *err)
-{
-    for (int i = 0; i < n; i++) {
-        if (!(fabsf(x[i]) <= F16_MAX))
-            return mkv_fail(err, MKV_EFORMAT, "a new %s value %g does not fit float16 (|x| <= 65504)", what,
-                            (double)x[i]);
-        out[i] = mkv_f16_to_f32(mkv_f32_to_f16(x[i]));
-    }
-    return MKV_OK;
-}
-
 void mkv_bl_page_minmax(const float *x, int64_t T, int n, int page, float *mn, float *mx)
 {
     int64_t pages = mkv_bl_pages(T, page);
@@ -273,6 +244,83 @@ unsigned mkv_bl_unpack(const uint8_t *packed, size_t i, int bits)
 {
     size_t per = 8 / (size_t)bits;
     return (packed[i / per] >> ((i % per) * (size_t)bits)) & ((1u << bits) - 1);
+}
+
+/* ---------------------------------------------------------------- decode-time growth */
+
+void *mkv_bl_grow(void *p, int64_t *cap, int64_t used, int64_t need, size_t elem, mkv_error *err)
+{
+    if (need <= *cap)
+        return p;
+    int64_t c = *cap > 0 ? *cap : 16;
+    while (c < need)
+        c *= 2;
+    void *q = mkv_alloc((size_t)c, elem, "decode-time rows", err);
+    if (!q)
+        return NULL;
+    if (used > 0)
+        memcpy(q, p, (size_t)used * elem);
+    mkv_free(p);
+    *cap = c;
+    return q;
+}
+
+int mkv_bl_grow_rows(float **rows, int64_t *cap, int64_t used, int64_t need, int n, mkv_error *err)
+{
+    float *p = mkv_bl_grow(*rows, cap, used, need, (size_t)n * sizeof(float), err);
+    if (!p)
+        return MKV_ENOMEM;
+    *rows = p;
+    return MKV_OK;
+}
+
+int mkv_bl_round_f16(const float *x, int n, float *out, const char *what, mkv_error *err)
+{
+    for (int i = 0; i < n; i++) {
+        if (!(fabsf(x[i]) <= F16_MAX))
+            return mkv_fail(err, MKV_EFORMAT, "a new %s value %g does not fit float16 (|x| <= 65504)", what,
+                            (double)x[i]);
+        out[i] = mkv_f16_to_f32(mkv_f32_to_f16(x[i]));
+    }
+    return MKV_OK;
+}
+
+int mkv_bl_append_row(float **rows, int64_t *cap, int64_t row, const float *x, const int *idx, int n,
+                      const char *what, mkv_error *err)
+{
+    int rc = mkv_bl_grow_rows(rows, cap, row, row + 1, n, err);
+    if (rc)
+        return rc;
+    float *r = *rows + (size_t)row * (size_t)n;
+    if (!idx)
+        return mkv_bl_round_f16(x, n, r, what, err);
+    for (int j = 0; j < n; j++)
+        r[j] = x[idx[j]];
+    return mkv_bl_round_f16(r, n, r, what, err);
+}
+
+int mkv_bl_page_append(float **mn, float **mx, int64_t *cap, int64_t *pages, int64_t t, int page,
+                       const float *x, int n, mkv_error *err)
+{
+    int64_t pg = t / page, cap_mn = *cap, cap_mx = *cap;
+    int rc;
+    /* *cap is raised only once both have grown: it never claims more than either holds */
+    if ((rc = mkv_bl_grow_rows(mn, &cap_mn, *pages, pg + 1, n, err)) ||
+        (rc = mkv_bl_grow_rows(mx, &cap_mx, *pages, pg + 1, n, err)))
+        return rc;
+    *cap = cap_mn;
+    float *lo = *mn + (size_t)pg * (size_t)n, *hi = *mx + (size_t)pg * (size_t)n;
+    if (pg == *pages) {
+        memcpy(lo, x, (size_t)n * sizeof(float));
+        memcpy(hi, x, (size_t)n * sizeof(float));
+        (*pages)++;
+        return MKV_OK;
+    }
+    for (int i = 0; i < n; i++) {
+        lo[i] = x[i] < lo[i] ? x[i] : lo[i];
+        hi[i] = x[i] > hi[i] ? x[i] : hi[i];
+    }
+    return MKV_OK;
 }
 
 /* ---------------------------------------------------------------- attention */

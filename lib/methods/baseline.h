@@ -2,7 +2,8 @@
  * kivi.c, snapkv.c, streaming.c, naive2d.c):
  * parameter checks worded alike, the Quest page score and
  * the token-selection rule every selecting method follows, KIVI's
- * asymmetric quantizer and code packing.
+ * asymmetric quantizer and code packing, and the growth of stored arrays
+ * by decode-time appends.
  *
  * Token selection (Quest, naive 2-D), the same for every method that selects
  * tokens so that comparisons are fair:
@@ -46,12 +47,6 @@ int mkv_bl_check_query(const mkv_attend_query *q, int64_t T, int d, int G, mkv_e
 
 /* Number of pages of `page` tokens covering T tokens. */
 int64_t mkv_bl_pages(int64_t T, int page);
-/* Make *rows (mkv_alloc'd, *cap rows of n floats, the first `used` kept)
- * hold at least need rows, doubling: what a decode-time append grows. */
-int mkv_bl_grow_rows(float **rows, int64_t *cap, int64_t used, int64_t need, int n, mkv_error *err);
-/* x [n] rounded to float16 (as stored) into out [n]; MKV_EFORMAT naming
- * what when a value does not fit float16. */
-int mkv_bl_round_f16(const float *x, int n, float *out, const char *what, mkv_error *err);
 /* Elementwise min and max of each page of x [T][n] into mn, mx [pages][n]. */
 void mkv_bl_page_minmax(const float *x, int64_t T, int n, int page, float *mn, float *mx);
 /* Quest's bound on q.k for every k with mn <= k <= mx elementwise:
@@ -92,6 +87,28 @@ size_t mkv_bl_packed_bytes(size_t n, int bits);
  * first code in the low bits. out must hold mkv_bl_packed_bytes(n, bits). */
 void mkv_bl_pack(const uint8_t *codes, size_t n, int bits, uint8_t *out);
 unsigned mkv_bl_unpack(const uint8_t *packed, size_t i, int bits);
+
+/* ---- decode-time growth (mkv_method.append) ---- */
+
+/* p (mkv_alloc'd, *cap elements of elem bytes, the first `used` kept) made
+ * to hold at least need elements, doubling: p itself when it does, else a
+ * new buffer (p freed, *cap updated), or NULL (MKV_ENOMEM; p untouched). */
+void *mkv_bl_grow(void *p, int64_t *cap, int64_t used, int64_t need, size_t elem, mkv_error *err);
+/* The same for rows of n floats. */
+int mkv_bl_grow_rows(float **rows, int64_t *cap, int64_t used, int64_t need, int n, mkv_error *err);
+/* x [n] rounded to float16 (as stored) into out [n] (out may be x);
+ * MKV_EFORMAT naming what when a value does not fit float16. */
+int mkv_bl_round_f16(const float *x, int n, float *out, const char *what, mkv_error *err);
+/* Store a new row at row `row` of *rows (grown, rows of n floats): x [n]
+ * (or x[idx[j]] for j < n, the channels kept, when idx is given) rounded
+ * to float16. */
+int mkv_bl_append_row(float **rows, int64_t *cap, int64_t row, const float *x, const int *idx, int n,
+                      const char *what, mkv_error *err);
+/* Fold the stored key x [n] of token t (t = the tokens held before it)
+ * into the page metadata mn, mx [*pages][n] (*cap pages allocated, grown):
+ * it widens the minimum and maximum of page t / page, or opens that page. */
+int mkv_bl_page_append(float **mn, float **mx, int64_t *cap, int64_t *pages, int64_t t, int page,
+                       const float *x, int n, mkv_error *err);
 
 /* ---- attention ---- */
 

@@ -30,7 +30,18 @@
  * selection) over the dequantized keys and values.
  * bytes_read: for the tokens <= p, their packed codes (K and V), the key
  * groups' scales and zeros they touch, their value scales and zeros, and the
- * fp16 residual rows. */
+ * fp16 residual rows.
+ *
+ * Decode (append), KIVI's streaming rule: the new token's key and value
+ * join the fp16 residual (stored in float16); once the residual holds
+ * r + g tokens (it holds r to r + g - 1 after compress), its oldest g
+ * tokens are quantized as compress quantizes a group (keys per channel over
+ * the g tokens, values per token), and the residual is back to r tokens.
+ * So after T' tokens the state is split as compress would split a cache of
+ * T' tokens: nq = floor((T' - r) / g) g quantized, the rest fp16. A group
+ * quantized here is quantized from its float16 residual values (what the
+ * cache holds), compress from the values it is given: the same codes,
+ * scales and zeros when those are float16 values. */
 #include "config.h"
 #include <math.h>
 #include <stdlib.h>
@@ -57,6 +68,7 @@ typedef struct {
     int d, G, gv;
     kivi_cfg cfg;
     float *k, *v;          /* [T][d] dequantized (quantized rows) and fp16 rows */
+    int64_t k_cap, v_cap;  /* rows allocated (grown by append) */
 } kivi_state;
 
 
@@ -181,6 +193,23 @@ static void kivi_free(void *state)
     free(s);
 }
 
+/* Dequantize n tokens (a whole number of key groups) from their packed
+ * codes, key scales and zeros [n / g][d] and value scales and zeros
+ * [n][gv] into k, v [n][d]. */
+static void dequantize(const kivi_state *s, const uint8_t *kc, const float *ks, const float *kz,
+                       const uint8_t *vc, const float *vs, const float *vz, int64_t n, float *k, float *v)
+{
+    int d = s->d, g = s->cfg.group, bits = s->cfg.bits;
+    for (int64_t t = 0; t < n; t++)
+        for (int j = 0; j < d; j++) {
+            size_t i = (size_t)t * (size_t)d + (size_t)j;
+            size_t ka = (size_t)(t / g) * (size_t)d + (size_t)j;
+            size_t va = (size_t)t * (size_t)s->gv + (size_t)(j / g);
+            k[i] = (float)(mkv_bl_unpack(kc, i, bits) * (double)ks[ka] + kz[ka]);
+            v[i] = (float)(mkv_bl_unpack(vc, i, bits) * (double)vs[va] + vz[va]);
+        }
+}
+
 /* Read the quantized arrays and dequantize rows 0..nq of s->k and s->v. */
 static int load_quantized(kivi_state *s, mkv_cdump *c, int layer, int head, mkv_error *err)
 {
@@ -197,14 +226,7 @@ static int load_quantized(kivi_state *s, mkv_cdump *c, int layer, int head, mkv_
         !(rc = mkv_cdump_get_shaped(c, layer, head, "v_codes", MKV_EL_U8, 1, packed, (void **)&vc, err)) &&
         !(rc = mkv_cdump_get_shaped(c, layer, head, "v_scale", MKV_EL_F16, 2, vdims, (void **)&vs, err)) &&
         !(rc = mkv_cdump_get_shaped(c, layer, head, "v_zero", MKV_EL_F16, 2, vdims, (void **)&vz, err))) {
-        for (int64_t t = 0; t < nq; t++)
-            for (int j = 0; j < d; j++) {
-                size_t i = (size_t)t * (size_t)d + (size_t)j;
-                size_t ka = (size_t)(t / g) * (size_t)d + (size_t)j;
-                size_t va = (size_t)t * (size_t)s->gv + (size_t)(j / g);
-                s->k[i] = (float)(mkv_bl_unpack(kc, i, bits) * (double)ks[ka] + kz[ka]);
-                s->v[i] = (float)(mkv_bl_unpack(vc, i, bits) * (double)vs[va] + vz[va]);
-            }
+        dequantize(s, kc, ks, kz, vc, vs, vz, nq, s->k, s->v);
     }
     mkv_free(kc);
     mkv_free(vc);
@@ -226,6 +248,7 @@ static int kivi_load(const mkv_params *p, mkv_cdump *c, int layer, int head, voi
     config(p, &s->cfg);
     s->nq = quantized_tokens(&s->cfg, s->T);
     s->gv = (s->d + s->cfg.group - 1) / s->cfg.group;
+    s->k_cap = s->v_cap = s->T;
     size_t n = (size_t)s->T * (size_t)s->d;
     if (!(s->k = mkv_alloc(n, sizeof(float), "keys", err)) ||
         !(s->v = mkv_alloc(n, sizeof(float), "values", err))) {
@@ -269,6 +292,59 @@ static int kivi_attend(void *state, const mkv_attend_query *q, mkv_attend_result
     return mkv_bl_attend_rows(q, s->k, s->v, n, NULL, r, err);
 }
 
+/* Quantize the oldest g residual tokens (rows nq..nq+g-1, float16 values)
+ * in place: codes, scales and zeros as compress makes them, the rows
+ * replaced by their dequantized values. */
+static int quantize_group(kivi_state *s, mkv_error *err)
+{
+    const kivi_cfg *c = &s->cfg;
+    int d = s->d, g = c->group;
+    size_t nc = (size_t)g * (size_t)d, packed = mkv_bl_packed_bytes(nc, c->bits);
+    uint8_t *codes = mkv_alloc(nc + 2 * packed, 1, "codes", err);
+    float *sz = codes ? mkv_alloc(2 * (size_t)d + 2 * (size_t)g * (size_t)s->gv, sizeof(float), "scales", err) : NULL;
+    if (!sz) {
+        mkv_free(codes);
+        return MKV_ENOMEM;
+    }
+    uint8_t *kpack = codes + nc, *vpack = kpack + packed;
+    float *ks = sz, *kz = ks + d, *vs = kz + d, *vz = vs + (size_t)g * (size_t)s->gv;
+    float *k = s->k + s->nq * d, *v = s->v + s->nq * d;
+    quantize_keys(c, k, g, d, codes, ks, kz);
+    mkv_bl_pack(codes, nc, c->bits, kpack);
+    quantize_values(c, v, g, d, s->gv, codes, vs, vz);
+    mkv_bl_pack(codes, nc, c->bits, vpack);
+    dequantize(s, kpack, ks, kz, vpack, vs, vz, g, k, v);
+    s->nq += g;
+    mkv_free(codes);
+    mkv_free(sz);
+    return MKV_OK;
+}
+
+static int kivi_append(void *state, const float *k, const float *v, mkv_error *err)
+{
+    kivi_state *s = state;
+    int rc;
+    if ((rc = mkv_bl_append_row(&s->k, &s->k_cap, s->T, k, NULL, s->d, "key", err)) ||
+        (rc = mkv_bl_append_row(&s->v, &s->v_cap, s->T, v, NULL, s->d, "value", err)))
+        return rc;
+    if (quantized_tokens(&s->cfg, s->T + 1) > s->nq && (rc = quantize_group(s, err)))
+        return rc;
+    s->T++;
+    return MKV_OK;
+}
+
+/* Every array as compress stores it: packed K and V codes, key scales and
+ * zeros per group and channel, value scales and zeros per token and
+ * channel group, the fp16 residual K and V. */
+static uint64_t kivi_state_bytes(const void *state)
+{
+    const kivi_state *s = state;
+    uint64_t d = (uint64_t)s->d, nq = (uint64_t)s->nq;
+    return 2u * mkv_bl_packed_bytes((size_t)nq * (size_t)d, s->cfg.bits) +
+           nq / (uint64_t)s->cfg.group * d * 2u * 2u + nq * (uint64_t)s->gv * 2u * 2u +
+           (uint64_t)(s->T - s->nq) * 2u * d * 2u;
+}
+
 const mkv_method mkv_method_kivi = {
     .name = "kivi",
     .summary = "KIVI: 2/4-bit asymmetric quantization, keys per channel, values per token, fp16 residual",
@@ -278,4 +354,6 @@ const mkv_method mkv_method_kivi = {
     .load = kivi_load,
     .attend = kivi_attend,
     .free_state = kivi_free,
+    .append = kivi_append,
+    .state_bytes = kivi_state_bytes,
 };

@@ -21,7 +21,14 @@
  * kept value channels; dropped value channels come out 0.
  * bytes_read: both channel lists, the metadata of the pages scored
  * (2 x P_visible x kk x 2) and the masked K and V of the attended tokens
- * ((kk + kv) x 2 each). */
+ * ((kk + kv) x 2 each).
+ *
+ * Decode (append), as Quest with the masks of compress time: a new token's
+ * key is stored on the kept key channels and its value on the kept value
+ * channels (float16), after the others; the masked key joins the last
+ * page, whose minimum and maximum take it in, or opens the next one. The
+ * budget, the recent window and the pages then cover the grown cache. The
+ * masks are not chosen again (they come from the prompt's energies). */
 #include "config.h"
 #include <math.h>
 #include <stdlib.h>
@@ -49,6 +56,7 @@ typedef struct {
     mkv_bl_selection sel;
     int *kch, *vch;        /* [kk], [kv] */
     float *k, *v, *mn, *mx;
+    int64_t k_cap, v_cap, page_cap;   /* rows allocated (grown by append) */
 } naive2d_state;
 
 static int check_params(const mkv_params *p, int64_t T, mkv_error *err)
@@ -185,7 +193,8 @@ static int naive2d_load(const mkv_params *p, mkv_cdump *c, int layer, int head, 
     if (!rc) {
         mkv_bl_selection_from(p, &s->sel);
         s->kk = s->kv = mkv_bl_kept_channels(mkv_params_double(p, "keep"), s->d);
-        s->pages = mkv_bl_pages(s->T, s->sel.page);
+        s->pages = s->page_cap = mkv_bl_pages(s->T, s->sel.page);
+        s->k_cap = s->v_cap = s->T;
         int64_t kd[2] = {s->T, s->kk}, vd[2] = {s->T, s->kv}, md[2] = {s->pages, s->kk};
         if (!(rc = load_channels(c, layer, head, "k_channels", s->kk, s->d, &s->kch, err)) &&
             !(rc = load_channels(c, layer, head, "v_channels", s->kv, s->d, &s->vch, err)) &&
@@ -244,6 +253,27 @@ static int naive2d_attend(void *state, const mkv_attend_query *q, mkv_attend_res
     return n < 0 ? MKV_ENOMEM : MKV_OK;
 }
 
+static int naive2d_append(void *state, const float *k, const float *v, mkv_error *err)
+{
+    naive2d_state *s = state;
+    int rc;
+    if ((rc = mkv_bl_append_row(&s->k, &s->k_cap, s->T, k, s->kch, s->kk, "key", err)) ||
+        (rc = mkv_bl_append_row(&s->v, &s->v_cap, s->T, v, s->vch, s->kv, "value", err)) ||
+        (rc = mkv_bl_page_append(&s->mn, &s->mx, &s->page_cap, &s->pages, s->T, s->sel.page,
+                                 s->k + (size_t)s->T * s->kk, s->kk, err)))
+        return rc;
+    s->T++;
+    return MKV_OK;
+}
+
+/* Masked K and V, both channel lists (int16), the page minima and maxima. */
+static uint64_t naive2d_state_bytes(const void *state)
+{
+    const naive2d_state *s = state;
+    uint64_t kk = (uint64_t)s->kk, kv = (uint64_t)s->kv;
+    return (uint64_t)s->T * (kk + kv) * 2u + (kk + kv) * 2u + (uint64_t)s->pages * 2u * kk * 2u;
+}
+
 const mkv_method mkv_method_naive2d = {
     .name = "naive2d",
     .summary = "naive 2-D: Quest page selection plus one global key and value channel mask",
@@ -253,4 +283,6 @@ const mkv_method mkv_method_naive2d = {
     .load = naive2d_load,
     .attend = naive2d_attend,
     .free_state = naive2d_free,
+    .append = naive2d_append,
+    .state_bytes = naive2d_state_bytes,
 };

@@ -46,7 +46,7 @@ typedef struct {
     int d, G;
     mkv_bl_selection sel;
     float *k, *v, *mn, *mx;
-    int64_t cap, page_cap;   /* rows allocated (grown by append) */
+    int64_t k_cap, v_cap, page_cap;   /* rows allocated (grown by append) */
 } quest_state;
 
 static int quest_check(const mkv_params *p, const mkv_dump_meta *m, mkv_error *err)
@@ -107,7 +107,7 @@ static int quest_load(const mkv_params *p, mkv_cdump *c, int layer, int head, vo
         return rc;
     }
     s->pages = mkv_bl_pages(s->T, s->sel.page);
-    s->cap = s->T;
+    s->k_cap = s->v_cap = s->T;
     s->page_cap = s->pages;
     int64_t kv[2] = {s->T, s->d}, meta[2] = {s->pages, s->d};
     if ((rc = mkv_cdump_get_shaped(c, layer, head, "k", MKV_EL_F16, 2, kv, (void **)&s->k, err)) ||
@@ -142,30 +142,12 @@ static int quest_attend(void *state, const mkv_attend_query *q, mkv_attend_resul
 static int quest_append(void *state, const float *k, const float *v, mkv_error *err)
 {
     quest_state *s = state;
-    int d = s->d, rc;
-    int64_t cap_k = s->cap, cap_v = s->cap, pmin = s->page_cap, pmax = s->page_cap;
-    int64_t pg = s->T / s->sel.page;
-    if ((rc = mkv_bl_grow_rows(&s->k, &cap_k, s->T, s->T + 1, d, err)) ||
-        (rc = mkv_bl_grow_rows(&s->v, &cap_v, s->T, s->T + 1, d, err)) ||
-        (rc = mkv_bl_grow_rows(&s->mn, &pmin, s->pages, pg + 1, d, err)) ||
-        (rc = mkv_bl_grow_rows(&s->mx, &pmax, s->pages, pg + 1, d, err)))
+    int rc;
+    if ((rc = mkv_bl_append_row(&s->k, &s->k_cap, s->T, k, NULL, s->d, "key", err)) ||
+        (rc = mkv_bl_append_row(&s->v, &s->v_cap, s->T, v, NULL, s->d, "value", err)) ||
+        (rc = mkv_bl_page_append(&s->mn, &s->mx, &s->page_cap, &s->pages, s->T, s->sel.page,
+                                 s->k + (size_t)s->T * s->d, s->d, err)))
         return rc;
-    s->cap = cap_k;
-    s->page_cap = pmin;
-    float *kt = s->k + (size_t)s->T * d, *vt = s->v + (size_t)s->T * d;
-    if ((rc = mkv_bl_round_f16(k, d, kt, "key", err)) || (rc = mkv_bl_round_f16(v, d, vt, "value", err)))
-        return rc;
-    float *lo = s->mn + (size_t)pg * d, *hi = s->mx + (size_t)pg * d;
-    if (pg == s->pages) {
-        memcpy(lo, kt, (size_t)d * sizeof(float));
-        memcpy(hi, kt, (size_t)d * sizeof(float));
-        s->pages++;
-    } else {
-        for (int i = 0; i < d; i++) {
-            lo[i] = kt[i] < lo[i] ? kt[i] : lo[i];
-            hi[i] = kt[i] > hi[i] ? kt[i] : hi[i];
-        }
-    }
     s->T++;
     return MKV_OK;
 }

@@ -23,7 +23,12 @@
  * only serves this offline evaluation's causal cut (a decode kernel reads
  * its whole, already causal, cache) and is not counted per step.
  * The observation queries are usually among the queries mkv-attend
- * evaluates: fidelity on them is optimistic by construction. */
+ * evaluates: fidelity on them is optimistic by construction.
+ *
+ * Decode (append): SnapKV compresses once, on the prompt; every token
+ * decoded after it is kept, its key and value stored in float16 after the
+ * others and its position in index (the arrays grow by one row), and
+ * attended at every later step. Nothing is evicted again. */
 #include "config.h"
 #include <math.h>
 #include <stdlib.h>
@@ -48,6 +53,7 @@ typedef struct {
     int d, G;
     float *k, *v;
     int32_t *index;
+    int64_t k_cap, v_cap, index_cap;   /* rows allocated (grown by append) */
 } snapkv_state;
 
 static int check_params(const mkv_params *p, int64_t T, mkv_error *err)
@@ -209,7 +215,7 @@ static int snapkv_load(const mkv_params *p, mkv_cdump *c, int layer, int head, v
         rc = mkv_fail(err, MKV_EFORMAT, "layer %d, KV head %d: array 'index' is missing or not 1-D",
                       layer, head);
     if (!rc) {
-        s->n = dims[0];
+        s->n = s->k_cap = s->v_cap = s->index_cap = dims[0];
         int64_t kv[2] = {s->n, s->d};
         if (!(rc = mkv_cdump_get_shaped(c, layer, head, "index", MKV_EL_I32, 1, dims, (void **)&s->index, err)) &&
             !(rc = mkv_cdump_get_shaped(c, layer, head, "k", MKV_EL_F16, 2, kv, (void **)&s->k, err)))
@@ -241,6 +247,30 @@ static int snapkv_attend(void *state, const mkv_attend_query *q, mkv_attend_resu
     return mkv_bl_attend_rows(q, s->k, s->v, rows, NULL, r, err);
 }
 
+static int snapkv_append(void *state, const float *k, const float *v, mkv_error *err)
+{
+    snapkv_state *s = state;
+    int rc;
+    if (s->T >= INT32_MAX)
+        return mkv_fail(err, MKV_EUSAGE, "position %lld does not fit the int32 index", (long long)s->T);
+    int32_t *index = mkv_bl_grow(s->index, &s->index_cap, s->n, s->n + 1, sizeof *index, err);
+    if (!index)
+        return MKV_ENOMEM;
+    s->index = index;
+    if ((rc = mkv_bl_append_row(&s->k, &s->k_cap, s->n, k, NULL, s->d, "key", err)) ||
+        (rc = mkv_bl_append_row(&s->v, &s->v_cap, s->n, v, NULL, s->d, "value", err)))
+        return rc;
+    s->index[s->n++] = (int32_t)s->T++;
+    return MKV_OK;
+}
+
+/* K and V of every row, and the index (as compress counts them). */
+static uint64_t snapkv_state_bytes(const void *state)
+{
+    const snapkv_state *s = state;
+    return (uint64_t)s->n * (2u * (uint64_t)s->d * 2u + sizeof(int32_t));
+}
+
 const mkv_method mkv_method_snapkv = {
     .name = "snapkv",
     .summary = "SnapKV: one-time eviction by observation-window attention, pooled",
@@ -250,4 +280,6 @@ const mkv_method mkv_method_snapkv = {
     .load = snapkv_load,
     .attend = snapkv_attend,
     .free_state = snapkv_free,
+    .append = snapkv_append,
+    .state_bytes = snapkv_state_bytes,
 };

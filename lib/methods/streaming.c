@@ -10,7 +10,21 @@
  *
  * Attention for a query at position p: exact softmax attention over the
  * kept tokens <= p; no further selection. bytes_read: K and V of those
- * tokens (2 x n_p x d x 2). */
+ * tokens (2 x n_p x d x 2).
+ *
+ * Decode (append), StreamingLLM's rolling cache: the sink' sinks stay, and
+ * the other kept tokens are a window of the most recent recent' tokens.
+ * A new token (position T, its key and value stored in float16) enters the
+ * window; when the window is full its oldest token leaves, for good, so
+ * the kept count stays sink' + recent' and after T' tokens the cache holds
+ * tokens 0..sink'-1 and T'-recent'..T'-1. Two cases of a window of
+ * recent' = 0: while every token so far is a sink and fewer than `sink`
+ * have come (a prompt shorter than the sinks, all kept), a new token is a
+ * sink too, as the sinks are the first `sink` tokens of the sequence;
+ * otherwise (a budget within the sinks) the window still holds the newest
+ * token, as the rolling cache always holds the token being decoded, and
+ * the count is sink' + 1. Queries take positions up to T' - 1, as for the
+ * compressed cache. */
 #include "config.h"
 #include <stdlib.h>
 #include <string.h>
@@ -27,9 +41,12 @@ static const mkv_param_spec streaming_params[] = {
 };
 
 typedef struct {
-    int64_t T, sink, recent;
+    int64_t T, sink, recent;  /* recent: the tokens in the window now, T-recent..T-1 */
+    int64_t window;           /* its size: recent' (at least 1 once appending) */
+    int64_t sink_param;       /* the parameter sink */
     int d, G;
-    float *k, *v;
+    float *k, *v;             /* [sink + recent][d] */
+    int64_t k_cap, v_cap;     /* rows allocated (grown by append) */
 } streaming_state;
 
 static int check_params(const mkv_params *p, int64_t T, mkv_error *err)
@@ -102,6 +119,9 @@ static int streaming_load(const mkv_params *p, mkv_cdump *c, int layer, int head
     int rc = check_params(p, s->T, err);
     if (!rc) {
         kept_tokens(p, s->T, &s->sink, &s->recent);
+        s->window = s->recent > 0 ? s->recent : 1;
+        s->sink_param = mkv_params_int(p, "sink");
+        s->k_cap = s->v_cap = s->sink + s->recent;
         int64_t dims[2] = {s->sink + s->recent, s->d};
         if (!(rc = mkv_cdump_get_shaped(c, layer, head, "k", MKV_EL_F16, 2, dims, (void **)&s->k, err)))
             rc = mkv_cdump_get_shaped(c, layer, head, "v", MKV_EL_F16, 2, dims, (void **)&s->v, err);
@@ -131,6 +151,35 @@ static int streaming_attend(void *state, const mkv_attend_query *q, mkv_attend_r
     return mkv_bl_attend_rows(q, s->k, s->v, rows, NULL, r, err);
 }
 
+static int streaming_append(void *state, const float *k, const float *v, mkv_error *err)
+{
+    streaming_state *s = state;
+    int64_t row = s->sink + s->recent, d = s->d;
+    int rc;
+    /* stored after the window first, so that a refused token changes nothing */
+    if ((rc = mkv_bl_append_row(&s->k, &s->k_cap, row, k, NULL, s->d, "key", err)) ||
+        (rc = mkv_bl_append_row(&s->v, &s->v_cap, row, v, NULL, s->d, "value", err)))
+        return rc;
+    if (s->sink == s->T && s->T < s->sink_param) {
+        s->sink++;            /* one of the first `sink` tokens: a sink (the window is empty) */
+    } else if (s->recent == s->window) {
+        /* the window is full: its oldest token leaves, the rows after it move up */
+        size_t n = sizeof(float) * (size_t)s->window * (size_t)d;
+        memmove(s->k + s->sink * d, s->k + (s->sink + 1) * d, n);
+        memmove(s->v + s->sink * d, s->v + (s->sink + 1) * d, n);
+    } else {
+        s->recent++;
+    }
+    s->T++;
+    return MKV_OK;
+}
+
+static uint64_t streaming_state_bytes(const void *state)
+{
+    const streaming_state *s = state;
+    return (uint64_t)(s->sink + s->recent) * 2u * (uint64_t)s->d * 2u;
+}
+
 const mkv_method mkv_method_streaming = {
     .name = "streaming",
     .summary = "StreamingLLM: keep attention-sink and recent tokens, evict the rest",
@@ -140,4 +189,6 @@ const mkv_method mkv_method_streaming = {
     .load = streaming_load,
     .attend = streaming_attend,
     .free_state = streaming_free,
+    .append = streaming_append,
+    .state_bytes = streaming_state_bytes,
 };

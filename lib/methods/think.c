@@ -18,7 +18,14 @@
  * selection), q.k over the kept channels for pruned keys and over all d for
  * recent ones, scaled by 1/sqrt(d) as usual.
  * bytes_read: the channel list, the pruned keys (kk x 2 each) and recent
- * keys (d x 2 each) of tokens <= p, and their values (d x 2 each). */
+ * keys (d x 2 each) of tokens <= p, and their values (d x 2 each).
+ *
+ * Decode (append): the head's channel mask stays the one chosen at
+ * compress time. A new token's key joins the unpruned recent window and
+ * its value the values (float16); once the window holds more than recent
+ * keys, its oldest key leaves it pruned to the kk kept channels (at once
+ * when recent = 0). After T' tokens the first T' - min(recent, T') keys are
+ * pruned, as compress splits a cache of T' tokens; values stay whole. */
 #include "config.h"
 #include <math.h>
 #include <stdlib.h>
@@ -37,9 +44,11 @@ static const mkv_param_spec think_params[] = {
 
 typedef struct {
     int64_t T, pruned;     /* tokens, of which the first `pruned` are pruned */
+    int64_t recent;        /* the parameter: keys of the last `recent` tokens stay whole */
     int d, G, kk;
     int *channels;         /* [kk] */
-    float *k_kept, *k_recent, *v;
+    float *k_kept, *k_recent, *v;   /* [pruned][kk], [T - pruned][d], [T][d] */
+    int64_t kept_cap, recent_cap, v_cap;   /* rows allocated (grown by append) */
 } think_state;
 
 static int think_check(const mkv_params *p, const mkv_dump_meta *m, mkv_error *err)
@@ -143,6 +152,10 @@ static int think_load(const mkv_params *p, mkv_cdump *c, int layer, int head, vo
     int16_t *ch = NULL;
     s->kk = mkv_bl_kept_channels(mkv_params_double(p, "keep"), s->d);
     s->pruned = pruned_tokens(p, s->T);
+    s->recent = mkv_params_int(p, "recent");
+    s->kept_cap = s->pruned;
+    s->recent_cap = s->T - s->pruned;
+    s->v_cap = s->T;
     int64_t nch[1] = {s->kk}, kept[2] = {s->pruned, s->kk}, rec[2] = {s->T - s->pruned, s->d},
             v[2] = {s->T, s->d};
     int rc = mkv_cdump_get_shaped(c, layer, head, "k_channels", MKV_EL_I16, 1, nch, (void **)&ch, err);
@@ -201,6 +214,35 @@ static int think_attend(void *state, const mkv_attend_query *q, mkv_attend_resul
     return MKV_OK;
 }
 
+static int think_append(void *state, const float *k, const float *v, mkv_error *err)
+{
+    think_state *s = state;
+    int d = s->d, rc;
+    int64_t in_window = s->T - s->pruned;
+    if ((rc = mkv_bl_append_row(&s->k_recent, &s->recent_cap, in_window, k, NULL, d, "key", err)) ||
+        (rc = mkv_bl_append_row(&s->v, &s->v_cap, s->T, v, NULL, d, "value", err)))
+        return rc;
+    if (in_window + 1 > s->recent) {
+        /* the oldest key of the window leaves it, pruned to the kept channels */
+        if ((rc = mkv_bl_append_row(&s->k_kept, &s->kept_cap, s->pruned, s->k_recent, s->channels, s->kk,
+                                    "key", err)))
+            return rc;
+        memmove(s->k_recent, s->k_recent + d, sizeof(float) * (size_t)in_window * (size_t)d);
+        s->pruned++;
+    }
+    s->T++;
+    return MKV_OK;
+}
+
+/* The channel list (int16), pruned and recent keys, values. */
+static uint64_t think_state_bytes(const void *state)
+{
+    const think_state *s = state;
+    uint64_t d = (uint64_t)s->d, kk = (uint64_t)s->kk;
+    return kk * 2u + (uint64_t)s->pruned * kk * 2u + (uint64_t)(s->T - s->pruned) * d * 2u +
+           (uint64_t)s->T * d * 2u;
+}
+
 const mkv_method mkv_method_think = {
     .name = "think",
     .summary = "ThinK: query-driven key-channel pruning, one mask per head, channels dropped",
@@ -210,4 +252,6 @@ const mkv_method mkv_method_think = {
     .load = think_load,
     .attend = think_attend,
     .free_state = think_free,
+    .append = think_append,
+    .state_bytes = think_state_bytes,
 };

@@ -237,6 +237,12 @@ START_TEST(memory_dump_reads_back)
     put_all_types(w);
     OK(mkv_cdump_commit_open(w, &mem, &err));
     ck_assert_str_eq(mkv_cdump_path(mem), "(memory)");
+    /* a second one while the first is open */
+    mkv_cdump *mem2;
+    OK(mkv_cdump_create_memory(&cm, qpos, &w, &err));
+    put_all_types(w);
+    OK(mkv_cdump_commit_open(w, &mem2, &err));
+    mkv_cdump_close(mem2);
     const mkv_cdump_meta *a = mkv_cdump_meta_of(file), *b = mkv_cdump_meta_of(mem);
     ck_assert_str_eq(a->params, b->params);
     ck_assert_uint_eq(a->physical_bytes, b->physical_bytes);

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -149,7 +150,11 @@ int mkv_h5_create_memory(mkv_h5_out *out, mkv_error *err)
             H5Pclose(fapl);
         return mkv_fail(err, MKV_EIO, "cannot set up an in-memory HDF5 file");
     }
-    out->fid = H5Fcreate("mkv-memory.h5", H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    /* HDF5 keys open files by name, in-memory ones too: one name each */
+    static atomic_uint serial;
+    char name[48];
+    snprintf(name, sizeof name, "mkv-memory-%u.h5", atomic_fetch_add(&serial, 1));
+    out->fid = H5Fcreate(name, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
     H5Pclose(fapl);
     if (out->fid < 0)
         return mkv_fail(err, MKV_EIO, "cannot create an in-memory HDF5 file");

@@ -789,6 +789,8 @@ extern "C" int mkv_bench_attention(const mkv_bench_opts *o, FILE *tsv, FILE *log
         print_row(tsv, o, r, copy_tbps);
     }
 
+    int ran = 0;
+    mkv_error skipped = {};
     for (int ci = 0; ci < o->n_contexts; ci++)
         for (int bi = 0; bi < o->n_batches; bi++) {
             const int batch = o->batches[bi];
@@ -814,6 +816,8 @@ extern "C" int mkv_bench_attention(const mkv_bench_opts *o, FILE *tsv, FILE *log
                 }
                 if (log)
                     fprintf(log, "bench: batch %d x %lld tokens skipped: %s\n", batch, (long long)ctx, cerr.msg);
+                if (!skipped.code)
+                    mkv_fail(&skipped, MKV_ENOMEM, "batch %d x %lld tokens: %s", batch, (long long)ctx, cerr.msg);
                 continue;
             }
             if (rc != MKV_OK) {
@@ -821,6 +825,7 @@ extern "C" int mkv_bench_attention(const mkv_bench_opts *o, FILE *tsv, FILE *log
                     *err = cerr;
                 return rc;
             }
+            ran++;
             for (auto &m : methods) {
                 row r;
                 r.impl = m->impl();
@@ -861,5 +866,8 @@ extern "C" int mkv_bench_attention(const mkv_bench_opts *o, FILE *tsv, FILE *log
                 m.reset();   /* free its plan and buffers before the next method */
             }
         }
+    /* some cases may not fit; none fitting is an error, not an empty table */
+    if (!ran && skipped.code)
+        return mkv_fail(err, MKV_ENOMEM, "benchmark: no case fits the device (%s)", skipped.msg);
     return MKV_OK;
 }

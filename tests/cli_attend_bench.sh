@@ -393,4 +393,20 @@ fi
 refuse "-o in a missing directory" 1 "$E: cannot create 'nodir/bench.tsv': No such file or directory" \
     --bench --contexts 4K --batches 1 -o nodir/bench.tsv
 
+# More than the device holds (64M tokens x 8 of this shape need terabytes):
+# the case is skipped with its need and, nothing left to run, the run fails
+# with the reason (what it may use depends on the free memory), an older
+# output kept.
+rm -rf run && mkdir run || exit 1
+printf 'older output\n' >run/out.tsv
+(cd run && exec "$A" --bench -q --contexts 64M --batches 8 --methods full -o out.tsv) </dev/null >got.out 2>got.err
+status=$?
+want="^$E: benchmark: no case fits the device \\(batch 8 x 67108864 tokens: needs 2304\\.2 GiB of device memory, [0-9.]+ GiB allowed\\)\$"
+if [ $status -eq 1 ] && [ ! -s got.out ] && [ "$(wc -l <got.err)" -eq 1 ] && grep -Eq "$want" got.err &&
+    [ "$(cd run && ls -A)" = out.tsv ] && [ "$(cat run/out.tsv)" = 'older output' ]; then
+    pass
+else
+    fail "a benchmark larger than the device: exit status $status (expected 1), stderr '$(cat got.err)', files: $(cd run && ls -A)"
+fi
+
 cli_finish

@@ -231,12 +231,15 @@ static double mean_sq(const float *x, size_t n)
     return s / (double)n;
 }
 
+/* The shape builder, on SmolLM2-135M's shape (small, so the test stays
+ * far below the suite's memory limit) and on one layer of Qwen2.5-7B's
+ * (its QKV biases). */
 START_TEST(test_shape_weights)
 {
-    const mkv_shape *s = mkv_shape_find("qwen2.5-7b");
+    const mkv_shape *s = mkv_shape_find("smollm2-135m");
     mkv_model_config c;
     mkv_error err;
-    /* 2 layers of Qwen2.5-7B's shape with a vocabulary of 64 */
+    /* 2 layers with a vocabulary of 64 */
     ck_assert_int_eq(mkv_shape_config(s, 2, 64, &c, &err), MKV_OK);
     int pick[2] = {3, 20};
     mkv_model *a, *b, *one;
@@ -244,6 +247,7 @@ START_TEST(test_shape_weights)
     ck_assert_int_eq(mkv_shape_build(&c, pick, 9, 3, &b, &err), MKV_OK);
     /* the thread count changes nothing */
     ck_assert(memcmp(a->storage, b->storage, a->storage_floats * sizeof(float)) == 0);
+    mkv_model_free(b);
     /* layer 20 is layer 20 whatever else is built */
     mkv_model_config c1 = c;
     c1.n_layers = 1;
@@ -252,29 +256,37 @@ START_TEST(test_shape_weights)
     ck_assert(memcmp(one->layers[0].wq, a->layers[1].wq, wq * sizeof(float)) == 0);
     ck_assert(memcmp(one->layers[0].w2, a->layers[1].w2, (size_t)c.dim * c.hidden_dim * sizeof(float)) == 0);
     ck_assert(memcmp(one->layers[0].wq, a->layers[0].wq, wq * sizeof(float)) != 0);
+    mkv_model_free(one);
 
-    /* variances: 1/in for matrices, 0.2^2 for biases; norms 1; uniform
-     * draws bounded by sqrt(3) standard deviations */
+    /* variances: 1/in for matrices; norms 1; uniform draws bounded by
+     * sqrt(3) standard deviations */
     const mkv_layer_weights *w = &a->layers[0];
     double in = c.dim, hid = c.hidden_dim;
     ck_assert_double_eq_tol(mean_sq(w->wq, wq) * in, 1.0, 0.01);
     ck_assert_double_eq_tol(mean_sq(w->w2, (size_t)c.dim * c.hidden_dim) * hid, 1.0, 0.01);
     ck_assert_double_eq_tol(mean_sq(w->w1, (size_t)c.dim * c.hidden_dim) * in, 1.0, 0.01);
-    ck_assert_double_eq_tol(mean_sq(w->bk, (size_t)c.n_kv_heads * c.head_dim), 0.04, 0.008);
     double bound = sqrt(3.0 / in) * (1 + 1e-6);
     for (size_t i = 0; i < wq; i++)
         ck_assert(fabs(w->wq[i]) <= bound);
     for (int i = 0; i < c.dim; i++)
         ck_assert(w->rms_att[i] == 1.0f && w->rms_ffn[i] == 1.0f && a->rms_final[i] == 1.0f);
-    ck_assert(a->classifier != a->tok_embedding);
     /* another seed, other weights */
     mkv_model *d;
     ck_assert_int_eq(mkv_shape_build(&c, pick, 10, 1, &d, &err), MKV_OK);
     ck_assert(memcmp(a->layers[0].wq, d->layers[0].wq, wq * sizeof(float)) != 0);
     mkv_model_free(a);
-    mkv_model_free(b);
-    mkv_model_free(one);
     mkv_model_free(d);
+
+    /* biases of variance 0.2^2, an untied classifier */
+    const mkv_shape *q = mkv_shape_find("qwen2.5-7b");
+    mkv_model_config cq;
+    ck_assert_int_eq(mkv_shape_config(q, 1, 64, &cq, &err), MKV_OK);
+    mkv_model *m;
+    ck_assert_int_eq(mkv_shape_build(&cq, &pick[0], 9, 2, &m, &err), MKV_OK);
+    ck_assert_double_eq_tol(mean_sq(m->layers[0].bk, (size_t)cq.n_kv_heads * cq.head_dim), 0.04, 0.008);
+    ck_assert_double_eq_tol(mean_sq(m->layers[0].bq, (size_t)cq.n_heads * cq.head_dim), 0.04, 0.004);
+    ck_assert(m->classifier != m->tok_embedding);
+    mkv_model_free(m);
 }
 END_TEST
 

@@ -62,6 +62,7 @@ enum {
     OPT_DEPTHS,
     OPT_TRIALS,
     OPT_FILLER,
+    OPT_PROMPTS,
     OPT_END
 };
 
@@ -100,6 +101,7 @@ static const struct option longopts[] = {
     {"depths", required_argument, NULL, OPT_DEPTHS},
     {"trials", required_argument, NULL, OPT_TRIALS},
     {"filler", required_argument, NULL, OPT_FILLER},
+    {"prompts", required_argument, NULL, OPT_PROMPTS},
     {NULL, 0, NULL, 0}};
 
 /* Leading ':' so a missing value is told apart from an unknown option. */
@@ -156,6 +158,7 @@ static void usage(FILE *fp, int status)
             "      --trials K       keys per length and depth (default 1)\n"
             "      --seed N         the keys' seed (default 1)\n"
             "      --filler FILE    the filler prose (default: data/filler.txt)\n"
+            "      --prompts FILE   the prompts' text, one TSV row per case\n"
             "      --chat           wrap each prompt in the model's chat template\n\n"
             "Method:\n"
             "  -m, --method NAME    compression method (default full; see --list-methods)\n"
@@ -195,6 +198,7 @@ typedef struct {
     int n_depths;
     int64_t trials;
     const char *filler;
+    const char *prompts;
     int64_t score, window, chunk;
     int reference;
     double temperature, top_p;
@@ -287,7 +291,7 @@ static const struct {
     {OPT_TOKEN_IDS, MODE_GENERATE}, {OPT_CHAT, MODE_GENERATE | MODE_NEEDLE},
     {OPT_SYSTEM, MODE_GENERATE | MODE_NEEDLE}, {OPT_SPECIAL, MODE_GENERATE}, {OPT_TEMPERATURE, MODE_GENERATE},
     {OPT_TOP_P, MODE_GENERATE}, {OPT_STATS, MODE_GENERATE}, {OPT_LENGTHS, MODE_NEEDLE},
-    {OPT_DEPTHS, MODE_NEEDLE}, {OPT_TRIALS, MODE_NEEDLE}, {OPT_FILLER, MODE_NEEDLE},
+    {OPT_DEPTHS, MODE_NEEDLE}, {OPT_TRIALS, MODE_NEEDLE}, {OPT_FILLER, MODE_NEEDLE}, {OPT_PROMPTS, MODE_NEEDLE},
 };
 
 static const char *mode_name(int mode)
@@ -437,6 +441,9 @@ static void parse_args(int argc, char **argv, decode_args *a)
             break;
         case OPT_FILLER:
             a->filler = optarg;
+            break;
+        case OPT_PROMPTS:
+            a->prompts = optarg;
             break;
         default: {
             int handled = mkv_common_option(&common, opt, optarg);
@@ -698,12 +705,42 @@ static const char *filler_path(const decode_args *a, char *buf, size_t size)
     return buf;
 }
 
+/* --prompts: one row per case, the text with backslash, tab and line
+ * breaks escaped (\\, \t, \n, \r). */
+static int write_prompts(const decode_args *a, const mkv_needle_case *cases, size_t n, const char *filler,
+                         mkv_error *err)
+{
+    mkv_outfile o;
+    int rc = mkv_outfile_open(&o, a->prompts, filler, 0, err);
+    if (rc)
+        return rc;
+    FILE *fp = mkv_outfile_fp(&o);
+    fputs("length\tdepth\ttrial\tpasskey\tprompt\n", fp);
+    for (size_t i = 0; i < n; i++) {
+        int li = (int)(i / ((size_t)a->n_depths * (size_t)a->trials));
+        int di = (int)(i / (size_t)a->trials % (size_t)a->n_depths);
+        fprintf(fp, "%" PRId64 "\t%g\t%zu\t%s\t", a->lengths[li], a->depths[di], i % (size_t)a->trials,
+                cases[i].passkey);
+        for (const char *c = cases[i].text; *c; c++)
+            if (*c == '\\' || *c == '\t' || *c == '\n' || *c == '\r')
+                fprintf(fp, "\\%c", *c == '\\' ? '\\' : *c == '\t' ? 't' : *c == '\n' ? 'n' : 'r');
+            else
+                fputc(*c, fp);
+        fputc('\n', fp);
+    }
+    return mkv_outfile_commit(&o, err);
+}
+
 static int needle(const decode_args *a, mkv_error *err)
 {
     char fbuf[4200];
     const char *fpath = filler_path(a, fbuf, sizeof fbuf);
     if (a->output && mkv_outfile_overwrites(a->output, fpath))
         return mkv_fail(err, MKV_EUSAGE, "-o would overwrite the filler text '%s'", fpath);
+    if (a->prompts && mkv_outfile_overwrites(a->prompts, fpath))
+        return mkv_fail(err, MKV_EUSAGE, "--prompts would overwrite the filler text '%s'", fpath);
+    if (a->prompts && a->output && mkv_outfile_overwrites(a->prompts, a->output))
+        return mkv_fail(err, MKV_EUSAGE, "--prompts and -o name the same file");
     mkv_loaded_model lm;
     mkv_model_load_opts lo = {a->tokenizer, 1};
     int rc = mkv_model_load(a->model_path, &lo, &lm, err);
@@ -736,6 +773,8 @@ static int needle(const decode_args *a, mkv_error *err)
                               a->lengths[li] - NEEDLE_ANSWER_TOKENS, a->seed, a->lengths[li], a->depths[di],
                               (int)(i % (size_t)a->trials), &cases[i], err);
     }
+    if (!rc && a->prompts)
+        rc = write_prompts(a, cases, n_cases, fpath, err);
     mkv_outfile out;
     int have_out = 0;
     if (!rc && !(rc = mkv_outfile_open(&out, a->output ? a->output : "-", fpath, 0, err)))
@@ -792,8 +831,10 @@ static int needle(const decode_args *a, mkv_error *err)
             fputc('\n', stderr);
         }
     }
-    for (size_t i = 0; cases && i < n_cases; i++)
+    for (size_t i = 0; cases && i < n_cases; i++) {
         free(cases[i].prompt.tokens);
+        free(cases[i].text);
+    }
     free(cases);
     free(hits);
     free(filler);

@@ -113,7 +113,8 @@ int mkv_needle_build(const mkv_loaded_model *lm, const char *model_path, const m
         free(out->prompt.tokens);
         memset(&out->prompt, 0, sizeof out->prompt);
         rc = mkv_prompt_tokens(lm, model_path, &o, &out->prompt, err);
-        free(text);
+        free(out->text);
+        out->text = text;
         if (rc)
             return rc;
         int64_t got = (int64_t)out->prompt.n;
@@ -132,6 +133,8 @@ int mkv_needle_build(const mkv_loaded_model *lm, const char *model_path, const m
     }
     if (!rc && (int64_t)out->prompt.n > tokens) {
         free(out->prompt.tokens);
+        free(out->text);
+        out->text = NULL;
         memset(&out->prompt, 0, sizeof out->prompt);
         return mkv_fail(err, MKV_EFORMAT, "cannot fit a passkey prompt in %lld tokens", (long long)tokens);
     }

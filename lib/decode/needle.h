@@ -38,6 +38,7 @@ typedef struct {
     size_t needle_at;          /* byte offset of the needle in the text */
     double needle_depth;       /* where the needle went in the filler, 0..1 */
     mkv_prompt prompt;         /* the tokens (free prompt.tokens) */
+    char *text;                /* the prompt text before any chat template (free it) */
 } mkv_needle_case;
 
 /* Build the case of (seed, length, depth, trial): its prompt as tokens

@@ -133,3 +133,12 @@ $ mkv-decode model.bin --tokenizer tok.bin --needle --lengths 300 --depths 0,1 -
 | 300 0 1 0.0000 68879 quest
 | 300 1 0 1.0000 8132288 quest
 | 300 1 1 1.0000 7206178 quest
+# the prompts themselves, one row per case, the passkey inside
+$ mkv-decode model.bin --tokenizer tok.bin --needle --lengths 300 --depths 0,1 --seed 3 --prompts p.tsv -q >/dev/null && cut -f1-4 p.tsv | tr '\t' ' ' && awk -F'\t' 'NR > 1 && index($5, "The pass key is " $4 ".") { n++ } END { print n }' p.tsv
+| length depth trial passkey
+| 300 0 0 69479
+| 300 1 0 8132288
+| 2
+$ mkv-decode model.bin --tokenizer tok.bin --needle --lengths 300 --prompts out.tsv -o out.tsv
+! mkv-decode: --prompts and -o name the same file
+[2]

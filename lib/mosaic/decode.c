@@ -517,12 +517,14 @@ static int splice(mosaic_state *s, mkv_mosaic_tensor *t, int x, int64_t i, const
             return err ? err->code : MKV_ENOMEM;
         }
         char *dst = next[k];
-        const char *old = arr[k];
-        memcpy(dst, old, (size_t)a[k] * elem[k]);
+        const char *old = arr[k];   /* NULL where the array has no element */
+        if (a[k])
+            memcpy(dst, old, (size_t)a[k] * elem[k]);
         if (add[k])
             memcpy(dst + (size_t)a[k] * elem[k], from[k], (size_t)add[k] * elem[k]);
-        memcpy(dst + (size_t)(a[k] + add[k]) * elem[k], old + (size_t)b[k] * elem[k],
-               (size_t)(lim[k] - b[k]) * elem[k]);
+        if (lim[k] > b[k])
+            memcpy(dst + (size_t)(a[k] + add[k]) * elem[k], old + (size_t)b[k] * elem[k],
+                   (size_t)(lim[k] - b[k]) * elem[k]);
         s->cap[x][k] = cap;
     }
     mkv_free(t->values);

@@ -193,10 +193,17 @@ expect "attend --device gpu" 1 '' "$A: --device gpu: ..." $ATTEND c-full.h5 --de
 no_output "mkv-attend errors"
 
 # Methods with a token budget: --budget beyond the context is refused too.
+# In 40 tokens sink and recent hold every token: mosaic's methods say that
+# half of them cannot be the budget.
 for m in $methods; do
     if has_param $m budget && "$COMPRESS" -q raw.h5 -o c-$m.h5 -m $m; then
         expect "attend $m --budget 41" 2 '' "$A: method '$m': ..." $ATTEND c-$m.h5 --budget 41
-        expect "attend $m --budget 0.5" 0 '*' '' $ATTEND c-$m.h5 --budget 0.5 --summary
+        case $m in
+        mosaic | uniform2d) warning="$A: warning: $m: budget=0.5 is 20 of the 40 tokens, fewer than the \
+sink=4 and recent=64 tokens always attended: a step attends at least 40" ;;
+        *) warning= ;;
+        esac
+        expect "attend $m --budget 0.5" 0 '*' "$warning" $ATTEND c-$m.h5 --budget 0.5 --summary
         grep -q 'budget=0.5' got.out || fail "attend $m --budget 0.5: the summary does not show budget=0.5"
     fi
 done

@@ -23,10 +23,15 @@ RTOL = 1e-6
 ATOL = 1e-9
 
 
+def attr_str(v):
+    """A string attribute as text: fixed-length ones come as bytes."""
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
 def read_float(ds, index=()):
     """A float dataset of a dump (or a slice of it) as float64, decoding bfloat16."""
     x = ds[index]
-    if ds.attrs.get("dtype") == "bfloat16":
+    if attr_str(ds.attrs.get("dtype", "")) == "bfloat16":
         return (x.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
     return x.astype(np.float64)
 

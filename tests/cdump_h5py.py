@@ -32,7 +32,7 @@ def check(cond, msg):
 
 def read_float(ds):
     """A float dataset of a raw dump as float64, decoding bfloat16."""
-    if ds.attrs.get("dtype") == "bfloat16":
+    if attr_str(ds.attrs.get("dtype", "")) == "bfloat16":
         return (ds[()].astype(np.uint32) << 16).view(np.float32).astype(np.float64)
     return ds[()].astype(np.float64)
 

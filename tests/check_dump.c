@@ -181,18 +181,23 @@ typedef void (*defect_fn)(hid_t fid);
 
 static void defect_no_attr(hid_t f) { H5Adelete(f, "n_layers"); }
 
-static void put_str(hid_t f, const char *name, const char *v)
+/* Replace attribute name with the string v: fixed-length (null-terminated),
+ * or variable-length as h5py and earlier versions write them. */
+static void put_str_as(hid_t f, const char *name, const char *v, int vlen)
 {
     H5Adelete(f, name);
     hid_t t = H5Tcopy(H5T_C_S1);
-    H5Tset_size(t, strlen(v) + 1);
+    H5Tset_size(t, vlen ? H5T_VARIABLE : strlen(v) + 1);
+    H5Tset_cset(t, vlen ? H5T_CSET_UTF8 : H5T_CSET_ASCII);
     hid_t s = H5Screate(H5S_SCALAR);
     hid_t a = H5Acreate2(f, name, t, s, H5P_DEFAULT, H5P_DEFAULT);
-    H5Awrite(a, t, v);
+    H5Awrite(a, t, vlen ? (const void *)&v : v);
     H5Aclose(a);
     H5Sclose(s);
     H5Tclose(t);
 }
+
+static void put_str(hid_t f, const char *name, const char *v) { put_str_as(f, name, v, 0); }
 
 static void defect_format(hid_t f) { put_str(f, "mkv_format", "something-else"); }
 static void defect_krope(hid_t f) { put_str(f, "k_rope", "sideways"); }
@@ -363,6 +368,48 @@ START_TEST(metadata_and_extent_defects)
     ck_assert_msg(strstr(err.msg, "/layers/00/k: shape [2,281474976710656,8] claims 1.8e+16 bytes, more than a "
                          "file of "), "%s", err.msg);
     unlink(path);
+}
+END_TEST
+
+static void defect_long_model(hid_t f)
+{
+    char v[301];
+    memset(v, 'm', 300);
+    v[300] = '\0';
+    put_str(f, "model", v);
+}
+
+/* Strings are written fixed-length (no global heap), read in either form,
+ * and one longer than its field is refused, not cut. */
+START_TEST(string_attributes)
+{
+    char path[256];
+    mkv_error err;
+    test_path(path, sizeof path, "strings.h5");
+    ck_assert_int_eq(write_dump(path, MKV_DTYPE_BF16, 0, &err), MKV_OK);
+    hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    const char *names[] = {"mkv_format", "model", "k_rope", "source", "created_by", "/layers/00/k:dtype"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        const char *colon = strchr(names[i], ':');
+        char obj[64] = "/";
+        if (colon)
+            snprintf(obj, sizeof obj, "%.*s", (int)(colon - names[i]), names[i]);
+        hid_t a = H5Aopen_by_name(f, obj, colon ? colon + 1 : names[i], H5P_DEFAULT, H5P_DEFAULT);
+        ck_assert_msg(a >= 0, "%s", names[i]);
+        hid_t t = H5Aget_type(a);
+        ck_assert_msg(H5Tget_class(t) == H5T_STRING && H5Tis_variable_str(t) == 0 &&
+                      H5Tget_strpad(t) == H5T_STR_NULLPAD, "%s is not a fixed-length string", names[i]);
+        H5Tclose(t);
+        H5Aclose(a);
+    }
+    put_str_as(f, "model", "written by h5py", 1);
+    H5Fclose(f);
+    mkv_dump *d;
+    ck_assert_int_eq(mkv_dump_open(path, &d, &err), MKV_OK);
+    ck_assert_str_eq(mkv_dump_meta_of(d)->model, "written by h5py");
+    mkv_dump_close(d);
+    unlink(path);
+    check_defect(defect_long_model, "attribute 'model' is longer than 255 bytes", 1);
 }
 END_TEST
 
@@ -617,6 +664,7 @@ int main(void)
     tcase_add_test(tc, partial_reads);
     tcase_add_test(tc, validation_finds_defects);
     tcase_add_test(tc, metadata_and_extent_defects);
+    tcase_add_test(tc, string_attributes);
     tcase_add_test(tc, index_ranges);
     tcase_add_test(tc, open_errors);
     tcase_add_test(tc, pipe_roundtrip);

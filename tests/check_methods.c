@@ -157,6 +157,36 @@ START_TEST(params_parse_list)
 }
 END_TEST
 
+/* Which parameters were given (not defaults): what the checks warn about
+ * when a given one is ignored; parameters read back from a file are a
+ * record, forgotten as given. */
+START_TEST(params_given)
+{
+    mkv_params p;
+    mkv_params_init(&p, test_specs);
+    mkv_error err;
+    mkv_error_clear(&err);
+    ck_assert(!mkv_params_given(&p, "keep") && !mkv_params_given(&p, "block"));
+    ck_assert_int_eq(mkv_params_parse_list(&p, "mode=fixed,keep=0.5", &err), 2);
+    ck_assert(mkv_params_given(&p, "keep") && mkv_params_given(&p, "mode") && !mkv_params_given(&p, "block"));
+    ck_assert(!mkv_params_given(&p, "nope"));
+    /* a refused value leaves the parameter as it was */
+    ck_assert_int_eq(mkv_params_set(&p, "block", "0", &err), MKV_EUSAGE);
+    ck_assert(!mkv_params_given(&p, "block"));
+    char buf[128];
+    static const char *const keys[] = {"block", "keep", "mode", NULL};
+    /* in spec order, whatever the order of keys */
+    ck_assert_int_eq(mkv_params_given_text(&p, keys, buf, sizeof buf), 2);
+    ck_assert_str_eq(buf, "keep=0.5, mode=fixed");
+    static const char *const block_only[] = {"block", NULL};
+    ck_assert_int_eq(mkv_params_given_text(&p, block_only, buf, sizeof buf), 0);
+    ck_assert_str_eq(buf, "");
+    mkv_params_forget_given(&p);
+    ck_assert(!mkv_params_given(&p, "keep"));
+    ck_assert(mkv_params_double(&p, "keep") == 0.5);
+}
+END_TEST
+
 /* ================================================================ metrics */
 
 START_TEST(metrics_hand_values)
@@ -733,6 +763,7 @@ static Suite *methods_suite(void)
     tcase_add_test(tc, params_set_canonical);
     tcase_add_test(tc, params_refused);
     tcase_add_test(tc, params_parse_list);
+    tcase_add_test(tc, params_given);
     suite_add_tcase(s, tc);
     tc = tcase_create("reference");
     tcase_add_test(tc, metrics_hand_values);

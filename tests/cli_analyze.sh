@@ -228,4 +228,21 @@ for cmd in stats segments; do
         $A $cmd huge-kv.h5
 done
 
+# ---------------------------------------------------------------- a damaged global heap
+# h5py stores str attributes as variable-length strings in the global
+# heap. libhdf5 1.10 loops forever on a collection whose free space has
+# size 0 and copies past the string's buffer for an object longer than its
+# collection; every open refuses both (timeout: a hang fails the case),
+# from a file and from standard input.
+for defect in heap-loop:free heap-overrun:first; do
+    f=${defect%%:*}.h5
+    fixture corrupt good.h5 $f ${defect%%:*}
+    why=$(heap_refusal $f ${defect#*:})
+    expect "check $f" 1 "$f: $why" '' timeout 60 $A check $f
+    for cmd in info stats; do
+        expect "$cmd $f" 1 '' "$E: '$f': $why" timeout 60 $A $cmd $f
+    done
+    STDIN=$f expect "info - <$f" 1 '' "$E: '(stdin)': $why" timeout 60 $A info -
+done
+
 cli_finish

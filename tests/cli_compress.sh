@@ -97,7 +97,7 @@ done
 # items in several -P and a blank-separated list give the same file, whose
 # params attribute is the canonical text written out by hand below.
 params_attr() {
-    "$PY" -c 'import h5py, sys; print(h5py.File(sys.argv[1]).attrs["params"])' "$1"
+    "$PY" -c 'import h5py, sys; print(h5py.File(sys.argv[1]).attrs["params"].decode())' "$1"
 }
 if has_param quest page && has_param quest budget; then
     expect "-P comma list" 0 '' '' $COMPRESS -q raw.h5 -o c-list.h5 -m quest -P page=8,budget=0.5
@@ -170,6 +170,21 @@ if awk -F'\t' 'NR == 2 { exit !($8 < 2e-3 && $12 == 1) }' got.out; then pass; el
 "$COMPRESS" -q raw-syn.h5 -o - -m full | cat >c-pipe.h5
 if "$PY" "$CHECK" accounting c-pipe.h5 raw-syn.h5; then pass; else fail "compress to stdout"; fi
 
+# ---------------------------------------------------------------- a damaged global heap
+# Variable-length strings (h5py's str) live in the global heap, where a
+# free space of size 0 makes libhdf5 1.10 loop forever: refused, exit 1,
+# for a raw dump given to mkv-compress and a compressed dump given to
+# mkv-attend (as its input and as its reference).
+fixture corrupt raw.h5 raw-heap.h5 heap-loop
+fixture corrupt c-full.h5 c-heap.h5 heap-loop
+expect "compress, damaged heap" 1 '' "$C: 'raw-heap.h5': $(heap_refusal raw-heap.h5)" \
+    timeout 60 $COMPRESS raw-heap.h5 -o c-x.h5 -m full
+[ -e c-x.h5 ] && fail "c-x.h5 was written"
+expect "attend, damaged heap" 1 '' "$A: 'c-heap.h5': $(heap_refusal c-heap.h5)" \
+    timeout 60 $ATTEND c-heap.h5 --summary
+expect "attend, reference with a damaged heap" 1 '' "$A: 'raw-heap.h5': $(heap_refusal raw-heap.h5)" \
+    timeout 60 $ATTEND c-full.h5 -r raw-heap.h5 --summary
+
 # ---------------------------------------------------------------- mkv-attend errors
 # The refusals with a fixed message are the golden transcript
 # tests/cli/mkv-attend.t; without CUDA or without a GPU the reason of this
@@ -178,10 +193,17 @@ expect "attend --device gpu" 1 '' "$A: --device gpu: ..." $ATTEND c-full.h5 --de
 no_output "mkv-attend errors"
 
 # Methods with a token budget: --budget beyond the context is refused too.
+# In 40 tokens sink and recent hold every token: mosaic's methods say that
+# half of them cannot be the budget.
 for m in $methods; do
     if has_param $m budget && "$COMPRESS" -q raw.h5 -o c-$m.h5 -m $m; then
         expect "attend $m --budget 41" 2 '' "$A: method '$m': ..." $ATTEND c-$m.h5 --budget 41
-        expect "attend $m --budget 0.5" 0 '*' '' $ATTEND c-$m.h5 --budget 0.5 --summary
+        case $m in
+        mosaic | uniform2d) warning="$A: warning: $m: budget=0.5 is 20 of the 40 tokens, fewer than the \
+sink=4 and recent=64 tokens always attended: a step attends at least 40" ;;
+        *) warning= ;;
+        esac
+        expect "attend $m --budget 0.5" 0 '*' "$warning" $ATTEND c-$m.h5 --budget 0.5 --summary
         grep -q 'budget=0.5' got.out || fail "attend $m --budget 0.5: the summary does not show budget=0.5"
     fi
 done

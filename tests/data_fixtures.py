@@ -7,7 +7,8 @@ straight from docs/DESIGN.md 4, corruptions are applied with h5py, and
   data_fixtures.py valid OUT [--dtype float32|float16|bfloat16] [--layers L]
                    [--heads H] [--kv-heads KH] [--head-dim D] [--tokens T]
                    [--queries W] [--seed S] [--outlier-channels 3,17]
-  data_fixtures.py corrupt IN OUT DEFECT     (DEFECT: see DEFECTS below)
+  data_fixtures.py corrupt IN OUT DEFECT     (DEFECT: see DEFECTS and HEAP_DEFECTS below)
+  data_fixtures.py heap FILE                 (where the first global heap collection is)
   data_fixtures.py foreign OUT               (an HDF5 file that is not a dump)
   data_fixtures.py compare-stats DUMP TSV FACTOR
 """
@@ -17,6 +18,11 @@ import sys
 
 import h5py
 import numpy as np
+
+
+def attr_str(v):
+    """A string attribute as text: fixed-length ones come as bytes."""
+    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def write_float(group, name, x, dtype):
@@ -35,7 +41,7 @@ def write_float(group, name, x, dtype):
 
 def read_float(ds):
     """A float dataset of a dump as float64, decoding bfloat16."""
-    if ds.attrs.get("dtype") == "bfloat16":
+    if attr_str(ds.attrs.get("dtype", "")) == "bfloat16":
         return (ds[()].astype(np.uint32) << 16).view(np.float32).astype(np.float64)
     return ds[()].astype(np.float64)
 
@@ -170,6 +176,68 @@ def defect_huge_kv(f):
             claim_tokens(f, "layers/%02d/%s" % (layer, tensor), 1 << 48)
 
 
+# Damage to the global heap: a byte-level edit of the file's first global
+# heap collection (HDF5 file format, "Global Heap": "GCOL", version, 3
+# reserved bytes, the collection's size, then objects of an index, a
+# reference count, 4 reserved bytes, a size and the data padded to 8 bytes;
+# index 0 is the free space). The string attributes are first made
+# variable-length (h5py's default for str), which puts them in the heap.
+def vlen_strings(f):
+    for name, value in list(f.attrs.items()):
+        if isinstance(value, bytes):
+            f.attrs[name] = value.decode()
+
+
+def heap_objects(data):
+    """Offset of the first collection and its objects [(offset in it, index, size)]."""
+    g = data.find(b"GCOL\x01")
+    assert g >= 0, "no global heap collection"
+    size = int.from_bytes(data[g + 8:g + 16], "little")
+    p, objects = 16, []
+    while p + 16 <= size:
+        index = int.from_bytes(data[g + p:g + p + 2], "little")
+        n = int.from_bytes(data[g + p + 8:g + p + 16], "little")
+        objects.append((p, index, n))
+        if index == 0:
+            break
+        p += 16 + (n + 7) // 8 * 8
+    return g, size, objects
+
+
+def set_object_size(data, g, p, n):
+    data[g + p + 8:g + p + 16] = n.to_bytes(8, "little")
+
+
+def heap_loop(data):
+    """The free space object's size becomes 0: libhdf5 1.10's loader never
+    gets past it."""
+    g, _, objects = heap_objects(data)
+    p = [o for o in objects if o[1] == 0][0][0]
+    set_object_size(data, g, p, 0)
+
+
+def heap_overrun(data):
+    """The first string object claims the whole collection: libhdf5 1.10
+    would copy that many bytes into the string's buffer."""
+    g, size, objects = heap_objects(data)
+    set_object_size(data, g, objects[0][0], size)
+
+
+def cmd_heap(a):
+    """Where a heap defect is: the offsets of the first collection, of its
+    first object and of its free space (-1: not reached)."""
+    with open(a.file, "rb") as fp:
+        data = fp.read()
+    g, _, objects = heap_objects(data)
+    print(g, objects[0][0], next((o[0] for o in objects if o[1] == 0), -1))
+
+
+HEAP_DEFECTS = {
+    "heap-loop": heap_loop,
+    "heap-overrun": heap_overrun,
+}
+
+
 DEFECTS = {
     "version": defect_version,
     "format": defect_format,
@@ -191,7 +259,16 @@ DEFECTS = {
 def cmd_corrupt(a):
     shutil.copyfile(a.src, a.out)
     with h5py.File(a.out, "r+") as f:
-        DEFECTS[a.defect](f)
+        if a.defect in HEAP_DEFECTS:
+            vlen_strings(f)
+        else:
+            DEFECTS[a.defect](f)
+    if a.defect in HEAP_DEFECTS:
+        with open(a.out, "rb") as fp:
+            data = bytearray(fp.read())
+        HEAP_DEFECTS[a.defect](data)
+        with open(a.out, "wb") as fp:
+            fp.write(data)
 
 
 def cmd_foreign(a):
@@ -282,7 +359,9 @@ def main():
     c = sub.add_parser("corrupt")
     c.add_argument("src")
     c.add_argument("out")
-    c.add_argument("defect", choices=sorted(DEFECTS))
+    c.add_argument("defect", choices=sorted(DEFECTS) + sorted(HEAP_DEFECTS))
+    h = sub.add_parser("heap")
+    h.add_argument("file")
     fo = sub.add_parser("foreign")
     fo.add_argument("out")
     s = sub.add_parser("compare-stats")
@@ -290,7 +369,7 @@ def main():
     s.add_argument("tsv")
     s.add_argument("factor", type=float)
     a = p.parse_args()
-    return {"valid": cmd_valid, "corrupt": cmd_corrupt, "foreign": cmd_foreign,
+    return {"valid": cmd_valid, "corrupt": cmd_corrupt, "heap": cmd_heap, "foreign": cmd_foreign,
             "compare-stats": cmd_compare_stats}[a.cmd](a) or 0
 
 

@@ -16,20 +16,29 @@ def bf16_round(x):
     return (u.astype(np.uint32) << 16).view(np.float32)
 
 
+def attr_str(a, name):
+    """A string attribute as mosaickv writes it: fixed-length (h5py gives
+    numpy.bytes_), never variable-length (str, in the global heap)."""
+    v = a[name]
+    assert isinstance(v, bytes), (name, type(v), "expected a fixed-length string")
+    return v.decode()
+
+
 def check_import(dump, npy, dtype):
     src = np.load(npy)                      # [L, 2, kvh, T, d]
     L, _, kvh, T, d = src.shape
     with h5py.File(dump, "r") as f:
         a = f.attrs
-        assert a["mkv_format"] == "mosaickv-dump", a["mkv_format"]
+        assert attr_str(a, "mkv_format") == "mosaickv-dump", a["mkv_format"]
         assert int(a["mkv_version"]) == 1
         for name, want in (("n_layers", L), ("n_kv_heads", kvh), ("head_dim", d)):
             assert int(a[name]) == want, (name, a[name], want)
         assert int(a["n_heads"]) % kvh == 0
-        assert a["k_rope"] in ("post", "pre")
-        assert a["source"] == "import", a["source"]
-        for key in ("model", "created_by", "rope_theta"):
-            assert key in a, key
+        assert attr_str(a, "k_rope") in ("post", "pre")
+        assert attr_str(a, "source") == "import", a["source"]
+        for key in ("model", "created_by"):
+            attr_str(a, key)
+        assert "rope_theta" in a
         assert f["query_pos"].dtype == np.int32
         for l in range(L):
             for i, kind in enumerate("kv"):
@@ -47,7 +56,7 @@ def check_import(dump, npy, dtype):
                     want = x.astype(np.float32).astype(np.float16).astype(np.float32)
                     got = ds[...].astype(np.float32)
                 else:
-                    assert ds.dtype == np.uint16 and ds.attrs["dtype"] == "bfloat16"
+                    assert ds.dtype == np.uint16 and attr_str(ds.attrs, "dtype") == "bfloat16"
                     want = bf16_round(x)
                     got = (ds[...].astype(np.uint32) << 16).view(np.float32)
                 assert np.array_equal(got, want), (l, kind, np.abs(got - want).max())

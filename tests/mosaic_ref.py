@@ -51,6 +51,11 @@ def near(a, b, rel, what, atol=0.0):
         fail("%s: %r vs %r at %s" % (what, a[tuple(i)], b[tuple(i)], tuple(i)))
 
 
+def attr_str(v):
+    """A string attribute as text: fixed-length ones come as bytes."""
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
 def parse_params(text):
     return dict(kv.split("=", 1) for kv in text.split())
 
@@ -155,9 +160,10 @@ def main():
         print(__doc__.strip().split("\n\n")[1])
         sys.exit(2)
     raw, comp = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r")
-    if comp.attrs["method"] not in ("mosaic", "uniform2d"):
-        fail("method %s is not mosaic or uniform2d" % comp.attrs["method"])
-    params = parse_params(comp.attrs["params"])
+    method = attr_str(comp.attrs["method"])
+    if method not in ("mosaic", "uniform2d"):
+        fail("method %s is not mosaic or uniform2d" % method)
+    params = parse_params(attr_str(comp.attrs["params"]))
     T, d = int(comp.attrs["n_tokens"]), int(comp.attrs["head_dim"])
     sink_n = min(int(params["sink"]), T)
     recent_n = min(int(params["recent"]), T - sink_n)

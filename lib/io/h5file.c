@@ -2,6 +2,7 @@
  * output through core/outfile, attribute helpers. */
 #include "config.h"
 #include "io/h5file.h"
+#include "io/h5heap_priv.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -11,8 +12,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <hdf5_hl.h>
 
 void mkv_h5_quiet(void)
 {
@@ -73,7 +72,10 @@ int mkv_h5_open_read(const char *path, hid_t *fid, mkv_error *err)
             return mkv_fail(err, MKV_EFORMAT, "standard input is not an HDF5 file");
         }
         /* HDF5 copies the image; our buffer can go at once */
-        hid_t f = H5LTopen_file_image(buf, len, 0);
+        hid_t fapl = mkv_h5heap_fapl_image(buf, len);
+        hid_t f = fapl >= 0 ? H5Fopen("mkv-stdin.h5", H5F_ACC_RDONLY, fapl) : H5I_INVALID_HID;
+        if (fapl >= 0)
+            H5Pclose(fapl);
         free(buf);
         if (f < 0)
             return mkv_fail(err, MKV_EFORMAT, "standard input is a truncated or damaged HDF5 file");
@@ -97,7 +99,10 @@ int mkv_h5_open_read(const char *path, hid_t *fid, mkv_error *err)
         return mkv_fail(err, MKV_EFORMAT, "'%s' is empty", path);
     if (H5Fis_hdf5(path) <= 0)
         return mkv_fail(err, MKV_EFORMAT, "'%s' is not an HDF5 file", path);
-    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    hid_t fapl = mkv_h5heap_fapl_file(path);
+    hid_t f = fapl >= 0 ? H5Fopen(path, H5F_ACC_RDONLY, fapl) : H5I_INVALID_HID;
+    if (fapl >= 0)
+        H5Pclose(fapl);
     if (f < 0)
         return mkv_fail(err, MKV_EFORMAT, "'%s' is truncated or damaged", path);
     *fid = f;
@@ -225,14 +230,17 @@ static int put_attr(hid_t obj, const char *name, hid_t file_type, hid_t mem_type
 
 int mkv_h5_attr_put_str(hid_t obj, const char *name, const char *value, mkv_error *err)
 {
-    /* variable-length UTF-8: h5py reads it back as str */
+    /* fixed-length, null-padded UTF-8 of the string's own length: no
+     * global heap to damage (h5py reads it as bytes) */
+    size_t len = strlen(value);
     hid_t t = H5Tcopy(H5T_C_S1);
-    if (t < 0 || H5Tset_size(t, H5T_VARIABLE) < 0 || H5Tset_cset(t, H5T_CSET_UTF8) < 0) {
+    if (t < 0 || H5Tset_size(t, len ? len : 1) < 0 || H5Tset_strpad(t, H5T_STR_NULLPAD) < 0 ||
+        H5Tset_cset(t, H5T_CSET_UTF8) < 0) {
         if (t >= 0)
             H5Tclose(t);
         return mkv_fail(err, MKV_EIO, "cannot write attribute '%s'", name);
     }
-    int rc = put_attr(obj, name, t, t, &value, err);
+    int rc = put_attr(obj, name, t, t, len ? value : "", err);
     H5Tclose(t);
     return rc;
 }
@@ -287,6 +295,62 @@ static int open_attr(hid_t obj, const char *name, hid_t *a, mkv_error *err)
     return MKV_OK;
 }
 
+/* A variable-length string attribute (files of older versions, h5py's
+ * default), its global heap checked while HDF5 reads it. */
+static int get_vlen_str(hid_t obj, hid_t a, hid_t ft, const char *name, char **s, mkv_error *err)
+{
+    hid_t mt = H5Tcopy(H5T_C_S1);
+    if (mt < 0 || H5Tset_size(mt, H5T_VARIABLE) < 0 || H5Tset_cset(mt, H5Tget_cset(ft)) < 0) {
+        if (mt >= 0)
+            H5Tclose(mt);
+        return mkv_fail(err, MKV_EFORMAT, "cannot read attribute '%s'", name);
+    }
+    char *v = NULL;
+    mkv_h5heap_watch_begin(obj);
+    herr_t r = H5Aread(a, mt, &v);
+    const char *damage = mkv_h5heap_watch_end();
+    int rc = MKV_OK;
+    if (damage)
+        rc = mkv_fail(err, MKV_EFORMAT, "attribute '%s' cannot be read: %s", name, damage);
+    else if (r < 0 || !v)
+        rc = mkv_fail(err, MKV_EFORMAT, "cannot read attribute '%s'", name);
+    else if (!(*s = strdup(v)))
+        rc = mkv_fail(err, MKV_ENOMEM, "out of memory reading attribute '%s'", name);
+    if (r >= 0) {
+        hid_t space = H5Aget_space(a);
+        H5Dvlen_reclaim(mt, space, H5P_DEFAULT, &v);
+        H5Sclose(space);
+    }
+    H5Tclose(mt);
+    return rc;
+}
+
+/* The longest fixed-length string attribute read (every one we know is far
+ * shorter): a larger size is a damaged datatype, not a string. */
+#define MAX_FIXED_STR (64 << 10)
+
+static int get_fixed_str(hid_t a, hid_t ft, const char *name, char **s, mkv_error *err)
+{
+    size_t size = H5Tget_size(ft);
+    if (size == 0 || size > MAX_FIXED_STR)
+        return mkv_fail(err, MKV_EFORMAT, "attribute '%s' is a string of %zu bytes (at most %d are read)",
+                        name, size, MAX_FIXED_STR);
+    char *v = calloc(size + 1, 1);
+    hid_t mt = H5Tcopy(ft);
+    int rc = MKV_OK;
+    if (!v)
+        rc = mkv_fail(err, MKV_ENOMEM, "out of memory reading attribute '%s'", name);
+    else if (mt < 0 || H5Aread(a, mt, v) < 0)
+        rc = mkv_fail(err, MKV_EFORMAT, "cannot read attribute '%s'", name);
+    if (mt >= 0)
+        H5Tclose(mt);
+    if (rc)
+        free(v);
+    else
+        *s = v;
+    return rc;
+}
+
 int mkv_h5_attr_get_str(hid_t obj, const char *name, char *buf, size_t bufsize, mkv_error *err)
 {
     hid_t a;
@@ -294,34 +358,18 @@ int mkv_h5_attr_get_str(hid_t obj, const char *name, char *buf, size_t bufsize, 
     if (rc)
         return rc;
     hid_t ft = H5Aget_type(a);
-    rc = MKV_OK;
-    if (ft < 0 || H5Tget_class(ft) != H5T_STRING) {
+    char *s = NULL;
+    if (ft < 0 || H5Tget_class(ft) != H5T_STRING)
         rc = mkv_fail(err, MKV_EFORMAT, "attribute '%s' is not a string", name);
-    } else if (H5Tis_variable_str(ft) > 0) {
-        hid_t mt = H5Tcopy(H5T_C_S1);
-        H5Tset_size(mt, H5T_VARIABLE);
-        H5Tset_cset(mt, H5Tget_cset(ft));
-        char *s = NULL;
-        if (H5Aread(a, mt, &s) < 0 || !s) {
-            rc = mkv_fail(err, MKV_EFORMAT, "cannot read attribute '%s'", name);
-        } else {
-            snprintf(buf, bufsize, "%s", s);
-            hid_t space = H5Aget_space(a);
-            H5Dvlen_reclaim(mt, space, H5P_DEFAULT, &s);
-            H5Sclose(space);
-        }
-        H5Tclose(mt);
-    } else {
-        size_t size = H5Tget_size(ft);
-        char *s = calloc(size + 1, 1);
-        hid_t mt = H5Tcopy(ft);
-        if (!s || H5Aread(a, mt, s) < 0)
-            rc = mkv_fail(err, MKV_EFORMAT, "cannot read attribute '%s'", name);
-        else
-            snprintf(buf, bufsize, "%s", s);
-        H5Tclose(mt);
-        free(s);
-    }
+    else if (H5Tis_variable_str(ft) > 0)
+        rc = get_vlen_str(obj, a, ft, name, &s, err);
+    else
+        rc = get_fixed_str(a, ft, name, &s, err);
+    if (!rc && strlen(s) >= bufsize)
+        rc = mkv_fail(err, MKV_EFORMAT, "attribute '%s' is longer than %zu bytes", name, bufsize - 1);
+    else if (!rc)
+        memcpy(buf, s, strlen(s) + 1);
+    free(s);
     if (ft >= 0)
         H5Tclose(ft);
     H5Aclose(a);

@@ -691,13 +691,20 @@ int mkv_synthetic_write(const mkv_synthetic_params *p, const char *path,
     for (int64_t w = 0; w < p->n_queries; w++)
         qpos[w] = (int32_t)(p->n_tokens - p->n_queries + w);
 
-    /* every parameter of the model, so the file says how to remake it */
+    /* every parameter of the model as used (rank and outliers within
+     * their bounds), so the file says how to remake it */
+    int rank = g.r, outliers = n_outliers_of(p);
+    if (rank != p->rank)
+        mkv_warn("synthetic: rank=%d is more than head_dim %d: %d used", p->rank, p->head_dim, rank);
+    if (outliers != p->n_outliers)
+        mkv_warn("synthetic: outliers=%d is more than head_dim/4 = %d: %d used", p->n_outliers,
+                 p->head_dim / 4, outliers);
     char desc[512];
     snprintf(desc, sizeof desc,
              "seed=%" PRIu64 " rank=%d noise=%.9g outliers=%d outlier_scale=%.9g region_len=%d "
              "region_sigma=%.9g value_sigma=%.9g targets=%d sink=%d recent_window=%d "
              "salience=%.9g query_content=%.9g attn_mass=%.9g",
-             p->seed, p->rank, p->noise, p->n_outliers, p->outlier_scale, p->region_len,
+             p->seed, rank, p->noise, outliers, p->outlier_scale, p->region_len,
              p->region_sigma, p->value_sigma, p->n_targets, p->sink, p->recent_window,
              p->salience, p->query_content, p->attn_mass);
 

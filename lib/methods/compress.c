@@ -145,6 +145,8 @@ int mkv_compress_dump(const mkv_compressor *c, const char *input, const char *ou
         bytes->logical_bytes = cm.raw.n_layers * (uint64_t)cm.raw.n_kv_heads * 2 *
                                (uint64_t)m->n_tokens * (uint64_t)m->head_dim * 2;
         bytes->physical_bytes = mkv_cdump_total_bytes(w);
+        if (c->method->check_result)
+            c->method->check_result(c->params, m, w);
         char text[MKV_KV_DIGEST_TEXT];
         mkv_kv_digest_text(digest, text);
         mkv_cdump_set_source_digest(w, text);

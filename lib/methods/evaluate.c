@@ -14,7 +14,8 @@
 #include "core/tensor.h"
 #include "methods/metrics.h"
 
-/* Rebuild the parameters the file records (every one, in canonical form). */
+/* Rebuild the parameters the file records (every one, in canonical form):
+ * a record of the run, not values given now (checks warn about given ones). */
 static int load_params(mkv_eval *s, mkv_error *err)
 {
     mkv_params_init(&s->params, s->method->params);
@@ -28,6 +29,7 @@ static int load_params(mkv_eval *s, mkv_error *err)
             rc = err->code = MKV_EFORMAT;
         }
     free(copy);
+    mkv_params_forget_given(&s->params);
     return rc;
 }
 

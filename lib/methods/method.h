@@ -45,17 +45,26 @@ typedef struct {
     int n;
     const mkv_param_spec *spec[MKV_MAX_PARAMS];
     char value[MKV_MAX_PARAMS][64];
+    unsigned char given[MKV_MAX_PARAMS]; /* set by mkv_params_set, not a default */
 } mkv_params;
 
 /* Fill p with the defaults of specs (terminated by name == NULL). */
 void mkv_params_init(mkv_params *p, const mkv_param_spec *specs);
 /* Set "key=value" (or key, value): unknown key, bad number, out of range or
- * not a choice -> MKV_EUSAGE with a message naming the parameter. */
+ * not a choice -> MKV_EUSAGE with a message naming the parameter. A value
+ * set counts as given (mkv_params_given) until mkv_params_forget_given. */
 int mkv_params_set(mkv_params *p, const char *key, const char *value, mkv_error *err);
 int mkv_params_parse(mkv_params *p, const char *assignment, mkv_error *err);
 /* A list of assignments separated by commas or blanks ("keep=1,strategy=fixed"
  * or "keep=1 strategy=fixed"): the number set, or -1 with err set. */
 int mkv_params_parse_list(mkv_params *p, const char *list, mkv_error *err);
+/* Whether key was set rather than left at its default; and forgetting
+ * that, for parameters read back from a file (a record, not a request). */
+int mkv_params_given(const mkv_params *p, const char *key);
+void mkv_params_forget_given(mkv_params *p);
+/* The given parameters among keys (a NULL-terminated list), as
+ * "k1=v1, k2=v2" in spec order into buf; returns how many. */
+int mkv_params_given_text(const mkv_params *p, const char *const *keys, char *buf, size_t size);
 int64_t mkv_params_int(const mkv_params *p, const char *key);
 double mkv_params_double(const mkv_params *p, const char *key);
 const char *mkv_params_str(const mkv_params *p, const char *key);
@@ -113,6 +122,10 @@ typedef struct mkv_method {
      * context, group size not dividing d', ...). */
     int (*check)(const mkv_params *p, const mkv_dump_meta *m, mkv_error *err);
     int (*compress)(const mkv_params *p, const mkv_head_kv *in, mkv_cdump_writer *w, mkv_error *err);
+    /* Optional: once every head of a dump of shape m is compressed into w
+     * (its bytes per head and in total), warn about a target the
+     * parameters set that the result misses. */
+    void (*check_result)(const mkv_params *p, const mkv_dump_meta *m, const mkv_cdump_writer *w);
     /* Load the arrays of (layer, head) into a state for attend. */
     int (*load)(const mkv_params *p, mkv_cdump *c, int layer, int head, void **state, mkv_error *err);
     int (*attend)(void *state, const mkv_attend_query *q, mkv_attend_result *r, mkv_error *err);

@@ -191,9 +191,38 @@ int mkv_params_set(mkv_params *p, const char *key, const char *value, mkv_error 
     }
     char canon[sizeof p->value[0]];
     int rc = canonical(p->spec[i], value, canon, sizeof canon, err);
-    if (rc == MKV_OK)
+    if (rc == MKV_OK) {
         memcpy(p->value[i], canon, sizeof canon);
+        p->given[i] = 1;
+    }
     return rc;
+}
+
+int mkv_params_given(const mkv_params *p, const char *key)
+{
+    int i = find(p, key);
+    return i >= 0 && p->given[i];
+}
+
+void mkv_params_forget_given(mkv_params *p) { memset(p->given, 0, sizeof p->given); }
+
+int mkv_params_given_text(const mkv_params *p, const char *const *keys, char *buf, size_t size)
+{
+    int n = 0;
+    size_t len = 0;
+    if (size)
+        buf[0] = '\0';
+    for (int i = 0; i < p->n; i++) {
+        if (!p->given[i])
+            continue;
+        for (const char *const *k = keys; *k; k++) {
+            if (strcmp(*k, p->spec[i]->name) == 0 && len < size) {
+                len += (size_t)snprintf(buf + len, size - len, "%s%s=%s", n ? ", " : "", *k, p->value[i]);
+                n++;
+            }
+        }
+    }
+    return n;
 }
 
 int mkv_params_parse(mkv_params *p, const char *assignment, mkv_error *err)

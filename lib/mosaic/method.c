@@ -53,7 +53,8 @@
  *       Observation queries: every query head of the dump at up to 64/G
  *       positions spread evenly over its queries (first and last
  *       included). `rotate=off` leaves out the rotated candidates; `keep`,
- *       `group` and `energy` apply to fixed only.
+ *       `group` and `energy` apply to fixed only (given under another
+ *       strategy they draw a warning, as do `threshold` and `ratio`).
  *  6. Per vector x~ = x R: keep the r/g groups of g adjacent channels among
  *     the first d' with the largest energy (g = 1: the r largest |x~|);
  *     values fp16 in channel order, bitmap of d'/g bits (none when r = d').
@@ -106,6 +107,7 @@
 #include <string.h>
 
 #include "core/attn.h"
+#include "core/log.h"
 #include "methods/baseline.h"
 #include "core/half.h"
 #include "core/tensor.h"
@@ -151,6 +153,17 @@ int mkv_mosaic_kept(double keep, int d)
     return r < 1 ? 1 : r > d ? d : r;
 }
 
+void mkv_mosaic_warn_budget(const char *method, const mkv_params *p, int64_t T)
+{
+    int64_t sink = mkv_params_int(p, "sink"), recent = mkv_params_int(p, "recent");
+    int64_t dense = sink + recent < T ? sink + recent : T;
+    int64_t k = mkv_budget_tokens(mkv_params_double(p, "budget"), T);
+    if (k < dense)
+        mkv_warn("%s: budget=%s is %lld of the %lld tokens, fewer than the sink=%lld and recent=%lld "
+                 "tokens always attended: a step attends at least %lld", method, mkv_params_str(p, "budget"),
+                 (long long)k, (long long)T, (long long)sink, (long long)recent, (long long)dense);
+}
+
 int mkv_mosaic_check_common(const mkv_params *p, const mkv_dump_meta *m, mkv_error *err)
 {
     int d = m->head_dim;
@@ -172,6 +185,32 @@ int mkv_mosaic_check_common(const mkv_params *p, const mkv_dump_meta *m, mkv_err
     return MKV_OK;
 }
 
+/* Parameters given for a strategy other than the chosen one change
+ * nothing: say which, once. */
+static void warn_ignored(const mkv_params *p)
+{
+    static const struct {
+        const char *strategy;
+        const char *const params[4];
+    } own[] = {
+        {"fixed", {"keep", "group", "energy", NULL}},
+        {"dynamic", {"threshold", NULL}},
+        {"ratio", {"ratio", NULL}},
+    };
+    const char *strategy = mkv_params_str(p, "strategy");
+    char text[512] = "";
+    size_t len = 0;
+    for (size_t i = 0; i < sizeof own / sizeof own[0] && len < sizeof text; i++) {
+        char given[256];
+        if (strcmp(own[i].strategy, strategy) == 0 || !mkv_params_given_text(p, own[i].params, given, sizeof given))
+            continue;
+        len += (size_t)snprintf(text + len, sizeof text - len, "%s%s (strategy=%s only)", len ? ", " : "", given,
+                                own[i].strategy);
+    }
+    if (len)
+        mkv_warn("mosaic: strategy=%s ignores %s", strategy, text);
+}
+
 static int mosaic_check(const mkv_params *p, const mkv_dump_meta *m, mkv_error *err)
 {
     int rc = mkv_mosaic_check_common(p, m, err);
@@ -181,6 +220,8 @@ static int mosaic_check(const mkv_params *p, const mkv_dump_meta *m, mkv_error *
     int64_t g = mkv_params_int(p, "group");
     double keep = mkv_params_double(p, "keep");
     int fixed = strcmp(mkv_params_str(p, "strategy"), "fixed") == 0;
+    mkv_mosaic_warn_budget("mosaic", p, m->n_tokens);
+    warn_ignored(p);
     if (!fixed)
         return MKV_OK;
     int r = mkv_mosaic_kept(keep, d);
@@ -1162,12 +1203,39 @@ static int mosaic_compress(const mkv_params *p, const mkv_head_kv *in, mkv_cdump
     return mkv_mosaic_compress_store(&c, in, w, err);
 }
 
+/* strategy=ratio asks every head for `ratio`; a head whose cheapest
+ * strategies, dense rows and tables cost more stays short of it. */
+static void mosaic_check_result(const mkv_params *p, const mkv_dump_meta *m, const mkv_cdump_writer *w)
+{
+    if (strcmp(mkv_params_str(p, "strategy"), "ratio") != 0)
+        return;
+    double want = mkv_params_double(p, "ratio");
+    uint64_t head_logical = 2 * (uint64_t)m->n_tokens * (uint64_t)m->head_dim * 2;
+    int heads = m->n_layers * m->n_kv_heads, short_of = 0;
+    double lowest = INFINITY;
+    for (int l = 0; l < m->n_layers; l++)
+        for (int h = 0; h < m->n_kv_heads; h++) {
+            uint64_t b = mkv_cdump_head_bytes(w, l, h);
+            double got = b ? (double)head_logical / (double)b : INFINITY;
+            short_of += got < want;
+            lowest = got < lowest ? got : lowest;
+        }
+    if (!short_of)
+        return;
+    uint64_t total = mkv_cdump_total_bytes(w);
+    mkv_warn("mosaic: ratio=%s requested, %.2f reached (%d of %d heads short of it, the lowest at %.2f): "
+             "the most compact strategies with the dense sink and recent tokens, block keys and rotations "
+             "take more bytes", mkv_params_str(p, "ratio"),
+             total ? (double)head_logical * heads / (double)total : 0.0, short_of, heads, lowest);
+}
+
 const mkv_method mkv_method_mosaic = {
     .name = "mosaic",
     .summary = "MosaicKV: per-segment rotation and strategy, per-vector top elements, packed",
     .params = mosaic_params,
     .check = mosaic_check,
     .compress = mosaic_compress,
+    .check_result = mosaic_check_result,
     .load = mosaic_load,
     .attend = mkv_mosaic_method_attend,
     .free_state = mkv_mosaic_method_free,

@@ -37,6 +37,14 @@ static void uniform2d_config(const mkv_params *p, int d, mkv_mosaic_config *c)
     c->pervector = 0;
 }
 
+static int uniform2d_check(const mkv_params *p, const mkv_dump_meta *m, mkv_error *err)
+{
+    int rc = mkv_mosaic_check_common(p, m, err);
+    if (rc == MKV_OK)
+        mkv_mosaic_warn_budget("uniform2d", p, m->n_tokens);
+    return rc;
+}
+
 static int uniform2d_compress(const mkv_params *p, const mkv_head_kv *in, mkv_cdump_writer *w,
                               mkv_error *err)
 {
@@ -54,7 +62,7 @@ const mkv_method mkv_method_uniform2d = {
     .name = "uniform2d",
     .summary = "SVD rotation per segment + one channel truncation for all vectors (mosaic's ablation)",
     .params = uniform2d_params,
-    .check = mkv_mosaic_check_common,
+    .check = uniform2d_check,
     .compress = uniform2d_compress,
     .load = uniform2d_load,
     .attend = mkv_mosaic_method_attend,

@@ -59,6 +59,18 @@ fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
 # fixture ARGS...: tests/data_fixtures.py ARGS, which must succeed.
 fixture() { "$PY" "$FIXTURES" "$@" || { echo "FAIL: data_fixtures.py $*"; exit 1; }; }
 
+# heap_refusal FILE: how a reader refuses FILE, damaged by `fixture corrupt
+# ... heap-loop` (WHAT=free) or heap-overrun (WHAT=first); the offsets
+# depend on where h5py put the collection.
+heap_refusal() {
+    set -- "$1" "${2:-free}" $("$PY" "$FIXTURES" heap "$1")
+    if [ "$2" = free ]; then
+        printf "attribute 'mkv_format' cannot be read: the global heap collection at byte %s is damaged: the object at byte %s has size 0" "$3" "$5"
+    else
+        printf "attribute 'mkv_format' cannot be read: the global heap collection at byte %s is damaged: the object at byte %s (4096 bytes) runs past the collection's end" "$3" "$4"
+    fi
+}
+
 # expect NAME STATUS STDOUT STDERR CMD [ARG...]
 # Run CMD with stdin from $STDIN (default /dev/null) and compare its exit
 # status, stdout and stderr with the expectations. STDOUT and STDERR: the

@@ -164,3 +164,15 @@ $ mkv-capture --shape llama3.1-8b --max-memory 1G --threads 1 -o x.h5
 ! mkv-capture: shape llama3.1-8b with 32 layers and a vocabulary of 128256 needs about 30.3 GiB (weights 29.9 GiB), more than the 1.0 GiB of --max-memory; build fewer layers (--layers) or a smaller vocabulary (--vocab)
 [1]
 $ test ! -e x.h5
+
+# ---------------------------------------------------------------- warnings: exit 0
+# synthetic parameters beyond what the shape allows are clamped, said, and
+# recorded as used, so synthetic_params remakes the same file
+$ mkv-capture --synthetic --layers 1 --heads 2 --kv-heads 1 --head-dim 56 --tokens 64 --queries 2 -P outliers=100,rank=60 -o syn.h5
+! mkv-capture: warning: synthetic: rank=60 is more than head_dim 56: 56 used
+! mkv-capture: warning: synthetic: outliers=100 is more than head_dim/4 = 14: 14 used
+$ mkv-capture --synthetic --layers 1 --heads 2 --kv-heads 1 --head-dim 56 --tokens 64 --queries 2 -P outliers=14,rank=56 -o syn2.h5
+$ cmp syn.h5 syn2.h5
+% skip-unless-h5py
+$ "$PY" -c 'import h5py; print(h5py.File("syn.h5").attrs["synthetic_params"].decode())'
+| seed=1 rank=56 noise=0.1 outliers=14 outlier_scale=6 region_len=128 region_sigma=0.3 value_sigma=0.5 targets=4 sink=1 recent_window=64 salience=2.5 query_content=0.1 attn_mass=0.8

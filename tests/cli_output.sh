@@ -129,7 +129,7 @@ run=$!
 caught=0
 if [ -r /proc/$run/status ]; then
     i=0
-    while [ $i -lt 100 ]; do
+    while [ $i -lt 600 ]; do   # up to a minute: the machine may be loaded
         cgt=$(sed -n 's/^SigCgt:[[:space:]]*//p' /proc/$run/status 2>/dev/null)
         # SIGTERM is signal 15: bit 14 of the mask, 0x4000
         if [ -n "$cgt" ] && [ $(( 0x$cgt & 0x4000 )) -ne 0 ]; then

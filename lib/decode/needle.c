@@ -88,6 +88,25 @@ int mkv_needle_text(const char *filler, size_t filler_len, size_t haystack_bytes
     return MKV_OK;
 }
 
+/* One try: the prompt of hay filler bytes into out (text and tokens). */
+static int build_try(const mkv_loaded_model *lm, const char *model_path, const mkv_prompt_opts *o,
+                     const char *filler, size_t filler_len, size_t hay, double depth, mkv_needle_case *out,
+                     mkv_error *err)
+{
+    char *text;
+    int rc = mkv_needle_text(filler, filler_len, hay, depth, out->passkey, &text, &out->needle_at,
+                             &out->needle_depth, err);
+    if (rc)
+        return rc;
+    mkv_prompt_opts po = *o;
+    po.text = text;
+    free(out->prompt.tokens);
+    memset(&out->prompt, 0, sizeof out->prompt);
+    free(out->text);
+    out->text = text;
+    return mkv_prompt_tokens(lm, model_path, &po, &out->prompt, err);
+}
+
 int mkv_needle_build(const mkv_loaded_model *lm, const char *model_path, const mkv_prompt_opts *po,
                      const char *filler, size_t filler_len, int64_t tokens, uint64_t seed, int64_t length,
                      double depth, int trial, mkv_needle_case *out, mkv_error *err)
@@ -97,29 +116,23 @@ int mkv_needle_build(const mkv_loaded_model *lm, const char *model_path, const m
     mkv_prompt_opts o = *po;
     o.file = NULL;
     o.token_ids = NULL;
-    /* size the haystack by the bytes per token the last try came to,
-     * aiming at the middle of [tokens - slack, tokens] */
+    /* size the haystack by the bytes per token the last tries came to,
+     * aiming at the middle of [tokens - slack, tokens]; sentence ends make
+     * the count jump, so the longest try that fits is kept */
     int64_t slack = tokens / 100 > 8 ? tokens / 100 : 8, aim = tokens - slack / 2;
-    size_t hay = (size_t)(4 * (aim > 1 ? aim : 1));
+    size_t hay = (size_t)(4 * (aim > 1 ? aim : 1)), best_hay = 0, prev_hay = 0;
+    int64_t best_got = -1, prev_got = -1;
     int rc = MKV_OK;
-    size_t prev_hay = 0;
-    int64_t prev_got = -1;
-    for (int round = 0; round < 8; round++) {
-        char *text;
-        if ((rc = mkv_needle_text(filler, filler_len, hay, depth, out->passkey, &text, &out->needle_at,
-                                  &out->needle_depth, err)))
-            return rc;
-        o.text = text;
-        free(out->prompt.tokens);
-        memset(&out->prompt, 0, sizeof out->prompt);
-        rc = mkv_prompt_tokens(lm, model_path, &o, &out->prompt, err);
-        free(out->text);
-        out->text = text;
-        if (rc)
+    for (int round = 0; round < 12; round++) {
+        if ((rc = build_try(lm, model_path, &o, filler, filler_len, hay, depth, out, err)))
             return rc;
         int64_t got = (int64_t)out->prompt.n;
+        if (got <= tokens && got > best_got) {
+            best_got = got;
+            best_hay = hay;
+        }
         if (got <= tokens && got >= tokens - slack)
-            break;
+            return MKV_OK;
         /* bytes per token: the secant through the last two tries once
          * there are two, the plain ratio before */
         double per_token = prev_got >= 0 && prev_got != got ? ((double)hay - (double)prev_hay) / (double)(got - prev_got)
@@ -129,15 +142,18 @@ int mkv_needle_build(const mkv_loaded_model *lm, const char *model_path, const m
         prev_hay = hay;
         prev_got = got;
         double next = (double)hay + (double)(aim - got) * per_token;
-        hay = next > 1 ? (size_t)next : 1;
+        size_t h = next > 1 ? (size_t)next : 1;
+        if (h == hay)   /* stuck on one sentence end: step past it */
+            h = got > tokens ? hay - hay / 50 - 1 : hay + hay / 50 + 1;
+        hay = h;
     }
-    if (!rc && (int64_t)out->prompt.n > tokens) {
+    if (best_got < 0) {
         free(out->prompt.tokens);
         free(out->text);
-        out->text = NULL;
-        memset(&out->prompt, 0, sizeof out->prompt);
+        memset(out, 0, sizeof *out);
         return mkv_fail(err, MKV_EFORMAT, "cannot fit a passkey prompt in %lld tokens", (long long)tokens);
     }
+    rc = build_try(lm, model_path, &o, filler, filler_len, best_hay, depth, out, err);
     return rc;
 }
 

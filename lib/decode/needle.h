@@ -12,7 +12,8 @@
  * end nearest depth x the filler's length (0: before it, 1: after it).
  * The text goes through the model's prompt path (the chat template with
  * --chat), and the filler is sized until the prompt has the requested
- * number of tokens, give or take a sentence.  Everything is a function of
+ * number of tokens: within 1% (or 8 tokens) where sentence ends allow,
+ * else the longest prompt that fits.  Everything is a function of
  * (seed, length, depth, trial). */
 #ifndef MKV_NEEDLE_H
 #define MKV_NEEDLE_H

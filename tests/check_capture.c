@@ -6,7 +6,9 @@
  * Llama-2, Mistral), written out by hand; the published parameter counts of
  * each model a shape copies; statistics of the random weights; files this
  * test writes with known contents; stories260K's published greedy sample;
- * RoPE recomputed here in double precision from its formula.
+ * RoPE recomputed here in double precision from its formula.  The capture
+ * test runs over the model tests/model_fixture.py writes and, when it is
+ * there, stories260K; only the published-sample run needs stories260K.
  */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
@@ -508,17 +510,8 @@ START_TEST(test_output_overwrites)
 }
 END_TEST
 
-/* The published sample of stories260K, greedy from BOS + the prompt. */
-static const char *const PUBLISHED =
-    "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. "
-    "One day, she saw a big, red ball. She wanted to play with it, but it was too high.";
-
 START_TEST(test_run_published_sample)
 {
-    if (!test_models_dir()) {
-        printf("note: no stories260K: run test skipped\n");
-        return;
-    }
     mkv_error err;
     mkv_prompt_opts po;
     mkv_prompt_opts_init(&po);
@@ -545,7 +538,7 @@ START_TEST(test_run_published_sample)
     char *text = mkv_continuation_text(m.lm.tok, r.tokens, r.n_prompt, r.n_total);
     ck_assert_ptr_nonnull(text);
     size_t len = strlen(text);
-    ck_assert_msg(len > 60 && strncmp(PUBLISHED + strlen(po.text), text, len) == 0, "'%s'", text);
+    ck_assert_msg(len > 60 && strncmp(TEST_PUBLISHED + strlen(po.text), text, len) == 0, "'%s'", text);
     /* the logits after the last token run: their argmax continues the sample */
     int best = 0;
     for (int i = 1; i < m.model->cfg.vocab_size; i++)
@@ -554,7 +547,7 @@ START_TEST(test_run_published_sample)
     size_t plen;
     const char *piece = mkv_tokenizer_piece(m.lm.tok, r.tokens[r.n_total - 1], best, &plen);
     ck_assert_ptr_nonnull(piece);
-    ck_assert_msg(strncmp(PUBLISHED + strlen(po.text) + len, piece, plen) == 0, "'%.*s'", (int)plen, piece);
+    ck_assert_msg(strncmp(TEST_PUBLISHED + strlen(po.text) + len, piece, plen) == 0, "'%.*s'", (int)plen, piece);
     free(text);
     mkv_run_free(&r);
 
@@ -565,8 +558,8 @@ START_TEST(test_run_published_sample)
 }
 END_TEST
 
-/* Capture stories260K's layers 1 and 3 with keys before or after RoPE. */
-static void capture_stories(const mkv_model *model, const mkv_prompt *p, int pre, const char *path)
+/* Capture layers 1 and 3 with keys before or after RoPE. */
+static void capture_layers(const mkv_model *model, const mkv_prompt *p, int pre, const char *path)
 {
     mkv_error err;
     static const int layers[] = {1, 3};
@@ -609,25 +602,23 @@ static void rope_rows(double *x, int n, int d, int pos0, double theta)
         }
 }
 
+/* Over test_checkpoint(_i) (tests/model_fixture.py's model, stories260K),
+ * its tokenizer found beside it. */
 START_TEST(test_capture_pre_post)
 {
-    if (!test_models_dir()) {
-        printf("note: no stories260K: capture test skipped\n");
-        return;
-    }
     mkv_error err;
     mkv_loaded_model lm;
-    ck_assert_int_eq(mkv_model_load(test_model_file("stories260K.bin"), NULL, &lm, &err), MKV_OK);
+    ck_assert_int_eq(mkv_model_load(test_checkpoint(_i), NULL, &lm, &err), MKV_OK);
     mkv_prompt_opts po;
     mkv_prompt_opts_init(&po);
     po.text = "Once upon a time there";
     mkv_prompt p;
-    ck_assert_int_eq(mkv_prompt_tokens(&lm, "stories260K.bin", &po, &p, &err), MKV_OK);
+    ck_assert_int_eq(mkv_prompt_tokens(&lm, test_checkpoint(_i), &po, &p, &err), MKV_OK);
     char post_path[600], pre_path[600];
     test_path(post_path, sizeof post_path, "post.h5");
     test_path(pre_path, sizeof pre_path, "pre.h5");
-    capture_stories(lm.model, &p, 0, post_path);
-    capture_stories(lm.model, &p, 1, pre_path);
+    capture_layers(lm.model, &p, 0, post_path);
+    capture_layers(lm.model, &p, 1, pre_path);
 
     mkv_dump *post, *pre;
     ck_assert_int_eq(mkv_dump_open(post_path, &post, &err), MKV_OK);
@@ -680,6 +671,7 @@ END_TEST
 
 int main(void)
 {
+    int have_stories = test_models_dir() != NULL, have_fixture = test_write_fixture("check_capture");
     Suite *s = suite_create("capture");
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 120);
@@ -694,8 +686,12 @@ int main(void)
     tcase_add_test(tc, test_layer_list);
     tcase_add_test(tc, test_token_ids);
     tcase_add_test(tc, test_output_overwrites);
-    tcase_add_test(tc, test_run_published_sample);
-    tcase_add_test(tc, test_capture_pre_post);
+    if (have_stories)
+        tcase_add_test(tc, test_run_published_sample);
+    else
+        printf("note: no stories260K: its published-sample run skipped\n");
+    test_add_model_loop(tc, test_capture_pre_post, have_fixture, have_stories);
     suite_add_tcase(s, tc);
-    return test_run(s);
+    int status = test_run(s);
+    return status == EXIT_SUCCESS && !have_fixture ? 77 : status;
 }

@@ -3,7 +3,8 @@
  * References: GGUF files this test writes itself byte by byte (metadata of
  * every type, tensors of every supported type with blocks whose values are
  * worked out here from the GGML block layouts), the llama2.c loader on the
- * same weights (stories260K converted to GGUF here: the same logits), a
+ * same weights (tests/model_fixture.py's model and stories260K converted
+ * to GGUF here: the same logits, ids and greedy continuation), a
  * GGUF with rope_freqs.weight (computed here the way llama.cpp's converter
  * does) against the same weights under a config.json with Llama 3.1's
  * "llama3" rope_scaling read by the Hugging Face loader (the same logits),
@@ -12,7 +13,8 @@
  * `tokenizers` (tests/gguf_ref.py says how).
  *
  * Real models, each skipped with a message when absent (exit 77 then):
- *   stories260K.bin + tok512.bin: $MKV_MODELS_DIR, else ../shared/models
+ *   stories260K.bin + tok512.bin (the published ids and sample only):
+ *     $MKV_MODELS_DIR, else ../shared/models
  *   SmolLM2-135M-Instruct.Q4_1.gguf: $MKV_SMOLLM2, else
  *     ${MKV_CACHE_DIR:-$HOME/.cache/mosaickv}/ (scripts/get-models fetches it)
  */
@@ -44,41 +46,6 @@
 /* ------------------------------------------------------------ environment */
 
 static int readable(const char *path) { return access(path, R_OK) == 0; }
-
-static const char *models_dir(void)
-{
-    static char dir[4096];
-    static int looked;
-    if (!looked) {
-        looked = 1;
-        const char *env = getenv("MKV_MODELS_DIR"), *top = getenv("top_srcdir");
-        char a[4200];
-        if (env && *env) {
-            snprintf(dir, sizeof dir, "%s", env);
-        } else {
-            if (top && *top)
-                snprintf(dir, sizeof dir, "%s/../shared/models", top);
-            snprintf(a, sizeof a, "%s/stories260K.bin", dir);
-            if (!dir[0] || !readable(a))
-                snprintf(dir, sizeof dir, "../shared/models");
-        }
-        snprintf(a, sizeof a, "%s/stories260K.bin", dir);
-        char b[4200];
-        snprintf(b, sizeof b, "%s/tok512.bin", dir);
-        if (!readable(a) || !readable(b))
-            dir[0] = '\0';
-    }
-    return dir[0] ? dir : NULL;
-}
-
-static const char *stories_file(const char *name)
-{
-    static char path[2][4200];
-    static int which;
-    which ^= 1;
-    snprintf(path[which], sizeof path[which], "%s/%s", models_dir(), name);
-    return path[which];
-}
 
 static const char *smollm2_path(void)
 {
@@ -836,7 +803,7 @@ typedef struct {
     const char *q41_tensor;    /* Q4_1 blocks: d = 1/8, m = -1, q = pattern_q4 */
     const char *q4k_tensor;    /* written as (zeroed) Q4_K */
     void (*extra)(gguf_w *w);
-    const char *tok512;        /* add tok512.bin as a "llama" vocabulary */
+    const char *vocab;         /* add this llama2.c tokenizer as a "llama" vocabulary */
     const float *rope_freqs;   /* rope_dim/2 values written as rope_freqs.weight */
 } llama_opts;
 
@@ -907,24 +874,28 @@ static int32_t get_i32(const unsigned char *p)
     return (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
 }
 
-/* tok512.bin as GGUF "llama" vocabulary: pieces with spaces spelled U+2581
- * (as sentencepiece writes them), scores, token types. */
-static void w_tok512(gguf_w *w, const char *path)
+/* A llama2.c tokenizer (tok512.bin's layout) of n pieces as GGUF "llama"
+ * vocabulary: pieces with spaces spelled U+2581 (as sentencepiece writes
+ * them), scores, token types. */
+static void w_llama2c_vocab(gguf_w *w, const char *path, int n)
 {
     FILE *fp = fopen(path, "rb");
     ck_assert_ptr_nonnull(fp);
-    unsigned char data[1 << 14];
+    unsigned char data[1 << 15];
     size_t size = fread(data, 1, sizeof data, fp);
+    ck_assert(feof(fp));
     fclose(fp);
-    char *pieces[512];
-    float scores[512];
-    int32_t types[512];
+    char **pieces = calloc((size_t)n, sizeof *pieces);
+    float *scores = calloc((size_t)n, sizeof *scores);
+    int32_t *types = calloc((size_t)n, sizeof *types);
+    ck_assert(pieces && scores && types);
     size_t at = 4;
-    for (int id = 0; id < 512; id++) {
+    for (int id = 0; id < n; id++) {
+        ck_assert(at + 8 <= size);
         float score;
         memcpy(&score, data + at, 4);
         int32_t len = get_i32(data + at + 4);
-        ck_assert(at + 8 + (size_t)len <= size);
+        ck_assert(len >= 0 && at + 8 + (size_t)len <= size);
         char *p = malloc(3 * (size_t)len + 1), *q = p;
         for (int32_t k = 0; k < len; k++) {
             char ch = (char)data[at + 8 + k];
@@ -941,15 +912,19 @@ static void w_tok512(gguf_w *w, const char *path)
         types[id] = id == 0 ? 2 : id <= 2 ? 3 : (len == 6 && memcmp(p, "<0x", 3) == 0) ? 6 : 1;
         at += 8 + (size_t)len;
     }
+    ck_assert_uint_eq(at, size);
     kv_str(w, "tokenizer.ggml.model", "llama");
-    kv_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)pieces, 512);
-    kv_arr_f32(w, "tokenizer.ggml.scores", scores, 512);
-    kv_arr_i32(w, "tokenizer.ggml.token_type", types, 512);
+    kv_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)pieces, (size_t)n);
+    kv_arr_f32(w, "tokenizer.ggml.scores", scores, (size_t)n);
+    kv_arr_i32(w, "tokenizer.ggml.token_type", types, (size_t)n);
     kv_u32(w, "tokenizer.ggml.bos_token_id", 1);
     kv_u32(w, "tokenizer.ggml.eos_token_id", 2);
     kv_u32(w, "tokenizer.ggml.unknown_token_id", 0);
-    for (int id = 0; id < 512; id++)
+    for (int id = 0; id < n; id++)
         free(pieces[id]);
+    free(pieces);
+    free(scores);
+    free(types);
 }
 
 /* m as a GGUF "llama" model, tensors in llama.cpp's names with ne reversed
@@ -979,8 +954,8 @@ static void write_llama_gguf(const char *path, const mkv_model *m, const llama_o
     kv_f32(&w, key, (float)c->rope_theta);
     snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", arch);
     kv_f32(&w, key, c->rms_eps);
-    if (o->tok512) {
-        w_tok512(&w, o->tok512);
+    if (o->vocab) {
+        w_llama2c_vocab(&w, o->vocab, c->vocab_size);
     } else {
         kv_u32(&w, "tokenizer.ggml.bos_token_id", (uint32_t)c->bos_id);
         kv_u32(&w, "tokenizer.ggml.eos_token_id", (uint32_t)c->eos_id);
@@ -1196,7 +1171,7 @@ START_TEST(test_llama_unsupported_quant)
 }
 END_TEST
 
-/* ------------------------------------------------------------ stories260K as GGUF */
+/* ------------------------------------------------------------ llama2.c models as GGUF */
 
 static void logits_of(const mkv_model *m, const int32_t *ids, size_t n, float *out)
 {
@@ -1208,78 +1183,119 @@ static void logits_of(const mkv_model *m, const int32_t *ids, size_t n, float *o
     mkv_forward_free(f);
 }
 
-/* The same weights through the llama2.c loader and as a GGUF file written
- * here (F32 tensors, no row permutation: llama2.c already pairs adjacent
- * channels, as GGUF "llama" does) give the same logits. */
-START_TEST(test_stories_gguf_equivalence)
+static int32_t *encode_bos(const mkv_tokenizer *t, const char *text, size_t *n)
+{
+    int32_t *ids;
+    mkv_error err;
+    ck_assert_msg(mkv_tokenizer_encode(t, text, strlen(text), MKV_ENCODE_BOS, &ids, n, &err) == MKV_OK, "%s",
+                  err.msg);
+    return ids;
+}
+
+/* Greedy continuation of prompt up to n_total tokens (prompt included). */
+static int32_t *greedy(const mkv_model *m, const int32_t *prompt, size_t n_prompt, size_t n_total)
+{
+    mkv_forward *f;
+    mkv_error err;
+    mkv_forward_opts opts = {1, 0, 0};
+    ck_assert_int_eq(mkv_forward_create(m, &opts, &f, &err), MKV_OK);
+    size_t v = (size_t)m->cfg.vocab_size;
+    float *logits = malloc(v * sizeof(float));
+    int32_t *out = malloc(n_total * sizeof *out);
+    ck_assert(logits && out);
+    memcpy(out, prompt, n_prompt * sizeof *prompt);
+    ck_assert_int_eq(mkv_forward_run(f, prompt, n_prompt, logits, MKV_LOGITS_LAST, &err), MKV_OK);
+    for (size_t i = n_prompt; i < n_total; i++) {
+        out[i] = mkv_argmax(logits, (int)v);
+        ck_assert_int_eq(mkv_forward_run(f, &out[i], 1, logits, MKV_LOGITS_LAST, &err), MKV_OK);
+    }
+    free(logits);
+    mkv_forward_free(f);
+    return out;
+}
+
+/* A llama2.c checkpoint (tests/model_fixture.py's; stories260K) and its
+ * tokenizer, as a GGUF file written here (F32 tensors, no row permutation:
+ * llama2.c already pairs adjacent channels, as GGUF "llama" does; the
+ * tokenizer as the "llama" vocabulary): the same model as the llama2.c
+ * loader gives, the same ids as the llama2.c tokenizer, the same logits
+ * and the same greedy continuation.  For stories260K, also the published
+ * ids and sample. */
+START_TEST(test_llama2c_gguf_equivalence)
 {
     mkv_model *ref, *m;
-    mkv_tokenizer *tok;
+    mkv_tokenizer *ref_tok, *tok;
     mkv_gguf_extra x;
     mkv_error err;
-    ck_assert_msg(mkv_llama2c_load(stories_file("stories260K.bin"), &ref, &err) == MKV_OK, "%s", err.msg);
-    const char *path = tmp_file("stories260K.gguf");
-    llama_opts o = {.tok512 = stories_file("tok512.bin")};
+    ck_assert_msg(mkv_llama2c_load(test_checkpoint(_i), &ref, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_msg(mkv_tokenizer_load_llama2c(test_tokenizer(_i), ref->cfg.vocab_size, &ref_tok, &err) == MKV_OK,
+                  "%s", err.msg);
+    const char *path = tmp_file("llama2c.gguf");
+    llama_opts o = {.vocab = test_tokenizer(_i)};
     write_llama_gguf(path, ref, &o);
     ck_assert_msg(mkv_gguf_load(path, &m, &tok, &x, &err) == MKV_OK, "%s", err.msg);
     ck_assert_int_eq(x.add_bos, 1);
     assert_same_model(ref, m);
+    ck_assert_int_eq(tok->vocab_size, ref_tok->vocab_size);
+    ck_assert_int_eq(tok->bos_id, 1);
+    ck_assert_int_eq(tok->eos_id, 2);
 
-    /* The sentencepiece vocabulary from the file: the published ids. */
-    int32_t *ids;
-    size_t n;
-    const char *text = "Once upon a time";
-    ck_assert_msg(mkv_tokenizer_encode(tok, text, strlen(text), MKV_ENCODE_BOS, &ids, &n, &err) == MKV_OK,
-                  "%s", err.msg);
-    int32_t want[5] = {1, 403, 407, 261, 378};
-    ck_assert_uint_eq(n, 5);
-    for (size_t i = 0; i < n; i++)
-        ck_assert_int_eq(ids[i], want[i]);
-    char *back;
-    size_t len;
-    ck_assert_int_eq(mkv_tokenizer_decode(tok, ids, n, &back, &len, &err), MKV_OK);
-    ck_assert_str_eq(back, text);
-    free(back);
-    free(ids);
-
-    int32_t seq[12] = {1, 403, 407, 261, 378, 11, 301, 283, 263, 402, 350, 13};
-    size_t v = (size_t)ref->cfg.vocab_size;
-    float *a = malloc(12 * v * sizeof(float)), *b = malloc(12 * v * sizeof(float));
-    logits_of(ref, seq, 12, a);
-    logits_of(m, seq, 12, b);
-    assert_same_floats(a, b, 12 * v, "logits");
-
-    /* Greedy decoding from the GGUF model and vocabulary: the published sample. */
-    static const char *const published =
-        "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
-        "park. One day, she saw a big, red ball. She wanted to play with it, but it was too high.";
-    ck_assert_int_eq(mkv_tokenizer_encode(tok, text, strlen(text), MKV_ENCODE_BOS, &ids, &n, &err), MKV_OK);
-    mkv_forward *f;
-    mkv_forward_opts opts = {1, 0, 0};
-    ck_assert_int_eq(mkv_forward_create(m, &opts, &f, &err), MKV_OK);
-    int32_t out[200];
-    memcpy(out, ids, n * sizeof *ids);
-    size_t total = n;
-    ck_assert_int_eq(mkv_forward_run(f, ids, n, a, MKV_LOGITS_LAST, &err), MKV_OK);
-    while (total < 200) {
-        out[total] = mkv_argmax(a, (int)v);
-        ck_assert_int_eq(mkv_forward_run(f, &out[total], 1, a, MKV_LOGITS_LAST, &err), MKV_OK);
-        total++;
-        ck_assert_int_eq(mkv_tokenizer_decode(tok, out, total, &back, &len, &err), MKV_OK);
-        int done = len >= strlen(published);
+    /* The sentencepiece vocabulary from the file tokenizes as the
+     * llama2.c tokenizer (checked against tests/model_ref.py by
+     * check_model) and decodes back to the text. */
+    size_t n_texts;
+    const char *const *texts = test_texts(&n_texts);
+    for (size_t k = 0; k < n_texts; k++) {
+        size_t n, n_ref, len;
+        int32_t *ids = encode_bos(tok, texts[k], &n), *want = encode_bos(ref_tok, texts[k], &n_ref);
+        ck_assert_msg(n == n_ref && !memcmp(ids, want, n * sizeof *ids), "text %zu: %zu ids, llama2.c %zu", k, n,
+                      n_ref);
+        char *back;
+        ck_assert_int_eq(mkv_tokenizer_decode(tok, ids, n, &back, &len, &err), MKV_OK);
+        ck_assert_msg(len == strlen(texts[k]) && !memcmp(back, texts[k], len), "text %zu decodes as '%s'", k, back);
         free(back);
-        if (done)
-            break;
+        free(ids);
+        free(want);
     }
-    ck_assert_int_eq(mkv_tokenizer_decode(tok, out, total, &back, &len, &err), MKV_OK);
-    ck_assert_msg(strncmp(back, published, strlen(published)) == 0, "greedy text: %s", back);
-    free(back);
-    free(ids);
-    mkv_forward_free(f);
+    size_t n_prompt, n_seq;
+    int32_t *prompt = encode_bos(tok, "Once upon a time", &n_prompt);
+    if (_i == TEST_STORIES) {
+        int32_t want[5] = {1, 403, 407, 261, 378};
+        ck_assert_uint_eq(n_prompt, 5);
+        ck_assert(!memcmp(prompt, want, sizeof want));
+    }
+
+    int32_t *seq = encode_bos(ref_tok, texts[n_texts - 1], &n_seq);
+    size_t v = (size_t)ref->cfg.vocab_size;
+    float *a = malloc(n_seq * v * sizeof(float)), *b = malloc(n_seq * v * sizeof(float));
+    ck_assert(a && b);
+    logits_of(ref, seq, n_seq, a);
+    logits_of(m, seq, n_seq, b);
+    assert_same_floats(a, b, n_seq * v, "logits");
+
+    /* Greedy decoding from the GGUF model and vocabulary: that of the
+     * llama2.c files; for stories260K the published sample. */
+    size_t n_total = 64;
+    if (_i == TEST_STORIES)
+        free(encode_bos(tok, TEST_PUBLISHED, &n_total));
+    int32_t *got = greedy(m, prompt, n_prompt, n_total), *want = greedy(ref, prompt, n_prompt, n_total);
+    for (size_t i = 0; i < n_total; i++)
+        ck_assert_msg(got[i] == want[i], "token %zu: GGUF %d, llama2.c %d", i, got[i], want[i]);
+    char *text;
+    size_t len;
+    ck_assert_int_eq(mkv_tokenizer_decode(tok, got, n_total, &text, &len, &err), MKV_OK);
+    if (_i == TEST_STORIES)
+        ck_assert_str_eq(text, TEST_PUBLISHED);
+    free(text);
+    free(got);
+    free(want);
+    free(seq);
+    free(prompt);
     free(a);
     free(b);
     mkv_gguf_extra_free(&x);
     mkv_tokenizer_free(tok);
+    mkv_tokenizer_free(ref_tok);
     mkv_model_free(m);
     mkv_model_free(ref);
 }
@@ -2206,7 +2222,8 @@ END_TEST
 
 int main(void)
 {
-    int have_stories = models_dir() != NULL, have_smol = smollm2_path() != NULL;
+    int have_stories = test_models_dir() != NULL, have_smol = smollm2_path() != NULL;
+    int have_fixture = test_write_fixture("check_gguf");
     Suite *s = suite_create("gguf");
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 300);
@@ -2226,8 +2243,7 @@ int main(void)
     tcase_add_test(tc, test_vocab_from_metadata);
     tcase_add_test(tc, test_bpe_by_hand);
     tcase_add_test(tc, test_pretokenize_reference);
-    if (have_stories)
-        tcase_add_test(tc, test_stories_gguf_equivalence);
+    test_add_model_loop(tc, test_llama2c_gguf_equivalence, have_fixture, have_stories);
     if (have_smol) {
         tcase_add_test(tc, test_smollm2_known_ids);
         tcase_add_test(tc, test_smollm2_roundtrip);
@@ -2242,11 +2258,11 @@ int main(void)
     int status = test_run(s);
     if (!have_stories)
         printf("check_gguf: stories260K.bin/tok512.bin not found (set MKV_MODELS_DIR, default "
-               "../shared/models): GGUF/llama2.c equivalence skipped\n");
+               "../shared/models): its published ids and sample through GGUF skipped\n");
     if (!have_smol)
         printf("check_gguf: SmolLM2 GGUF not found (run scripts/get-models, or set MKV_SMOLLM2): "
                "SmolLM2 tokenizer and model tests skipped\n");
-    if (status == EXIT_SUCCESS && (!have_stories || !have_smol))
+    if (status == EXIT_SUCCESS && (!have_stories || !have_smol || !have_fixture))
         return 77;
     return status;
 }

@@ -1,15 +1,17 @@
 /* Hugging Face model directories and tokenizer.json.
  *
- * References: the llama2.c loader on the same weights (stories260K converted
- * here into HF layout: q/k rows permuted from interleaved pairs to
- * rotate_half order, so equal logits show the layouts agree), the published
- * stories260K sample and token ids, tests/model_ref.py (float64 numpy
+ * References: the llama2.c loader on the same weights (the model and
+ * tokenizer tests/model_fixture.py writes, and stories260K when it is
+ * there, converted here into HF layout: q/k rows permuted from interleaved
+ * pairs to rotate_half order, so equal logits show the layouts agree; the
+ * llama2.c tokenizer as tokenizer.json), the published stories260K sample
+ * and token ids, tests/model_ref.py (float64 numpy
  * forward with biases and rotate_half RoPE) for a Qwen2-style model and
  * for LLaMA models with "llama3" and "linear" rope_scaling, and
  * token ids worked out by hand for small tokenizer.json files.  Every file
  * is written by this test: safetensors by hand (header JSON + raw data),
- * bf16 by its own rounding.  The stories260K tests skip (exit 77 overall)
- * without MKV_MODELS_DIR or ../shared/models.
+ * bf16 by its own rounding.  The published-sample checks skip (exit 77
+ * overall) without stories260K in MKV_MODELS_DIR or ../shared/models.
  */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
@@ -31,10 +33,6 @@
 #include "testutil.h"
 #include "vocab/tokenizer.h"
 #include "vocab/tokenizer_json.h"
-
-static const char *const PUBLISHED =
-    "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
-    "park. One day, she saw a big, red ball. She wanted to play with it, but it was too high.";
 
 #define SPACE_MARK "\xe2\x96\x81" /* U+2581 */
 
@@ -396,20 +394,23 @@ static const char *SPM_TAIL =
     SPACE_MARK "\"}, \"content\": \" \"}, {\"type\": \"ByteFallback\"}, {\"type\": \"Fuse\"}, "
     "{\"type\": \"Strip\", \"content\": \" \", \"start\": 1, \"stop\": 0}]},\n";
 
-/* The pieces of tok512.bin in sentencepiece spelling: spaces as U+2581,
- * BOS/EOS as <s>, </s>. */
+/* The pieces of a llama2.c tokenizer (test_tokenizer(which)) in
+ * sentencepiece spelling: spaces as U+2581, BOS/EOS as <s>, </s>. */
 typedef struct {
-    char *piece[512];
-    float score[512];
+    char **piece;
+    float *score;
     int n;
 } spm_vocab;
 
-static spm_vocab tok512_vocab(void)
+static spm_vocab llama2c_vocab(int which)
 {
     mkv_tokenizer *t;
     mkv_error err;
-    ck_assert_msg(mkv_tokenizer_load_llama2c(test_model_file("tok512.bin"), 512, &t, &err) == MKV_OK, "%s", err.msg);
-    spm_vocab v = {.n = t->vocab_size};
+    ck_assert_msg(mkv_tokenizer_load_llama2c(test_tokenizer(which), test_vocab(which), &t, &err) == MKV_OK, "%s",
+                  err.msg);
+    spm_vocab v = {calloc((size_t)t->vocab_size, sizeof(char *)), calloc((size_t)t->vocab_size, sizeof(float)),
+                   t->vocab_size};
+    ck_assert(v.piece && v.score);
     for (int id = 0; id < v.n; id++) {
         const mkv_token *tok = &t->tokens[id];
         char *p = malloc(3 * tok->len + 8);
@@ -448,7 +449,8 @@ static int spm_find(const spm_vocab *v, const char *s, size_t len)
  * within a piece by the ids of the left and right parts. */
 static void write_spm_merges(FILE *fp, const spm_vocab *v)
 {
-    int order[512];
+    int *order = malloc((size_t)v->n * sizeof *order);
+    ck_assert_ptr_nonnull(order);
     for (int i = 0; i < v->n; i++)
         order[i] = i;
     for (int i = 1; i < v->n; i++) /* stable insertion sort by score, descending */
@@ -487,11 +489,13 @@ static void write_spm_merges(FILE *fp, const spm_vocab *v)
             json_string(fp, merge, strlen(merge));
         }
     }
+    free(order);
 }
 
-static void write_tok512_json(const char *dir, spm_style style)
+/* tokenizer.json of the llama2.c tokenizer test_tokenizer(which). */
+static void write_spm_json(const char *dir, int which, spm_style style)
 {
-    spm_vocab v = tok512_vocab();
+    spm_vocab v = llama2c_vocab(which);
     FILE *fp = fopen(in_dir(dir, "tokenizer.json"), "wb");
     ck_assert_ptr_nonnull(fp);
     fprintf(fp, "{\"version\": \"1.0\", \"truncation\": null, \"padding\": null,\n\"added_tokens\": [");
@@ -514,11 +518,13 @@ static void write_tok512_json(const char *dir, spm_style style)
     ck_assert_int_eq(fclose(fp), 0);
     for (int id = 0; id < v.n; id++)
         free(v.piece[id]);
+    free(v.piece);
+    free(v.score);
 }
 
 static const char *CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}";
 
-static void write_tok512_config(const char *dir)
+static void write_spm_config(const char *dir)
 {
     FILE *fp = fopen(in_dir(dir, "tokenizer_config.json"), "wb");
     ck_assert_ptr_nonnull(fp);
@@ -707,35 +713,48 @@ static double rel_error(const float *a, const float *b, size_t n)
     return den > 0 ? num / den : num;
 }
 
-static mkv_model *load_stories(void)
+static mkv_model *load_llama2c(int which)
 {
     mkv_model *m;
     mkv_error err;
-    ck_assert_msg(mkv_llama2c_load(test_model_file("stories260K.bin"), &m, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_msg(mkv_llama2c_load(test_checkpoint(which), &m, &err) == MKV_OK, "%s", err.msg);
     return m;
 }
 
-static mkv_tokenizer *load_tok512(void)
+static mkv_tokenizer *load_llama2c_tokenizer(int which)
 {
     mkv_tokenizer *t;
     mkv_error err;
-    ck_assert_msg(mkv_tokenizer_load_llama2c(test_model_file("tok512.bin"), 512, &t, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_msg(mkv_tokenizer_load_llama2c(test_tokenizer(which), test_vocab(which), &t, &err) == MKV_OK, "%s",
+                  err.msg);
     return t;
 }
 
-/* stories260K as an HF directory with weights of dtype, in n_shards files. */
-static const char *write_stories_dir(const char *name, const char *dtype, int n_shards)
+/* The directory name of a conversion: "fixture-SUFFIX" or "stories-SUFFIX". */
+static const char *dir_name(int which, const char *suffix)
 {
-    const char *dir = make_dir(name);
-    mkv_model *m = load_stories();
+    static char name[4][64];
+    static int k;
+    k = (k + 1) % 4;
+    snprintf(name[k], sizeof name[k], "%s-%s", which == TEST_FIXTURE ? "fixture" : "stories", suffix);
+    return name[k];
+}
+
+/* The llama2.c model test_checkpoint(which) and its tokenizer as an HF
+ * directory dir_name(which, suffix) with weights of dtype, in n_shards
+ * files. */
+static const char *write_llama2c_dir(int which, const char *suffix, const char *dtype, int n_shards)
+{
+    const char *dir = make_dir(dir_name(which, suffix));
+    mkv_model *m = load_llama2c(which);
     mkv_model_config c = m->cfg;
     hf_tensors t = hf_from_model(m, 1);
     set_dtype(&t, dtype);
     write_weights(dir, &t, n_shards);
     c.rope_layout = MKV_ROPE_HALF;
     write_config(dir, &c, "LlamaForCausalLM", "", NULL);
-    write_tok512_json(dir, SPM_LEGACY);
-    write_tok512_config(dir);
+    write_spm_json(dir, which, SPM_LEGACY);
+    write_spm_config(dir);
     hf_tensors_free(&t);
     mkv_model_free(m);
     return dir;
@@ -767,19 +786,43 @@ static int32_t *greedy(const mkv_model *m, const int32_t *prompt, size_t n_promp
     return ids;
 }
 
-/* Logits of the HF model in dir against the llama2.c model over the
- * published text; returns the relative error. */
-static double stories_logit_error(const char *dir)
+/* A float16 value, decoded here from its bits (IEEE 754 binary16). */
+static float from_f16(uint16_t h)
 {
-    mkv_model *ref = load_stories(), *m;
-    mkv_tokenizer *t = load_tok512();
+    int exp = (h >> 10) & 0x1f, frac = h & 0x3ff;
+    double v = exp == 0 ? ldexp(frac, -24) : exp == 31 ? (frac ? NAN : INFINITY) : ldexp(frac | 0x400, exp - 25);
+    return (float)(h & 0x8000 ? -v : v);
+}
+
+/* Every weight of m as the HF file of dtype holds it ("F32": unchanged). */
+static void round_weights(mkv_model *m, const char *dtype)
+{
+    for (size_t i = 0; i < m->storage_floats; i++) {
+        float *w = &m->storage[i];
+        if (!strcmp(dtype, "BF16")) {
+            uint32_t u = (uint32_t)to_bf16(*w) << 16;
+            memcpy(w, &u, 4);
+        } else if (!strcmp(dtype, "F16")) {
+            *w = from_f16(mkv_f32_to_f16(*w));
+        }
+    }
+}
+
+/* Logits of the HF model in dir against the llama2.c model test_checkpoint(which)
+ * over the published text, its weights rounded to `dtype` first; returns
+ * the relative error. */
+static double logit_error(int which, const char *dir, const char *dtype)
+{
+    mkv_model *ref = load_llama2c(which), *m;
+    round_weights(ref, dtype);
+    mkv_tokenizer *t = load_llama2c_tokenizer(which);
     load_hf(dir, &m, NULL, NULL);
     ck_assert_int_eq(m->cfg.rope_layout, MKV_ROPE_HALF);
     ck_assert(m->cfg.tied_classifier && m->classifier == m->tok_embedding);
     size_t n;
-    int32_t *ids = encode_flags(t, PUBLISHED, MKV_ENCODE_BOS, &n);
+    int32_t *ids = encode_flags(t, TEST_PUBLISHED, MKV_ENCODE_BOS, &n);
     float *a = all_logits(m, ids, n), *b = all_logits(ref, ids, n);
-    double e = rel_error(a, b, n * 512);
+    double e = rel_error(a, b, n * (size_t)ref->cfg.vocab_size);
     free(a);
     free(b);
     free(ids);
@@ -789,16 +832,53 @@ static double stories_logit_error(const char *dir)
     return e;
 }
 
-/* ------------------------------------------------------------ stories260K */
-
-START_TEST(test_stories_fp32)
+/* Greedy from "Once upon a time" with the HF model and tokenizer in dir:
+ * the llama2.c model's tokens and text, and for stories260K the published
+ * sample. */
+static void check_greedy(int which, const mkv_model *m, const mkv_tokenizer *t, const char *what)
 {
-    const char *dir = write_stories_dir("stories-f32", "F32", 1);
-    double e = stories_logit_error(dir);
+    mkv_model *ref = load_llama2c(which);
+    mkv_tokenizer *ref_tok = load_llama2c_tokenizer(which);
+    size_t n_prompt, n_pub, n_ref;
+    int32_t *prompt = encode_flags(t, "Once upon a time", MKV_ENCODE_BOS, &n_prompt);
+    int32_t *ref_prompt = encode_flags(ref_tok, "Once upon a time", MKV_ENCODE_BOS, &n_ref);
+    ck_assert_msg(n_prompt == n_ref && !memcmp(prompt, ref_prompt, n_ref * sizeof *prompt),
+                  "%s: the prompt's ids differ from the llama2.c tokenizer's", what);
+    int32_t *pub = encode_flags(t, TEST_PUBLISHED, MKV_ENCODE_BOS, &n_pub);
+    int32_t *gen = greedy(m, prompt, n_prompt, n_pub), *want = greedy(ref, prompt, n_prompt, n_pub);
+    for (size_t i = 0; i < n_pub; i++) {
+        ck_assert_msg(gen[i] == want[i], "%s token %zu: generated %d, llama2.c %d", what, i, gen[i], want[i]);
+        if (which == TEST_STORIES)
+            ck_assert_msg(gen[i] == pub[i], "%s token %zu: generated %d, published %d", what, i, gen[i], pub[i]);
+    }
+    char *text = decode(t, gen, n_pub), *ref_text = decode(ref_tok, want, n_pub);
+    ck_assert_str_eq(text, ref_text);
+    if (which == TEST_STORIES)
+        ck_assert_str_eq(text, TEST_PUBLISHED);
+    free(text);
+    free(ref_text);
+    free(gen);
+    free(want);
+    free(prompt);
+    free(ref_prompt);
+    free(pub);
+    mkv_tokenizer_free(ref_tok);
+    mkv_model_free(ref);
+}
+
+/* ------------------------------------------------------------ llama2.c models as HF directories */
+
+/* Loop tests over test_checkpoint(_i): the model tests/model_fixture.py
+ * writes, and stories260K. */
+START_TEST(test_llama2c_fp32)
+{
+    const char *dir = write_llama2c_dir(_i, "f32", "F32", 1);
+    double e = logit_error(_i, dir, "F32");
     ck_assert_msg(e <= 1e-5, "fp32 HF vs llama2.c logits: relative error %.3g", e);
 
-    /* The whole directory: tokenizer, specials, template, and the published
-     * sample generated from it. */
+    /* The whole directory: tokenizer, specials, template, and the llama2.c
+     * model's greedy text (for stories260K the published sample)
+     * generated from it. */
     mkv_model *m;
     mkv_tokenizer *t;
     mkv_hf_info info;
@@ -808,26 +888,17 @@ START_TEST(test_stories_fp32)
     ck_assert_int_eq(info.add_bos, 1);
     ck_assert_ptr_nonnull(info.chat_template);
     ck_assert_str_eq(info.chat_template, CHAT_TEMPLATE);
-    ck_assert_str_eq(m->cfg.name, "stories-f32");
+    ck_assert_str_eq(m->cfg.name, dir_name(_i, "f32"));
     ck_assert_int_eq(t->bos_id, 1);
     ck_assert_int_eq(t->eos_id, 2);
     ck_assert_int_eq(m->cfg.bos_id, 1);
     ck_assert_int_eq(m->cfg.eos_id, 2);
-    ck_assert_int_eq(t->vocab_size, 512);
-    const int want[] = {1, 403, 407, 261, 378};
-    expect_ids(t, "Once upon a time", MKV_ENCODE_BOS, want, 5, "tokenizer.json");
-    size_t n_prompt, n_pub;
-    int32_t *prompt = encode_flags(t, "Once upon a time", MKV_ENCODE_BOS, &n_prompt);
-    int32_t *pub = encode_flags(t, PUBLISHED, MKV_ENCODE_BOS, &n_pub);
-    int32_t *gen = greedy(m, prompt, n_prompt, n_pub);
-    for (size_t i = 0; i < n_pub; i++)
-        ck_assert_msg(gen[i] == pub[i], "token %zu: generated %d, published %d", i, gen[i], pub[i]);
-    char *text = decode(t, gen, n_pub);
-    ck_assert_str_eq(text, PUBLISHED);
-    free(text);
-    free(gen);
-    free(prompt);
-    free(pub);
+    ck_assert_int_eq(t->vocab_size, test_vocab(_i));
+    if (_i == TEST_STORIES) {
+        const int want[] = {1, 403, 407, 261, 378};
+        expect_ids(t, "Once upon a time", MKV_ENCODE_BOS, want, 5, "tokenizer.json");
+    }
+    check_greedy(_i, m, t, "F32");
     mkv_hf_info_free(&info);
     ck_assert_ptr_null(info.chat_template);
     mkv_tokenizer_free(t);
@@ -835,69 +906,57 @@ START_TEST(test_stories_fp32)
 }
 END_TEST
 
-START_TEST(test_stories_sharded)
+START_TEST(test_llama2c_sharded)
 {
-    const char *dir = write_stories_dir("stories-sharded", "F32", 2);
+    const char *dir = write_llama2c_dir(_i, "sharded", "F32", 2);
     ck_assert(test_file_exists(in_dir(dir, "model-00002-of-00002.safetensors")));
     ck_assert(!test_file_exists(in_dir(dir, "model.safetensors")));
-    double e = stories_logit_error(dir);
+    double e = logit_error(_i, dir, "F32");
     ck_assert_msg(e <= 1e-5, "sharded HF vs llama2.c logits: relative error %.3g", e);
 }
 END_TEST
 
-/* bf16 and fp16 round every weight: logits stay close and greedy decoding
- * from the published prompt gives the published tokens. */
-static void check_16bit(const char *name, const char *dtype, double tol)
+/* bf16 and fp16 round every weight: the logits are those of the llama2.c
+ * model with its weights rounded the same way; for stories260K they stay
+ * close to the unrounded model's, and greedy decoding from the published
+ * prompt gives the published tokens (random weights leave margins too
+ * thin for either). */
+static void check_16bit(int which, const char *dtype, double tol)
 {
-    const char *dir = write_stories_dir(name, dtype, 1);
-    double e = stories_logit_error(dir);
-    ck_assert_msg(e <= tol, "%s HF vs llama2.c logits: relative error %.3g > %.3g", dtype, e, tol);
+    const char *dir = write_llama2c_dir(which, dtype, dtype, 1);
+    double e = logit_error(which, dir, dtype);
+    ck_assert_msg(e <= 1e-5, "%s HF vs rounded llama2.c logits: relative error %.3g", dtype, e);
+    if (which == TEST_STORIES) {
+        e = logit_error(which, dir, "F32");
+        ck_assert_msg(e <= tol, "%s HF vs llama2.c logits: relative error %.3g > %.3g", dtype, e, tol);
+    }
     mkv_model *m;
     mkv_tokenizer *t;
     mkv_hf_info info;
     load_hf(dir, &m, &t, &info);
     ck_assert_str_eq(info.dtype, dtype);
-    size_t n_prompt, n_pub;
-    int32_t *prompt = encode_flags(t, "Once upon a time", MKV_ENCODE_BOS, &n_prompt);
-    int32_t *pub = encode_flags(t, PUBLISHED, MKV_ENCODE_BOS, &n_pub);
-    int32_t *gen = greedy(m, prompt, n_prompt, n_pub);
-    for (size_t i = 0; i < n_pub; i++)
-        ck_assert_msg(gen[i] == pub[i], "%s token %zu: generated %d, published %d", dtype, i, gen[i], pub[i]);
-    free(gen);
-    free(prompt);
-    free(pub);
+    if (which == TEST_STORIES)
+        check_greedy(which, m, t, dtype);
     mkv_hf_info_free(&info);
     mkv_tokenizer_free(t);
     mkv_model_free(m);
 }
 
-START_TEST(test_stories_bf16) { check_16bit("stories-bf16", "BF16", 3e-2); }
+START_TEST(test_llama2c_bf16) { check_16bit(_i, "BF16", 3e-2); }
 END_TEST
 
-START_TEST(test_stories_fp16) { check_16bit("stories-f16", "F16", 5e-3); }
+START_TEST(test_llama2c_fp16) { check_16bit(_i, "F16", 5e-3); }
 END_TEST
 
-static const char *const CORPUS[] = {
-    "Once upon a time",
-    "",
-    " leading and trailing spaces  ",
-    "Line one\nline two\ttab\r\n",
-    "caf\xc3\xa9 cr\xc3\xa8me br\xc3\xbbl\xc3\xa9" "e",
-    "\xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e \xd0\x9f\xd1\x80\xd0\xb8\xd0\xb2\xd0\xb5\xd1\x82",
-    "emoji \xf0\x9f\x98\x80\xf0\x9f\x8e\x89 done",
-    "\xd8\xa7\xd9\x84\xd8\xb9\xd8\xb1\xd8\xa8\xd9\x8a\xd8\xa9 and \xe0\xa4\xb9\xe0\xa4\xbf",
-    "<0x41> <s> looks special",
-    "Once upon a time, there was a little girl named Lily. She loved to play outside in the park.",
-};
-#define N_CORPUS (sizeof CORPUS / sizeof *CORPUS)
 
-/* tokenizer.json converted from tok512.bin tokenizes as tok512.bin does
- * (itself checked against model_ref.py by check_model), and round-trips. */
-START_TEST(test_tok512_json_matches_llama2c)
+/* tokenizer.json converted from a llama2.c tokenizer (tests/model_fixture.py's,
+ * tok512.bin) tokenizes as that tokenizer does (itself checked against
+ * model_ref.py by check_model), and round-trips. */
+START_TEST(test_spm_json_matches_llama2c)
 {
-    const char *dir = make_dir("tok512-legacy");
-    write_tok512_json(dir, SPM_LEGACY);
-    mkv_tokenizer *ref = load_tok512(), *t;
+    const char *dir = make_dir(dir_name(_i, "legacy"));
+    write_spm_json(dir, _i, SPM_LEGACY);
+    mkv_tokenizer *ref = load_llama2c_tokenizer(_i), *t;
     mkv_tokenizer_json_info info;
     mkv_error err;
     ck_assert_msg(mkv_tokenizer_json_load(in_dir(dir, "tokenizer.json"), NULL, 0, &t, &info, &err) == MKV_OK,
@@ -907,13 +966,15 @@ START_TEST(test_tok512_json_matches_llama2c)
     ck_assert_int_eq(t->bos_id, 1);
     ck_assert_int_eq(t->eos_id, 2);
     ck_assert_int_eq(t->unk_id, 0);
-    for (size_t k = 0; k < N_CORPUS; k++) {
+    size_t n_texts;
+    const char *const *texts = test_texts(&n_texts);
+    for (size_t k = 0; k < n_texts; k++) {
         size_t n_ref, n;
-        int32_t *want = encode_flags(ref, CORPUS[k], MKV_ENCODE_BOS, &n_ref);
-        expect_ids(t, CORPUS[k], MKV_ENCODE_BOS, want, n_ref, "legacy tokenizer.json");
-        int32_t *ids = encode_flags(t, CORPUS[k], MKV_ENCODE_BOS, &n);
+        int32_t *want = encode_flags(ref, texts[k], MKV_ENCODE_BOS, &n_ref);
+        expect_ids(t, texts[k], MKV_ENCODE_BOS, want, n_ref, "legacy tokenizer.json");
+        int32_t *ids = encode_flags(t, texts[k], MKV_ENCODE_BOS, &n);
         char *text = decode(t, ids, n);
-        ck_assert_msg(!strcmp(text, CORPUS[k]), "string %zu: decoded '%s'", k, text);
+        ck_assert_msg(!strcmp(text, texts[k]), "string %zu: decoded '%s'", k, text);
         free(text);
         free(ids);
         free(want);
@@ -931,15 +992,20 @@ START_TEST(test_tok512_json_matches_llama2c)
     mkv_tokenizer_free(t);
 
     /* Metaspace "first": no prefix for text that starts with a space, so
-     * " leading" encodes as tok512 encodes "leading". */
-    const char *meta = make_dir("tok512-metaspace");
-    write_tok512_json(meta, SPM_METASPACE);
+     * " leading" encodes as the llama2.c tokenizer encodes "leading". */
+    const char *meta = make_dir(dir_name(_i, "metaspace"));
+    write_spm_json(meta, _i, SPM_METASPACE);
     ck_assert_msg(mkv_tokenizer_json_load(in_dir(meta, "tokenizer.json"), NULL, 0, &t, NULL, &err) == MKV_OK,
                   "%s", err.msg);
-    const int once[] = {1, 403, 407, 261, 378};
-    expect_ids(t, "Once upon a time", MKV_ENCODE_BOS, once, 5, "metaspace");
     size_t n_ref;
-    int32_t *want = encode_flags(ref, "leading and trailing spaces  ", MKV_ENCODE_BOS, &n_ref);
+    int32_t *want = encode_flags(ref, "Once upon a time", MKV_ENCODE_BOS, &n_ref);
+    expect_ids(t, "Once upon a time", MKV_ENCODE_BOS, want, n_ref, "metaspace");
+    free(want);
+    if (_i == TEST_STORIES) {
+        const int once[] = {1, 403, 407, 261, 378};
+        expect_ids(t, "Once upon a time", MKV_ENCODE_BOS, once, 5, "metaspace");
+    }
+    want = encode_flags(ref, "leading and trailing spaces  ", MKV_ENCODE_BOS, &n_ref);
     expect_ids(t, " leading and trailing spaces  ", MKV_ENCODE_BOS, want, n_ref, "metaspace");
     free(want);
     /* ... and none for a segment after a special token (the legacy file
@@ -1761,7 +1827,7 @@ END_TEST
 
 int main(void)
 {
-    int have_models = test_models_dir() != NULL;
+    int have_models = test_models_dir() != NULL, have_fixture = test_write_fixture("check_hf");
     Suite *s = suite_create("hf");
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 120);
@@ -1775,19 +1841,15 @@ int main(void)
     tcase_add_test(tc, test_weight_errors);
     tcase_add_test(tc, test_index_errors);
     tcase_add_test(tc, test_tokenizer_errors);
-    if (have_models) {
-        tcase_add_test(tc, test_stories_fp32);
-        tcase_add_test(tc, test_stories_sharded);
-        tcase_add_test(tc, test_stories_bf16);
-        tcase_add_test(tc, test_stories_fp16);
-        tcase_add_test(tc, test_tok512_json_matches_llama2c);
-    }
+    test_add_model_loop(tc, test_llama2c_fp32, have_fixture, have_models);
+    test_add_model_loop(tc, test_llama2c_sharded, have_fixture, have_models);
+    test_add_model_loop(tc, test_llama2c_bf16, have_fixture, have_models);
+    test_add_model_loop(tc, test_llama2c_fp16, have_fixture, have_models);
+    test_add_model_loop(tc, test_spm_json_matches_llama2c, have_fixture, have_models);
     suite_add_tcase(s, tc);
     int status = test_run(s);
-    if (status == EXIT_SUCCESS && !have_models) {
+    if (status == EXIT_SUCCESS && !have_models)
         printf("check_hf: stories260K.bin/tok512.bin not found (set MKV_MODELS_DIR, default "
-               "../shared/models): the stories260K conversions were skipped\n");
-        return 77;
-    }
-    return status;
+               "../shared/models): its published ids and sample through HF directories skipped\n");
+    return status == EXIT_SUCCESS && (!have_models || !have_fixture) ? 77 : status;
 }

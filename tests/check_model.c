@@ -1,12 +1,17 @@
 /* Models, tokenizer, CPU forward pass and sampling.
  *
- * References: the published stories260K sample and token ids
- * (../shared/models/README.md), tests/model_ref.py (an independent float64
- * numpy forward pass and llama2.c tokenizer), hand-worked BPE merges, and
- * files this test writes itself with known contents.  Tests that need the
- * stories260K files skip (exit 77 overall) when they are absent: set
- * MKV_MODELS_DIR to the directory holding stories260K.bin and tok512.bin
- * (default: ../shared/models beside the source tree).
+ * References: tests/model_ref.py (an independent float64 numpy forward
+ * pass and llama2.c tokenizer), hand-worked BPE merges, files this test
+ * writes itself with known contents, and the published stories260K sample
+ * and token ids (../shared/models/README.md).
+ *
+ * The tokenizer and reference tests run over the model and tokenizer
+ * tests/model_fixture.py writes (numpy weights; merges learned from
+ * data/filler.txt) and, when it is there, over stories260K.  Only the
+ * published-sample tests need stories260K; they skip (exit 77 overall)
+ * when it is absent: set MKV_MODELS_DIR to the directory holding
+ * stories260K.bin and tok512.bin (default: ../shared/models beside the
+ * source tree).
  */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
@@ -26,10 +31,6 @@
 #include "testutil.h"
 #include "model_testutil.h"
 #include "vocab/tokenizer.h"
-
-static const char *const PUBLISHED =
-    "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
-    "park. One day, she saw a big, red ball. She wanted to play with it, but it was too high.";
 
 /* ------------------------------------------------------------ environment */
 
@@ -289,19 +290,20 @@ static int32_t *encode(const mkv_tokenizer *t, const char *text, size_t *n)
     return ids;
 }
 
-static mkv_model *load_stories(void)
+static mkv_model *load_checkpoint(int which)
 {
     mkv_model *m;
     mkv_error err;
-    ck_assert_msg(mkv_llama2c_load(test_model_file("stories260K.bin"), &m, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_msg(mkv_llama2c_load(test_checkpoint(which), &m, &err) == MKV_OK, "%s", err.msg);
     return m;
 }
 
-static mkv_tokenizer *load_tok512(void)
+static mkv_tokenizer *load_tokenizer(int which)
 {
     mkv_tokenizer *t;
     mkv_error err;
-    ck_assert_msg(mkv_tokenizer_load_llama2c(test_model_file("tok512.bin"), 512, &t, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_msg(mkv_tokenizer_load_llama2c(test_tokenizer(which), test_vocab(which), &t, &err) == MKV_OK, "%s",
+                  err.msg);
     return t;
 }
 
@@ -357,7 +359,7 @@ static void compare_with_reference(const mkv_model *m, const char *checkpoint, c
 
 START_TEST(test_tokenizer_known_ids)
 {
-    mkv_tokenizer *t = load_tok512();
+    mkv_tokenizer *t = load_tokenizer(TEST_STORIES);
     size_t n;
     int32_t *ids = encode(t, "Once upon a time", &n);
     const int32_t want[] = {1, 403, 407, 261, 378};
@@ -371,30 +373,19 @@ START_TEST(test_tokenizer_known_ids)
 }
 END_TEST
 
-static const char *const ROUNDTRIP[] = {
-    "Once upon a time",
-    "",
-    " leading and trailing spaces  ",
-    "Line one\nline two\ttab\r\n",
-    "caf\xc3\xa9 cr\xc3\xa8me br\xc3\xbbl\xc3\xa9" "e",           /* café crème brûlée */
-    "\xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e \xd0\x9f\xd1\x80\xd0\xb8\xd0\xb2\xd0\xb5\xd1\x82", /* 日本語 Привет */
-    "emoji \xf0\x9f\x98\x80\xf0\x9f\x8e\x89 done",                  /* 😀🎉 */
-    "\xd8\xa7\xd9\x84\xd8\xb9\xd8\xb1\xd8\xa8\xd9\x8a\xd8\xa9 and \xe0\xa4\xb9\xe0\xa4\xbf", /* Arabic, Hindi */
-    "invalid \xff\xfe\x80 bytes \xc3",                               /* not UTF-8 */
-    "<0x41> <s> looks special",
-};
-
 START_TEST(test_tokenizer_roundtrip)
 {
-    mkv_tokenizer *t = load_tok512();
-    for (size_t k = 0; k < sizeof ROUNDTRIP / sizeof *ROUNDTRIP; k++) {
+    mkv_tokenizer *t = load_tokenizer(_i);
+    size_t count;
+    const char *const *texts = test_texts(&count);
+    for (size_t k = 0; k < count; k++) {
         size_t n, len;
-        int32_t *ids = encode(t, ROUNDTRIP[k], &n);
+        int32_t *ids = encode(t, texts[k], &n);
         char *text;
         mkv_error err;
         ck_assert_msg(mkv_tokenizer_decode(t, ids, n, &text, &len, &err) == MKV_OK, "%s", err.msg);
-        ck_assert_uint_eq(len, strlen(ROUNDTRIP[k]));
-        ck_assert_msg(memcmp(text, ROUNDTRIP[k], len) == 0, "string %zu: got '%s'", k, text);
+        ck_assert_msg(len == strlen(texts[k]) && memcmp(text, texts[k], len) == 0,
+                      "%s, string %zu: got '%s'", test_tokenizer(_i), k, text);
         free(text);
         free(ids);
     }
@@ -406,13 +397,15 @@ START_TEST(test_tokenizer_matches_reference)
 {
     if (!have_reference("tokenizer vs model_ref.py"))
         return;
-    mkv_tokenizer *t = load_tok512();
+    mkv_tokenizer *t = load_tokenizer(_i);
     const char *texts = tmp_file("texts"), *out = tmp_file("ids.txt");
-    const char *cases[sizeof ROUNDTRIP / sizeof *ROUNDTRIP + 2];
-    size_t count = 0;
-    for (size_t k = 0; k < sizeof ROUNDTRIP / sizeof *ROUNDTRIP; k++)
-        cases[count++] = ROUNDTRIP[k];
-    cases[count++] = PUBLISHED;
+    size_t n_texts, count = 0;
+    const char *const *all = test_texts(&n_texts);
+    const char *cases[32];
+    ck_assert_uint_le(n_texts + 2, 32);
+    for (size_t k = 0; k < n_texts; k++)
+        cases[count++] = all[k];
+    cases[count++] = TEST_PUBLISHED;
     /* a few kilobytes of real multi-line English, when the system has it */
     static char license[4001];
     FILE *lic = fopen("/usr/share/common-licenses/GPL-3", "rb");
@@ -428,7 +421,7 @@ START_TEST(test_tokenizer_matches_reference)
     fclose(fp);
     char cmd[8192];
     snprintf(cmd, sizeof cmd, "'%s' '%s' tokenize '%s' '%s' > '%s'", test_python(), test_ref_script(),
-             test_model_file("tok512.bin"), texts, out);
+             test_tokenizer(_i), texts, out);
     ck_assert_msg(system(cmd) == 0, "reference failed: %s", cmd);
     fp = fopen(out, "r");
     ck_assert_ptr_nonnull(fp);
@@ -441,13 +434,15 @@ START_TEST(test_tokenizer_matches_reference)
         for (size_t i = 0; i < n; i++) {
             char *end;
             long v = strtol(p, &end, 10);
-            ck_assert_msg(end != p, "string %zu: reference has %zu ids, we have %zu", k, i, n);
-            ck_assert_msg(v == ids[i], "string %zu id %zu: reference %ld, ours %d", k, i, v, (int)ids[i]);
+            ck_assert_msg(end != p, "%s, string %zu: reference has %zu ids, we have %zu", test_tokenizer(_i), k,
+                          i, n);
+            ck_assert_msg(v == ids[i], "%s, string %zu id %zu: reference %ld, ours %d", test_tokenizer(_i), k, i,
+                          v, (int)ids[i]);
             p = end;
         }
         while (*p == ' ')
             p++;
-        ck_assert_msg(*p == '\n' || *p == '\0', "string %zu: reference has more ids", k);
+        ck_assert_msg(*p == '\n' || *p == '\0', "%s, string %zu: reference has more ids", test_tokenizer(_i), k);
         free(ids);
     }
     fclose(fp);
@@ -552,14 +547,14 @@ END_TEST
 
 START_TEST(test_greedy_published_sample)
 {
-    mkv_model *m = load_stories();
-    mkv_tokenizer *t = load_tok512();
+    mkv_model *m = load_checkpoint(TEST_STORIES);
+    mkv_tokenizer *t = load_tokenizer(TEST_STORIES);
     ck_assert_int_eq(m->cfg.dim, 64);
     ck_assert_int_eq(m->cfg.n_kv_heads, 4);
     ck_assert(m->cfg.tied_classifier && m->classifier == m->tok_embedding);
     size_t n_prompt, n_want;
     int32_t *prompt = encode(t, "Once upon a time", &n_prompt);
-    int32_t *want = encode(t, PUBLISHED, &n_want);
+    int32_t *want = encode(t, TEST_PUBLISHED, &n_want);
     mkv_forward *f = make_forward(m, 1, 0, 0);
     float logits[512];
     mkv_error err;
@@ -574,7 +569,7 @@ START_TEST(test_greedy_published_sample)
     char *text;
     size_t len;
     ck_assert_int_eq(mkv_tokenizer_decode(t, got, n_want, &text, &len, &err), MKV_OK);
-    ck_assert_str_eq(text, PUBLISHED);
+    ck_assert_str_eq(text, TEST_PUBLISHED);
     free(text);
     free(prompt);
     free(want);
@@ -584,16 +579,21 @@ START_TEST(test_greedy_published_sample)
 }
 END_TEST
 
-START_TEST(test_stories_matches_reference)
+/* A checkpoint that another writer made (stories260K, or numpy's in
+ * tests/model_fixture.py), with a shared classifier, over tokens of its
+ * own tokenizer. */
+START_TEST(test_model_matches_reference)
 {
-    if (!have_reference("stories260K vs model_ref.py"))
+    if (!have_reference("model vs model_ref.py"))
         return;
-    mkv_model *m = load_stories();
-    mkv_tokenizer *t = load_tok512();
+    mkv_model *m = load_checkpoint(_i);
+    ck_assert(m->cfg.tied_classifier && m->classifier == m->tok_embedding);
+    mkv_tokenizer *t = load_tokenizer(_i);
     size_t n;
     int32_t *ids = encode(t, "Once upon a time, there was a little girl named Lily. She loved to", &n);
+    ck_assert_uint_gt(n, 8);
     /* chunks of 8 and two threads: several chunks and attention blocks */
-    compare_with_reference(m, test_model_file("stories260K.bin"), ids, (int)n, "", 2, 8);
+    compare_with_reference(m, test_checkpoint(_i), ids, (int)n, "", 2, 8);
     free(ids);
     mkv_tokenizer_free(t);
     mkv_model_free(m);
@@ -662,7 +662,7 @@ START_TEST(test_threads_identical)
     c.vocab_size = 300;
     c.max_seq_len = 256;
     mkv_model *syn = random_model(&c, 5);
-    mkv_model *stories = test_models_dir() ? load_stories() : NULL;
+    mkv_model *stories = test_models_dir() ? load_checkpoint(TEST_STORIES) : NULL;
     mkv_model *models[] = {syn, stories};
     int32_t tokens[200];
     for (int k = 0; k < 2 && models[k]; k++) {
@@ -691,7 +691,7 @@ START_TEST(test_chunked_equals_stepwise)
     mkv_model_config c;
     synthetic_config(&c);
     mkv_model *syn = random_model(&c, 9);
-    mkv_model *stories = test_models_dir() ? load_stories() : NULL;
+    mkv_model *stories = test_models_dir() ? load_checkpoint(TEST_STORIES) : NULL;
     mkv_model *models[] = {syn, stories};
     int32_t tokens[150];
     for (int k = 0; k < 2 && models[k]; k++) {
@@ -1038,7 +1038,7 @@ END_TEST
 
 int main(void)
 {
-    int have_models = test_models_dir() != NULL;
+    int have_models = test_models_dir() != NULL, have_fixture = test_write_fixture("check_model");
     Suite *s = suite_create("model");
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 120);
@@ -1052,19 +1052,17 @@ int main(void)
     tcase_add_test(tc, test_external_attention);
     tcase_add_test(tc, test_forward_errors);
     tcase_add_test(tc, test_sampler);
+    test_add_model_loop(tc, test_tokenizer_roundtrip, have_fixture, have_models);
+    test_add_model_loop(tc, test_tokenizer_matches_reference, have_fixture, have_models);
+    test_add_model_loop(tc, test_model_matches_reference, have_fixture, have_models);
     if (have_models) {
         tcase_add_test(tc, test_tokenizer_known_ids);
-        tcase_add_test(tc, test_tokenizer_roundtrip);
-        tcase_add_test(tc, test_tokenizer_matches_reference);
         tcase_add_test(tc, test_greedy_published_sample);
-        tcase_add_test(tc, test_stories_matches_reference);
     }
     suite_add_tcase(s, tc);
     int status = test_run(s);
-    if (status == EXIT_SUCCESS && !have_models) {
+    if (status == EXIT_SUCCESS && !have_models)
         printf("check_model: stories260K.bin/tok512.bin not found (set MKV_MODELS_DIR, "
-               "default ../shared/models): tokenizer, published-sample and reference tests skipped\n");
-        return 77;
-    }
-    return status;
+               "default ../shared/models): the published-sample tests skipped\n");
+    return status == EXIT_SUCCESS && (!have_models || !have_fixture) ? 77 : status;
 }

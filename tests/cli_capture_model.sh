@@ -1,17 +1,21 @@
 #!/bin/sh
 # mkv-capture MODEL and --shape, checked against independent references:
 #
-# - stories260K (Karpathy's TinyStories model, llama2.c format): greedy
-#   generation from BOS + "Once upon a time" must give the published
-#   sample's token ids (tokenized by tests/model_ref.py, a numpy tokenizer
-#   written from the format description) and text; K, V and queries in the
-#   dump must agree with tests/model_ref.py's float64 numpy forward pass to
-#   1e-4 relative, for post- and pre-RoPE keys, a layer subset, several
-#   prefill chunks and a query window that straddles them.  Read with h5py,
-#   which shares no code with libmosaickv.
+# - llama2.c models: the one tests/model_fixture.py writes here (numpy
+#   weights, 5 layers, a tokenizer whose merges it learns from
+#   data/filler.txt) and, when it is there, stories260K (Karpathy's
+#   TinyStories model).  K, V and queries in the dump must agree with
+#   tests/model_ref.py's float64 numpy forward pass to 1e-4 relative, for
+#   post- and pre-RoPE keys, a layer subset, several prefill chunks and a
+#   query window that straddles them; generated tokens must be the
+#   reference's greedy choice and --print their text; prompts are tokenized
+#   by tests/model_ref.py (a numpy tokenizer written from the format
+#   description).  Read with h5py, which shares no code with libmosaickv.
 # - the same weights written here as a Hugging Face directory (numpy writes
 #   config.json and model.safetensors, q/k rows in rotate_half order): the
 #   dump must hold the reference's K/V/Q with each head's channels permuted.
+# - stories260K only: greedy generation from BOS + "Once upon a time" must
+#   give the published sample's token ids and text.
 # - SmolLM2-135M-Instruct (GGUF, optional: scripts/get-models, MKV_SMOLLM2):
 #   --chat answers "What is the capital of France?" with Paris; ChatML turns.
 # - shape-only models: layout and attributes, determinism, HF rotate_half
@@ -24,9 +28,10 @@
 # PYTHON_H5PY (python with h5py and numpy; default /usr/bin/python3),
 # MKV_MODELS_DIR (directory holding stories260K.bin and tok512.bin; default
 # $top_srcdir/../shared/models), MKV_SMOLLM2 (the SmolLM2 GGUF; default in
-# ${MKV_CACHE_DIR:-$HOME/.cache/mosaickv}).  Without the models or h5py the cases that
-# need them are skipped with a message, and the test exits 77 after the
-# others pass.  Exit: 0 pass, 1 fail, 77 skip.
+# ${MKV_CACHE_DIR:-$HOME/.cache/mosaickv}).  Without stories260K only its
+# published-sample cases are skipped; without h5py and numpy the model
+# fixture and the numerical cases are.  Each skip says so, and the test
+# exits 77 after the others pass.  Exit: 0 pass, 1 fail, 77 skip.
 
 . "${top_srcdir:-.}/tests/cli/common.sh"
 cli_init cli_capture_model mkv-capture
@@ -35,14 +40,14 @@ REF=$top_srcdir/tests/model_ref.py
 skipped=0
 if [ -r "$MODELS/stories260K.bin" ] && [ -r "$MODELS/tok512.bin" ]; then
     MODELS=$(cd "$MODELS" && pwd)
-    have_model=1
+    have_stories=1
 else
-    echo "SKIP: stories260K cases: no stories260K.bin and tok512.bin in '$MODELS' (set MKV_MODELS_DIR)"
-    have_model=0
+    echo "SKIP: stories260K cases (its published sample): no stories260K.bin and tok512.bin in '$MODELS' (set MKV_MODELS_DIR)"
+    have_stories=0
     skipped=1
 fi
 if [ $have_h5py = 0 ]; then
-    echo "SKIP: numerical cases: no python with h5py and numpy (set PYTHON_H5PY)"
+    echo "SKIP: the model fixture and the numerical cases: no python with h5py and numpy (set PYTHON_H5PY)"
     skipped=1
 fi
 
@@ -58,9 +63,12 @@ PUBLISHED="Once upon a time, there was a little girl named Lily. She loved to pl
 
 # Compare a dump with model_ref.py's forward pass over the dump's own tokens.
 # check.py DUMP CHECKPOINT [--pre] [--layers 1,3,4] [--window W] [--generated N]
-#          [--hf NAME]: the dump is of the checkpoint converted by mkhf.py into
-#          the Hugging Face directory NAME (q/k channels in rotate_half order)
+#          [--hf NAME] [--print OUT --tokenizer TOK]: the dump is of the
+#          checkpoint converted by mkhf.py into the Hugging Face directory
+#          NAME (q/k channels in rotate_half order); OUT holds what --print
+#          wrote, the text of the generated tokens in TOK's pieces
 cat >check.py <<'EOF'
+import re
 import sys
 import h5py
 import numpy as np
@@ -73,10 +81,13 @@ opts = sys.argv[4:]
 pre = "--pre" in opts
 def opt(name, default):
     return opts[opts.index(name) + 1] if name in opts else default
-layers = [int(x) for x in opt("--layers", "0,1,2,3,4").split(",")]
+shape, w = model_ref.read_checkpoint(ckpt)
+H, KV, hd = shape["n_heads"], shape["n_kv_heads"], shape["head_dim"]
+layers = [int(x) for x in opt("--layers", ",".join(str(l) for l in range(shape["n_layers"]))).split(",")]
 window = int(opt("--window", "-1"))
 generated = int(opt("--generated", "0"))
 hf = opt("--hf", None)
+printed = opt("--print", None)
 
 def fail(msg):
     print("FAIL: %s: %s" % (dump, msg))
@@ -84,16 +95,17 @@ def fail(msg):
 
 f = h5py.File(dump, "r")
 a = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
-want = {"mkv_format": "mosaickv-dump", "mkv_version": 1, "model": hf or "stories260K",
-        "n_layers": len(layers), "n_heads": 8, "n_kv_heads": 4, "head_dim": 8,
+name = hf or re.sub(r"\.bin$", "", ckpt.split("/")[-1])
+want = {"mkv_format": "mosaickv-dump", "mkv_version": 1, "model": name,
+        "n_layers": len(layers), "n_heads": H, "n_kv_heads": KV, "head_dim": hd,
         "rope_theta": 10000.0, "k_rope": "pre" if pre else "post", "source": "capture",
         "layer_index": ",".join(str(l) for l in layers)}
 for k, v in want.items():
     if a.get(k) != v:
         fail("attribute %s = %r, expected %r" % (k, a.get(k), v))
 if "weights" in a:
-    fail("a trained model's dump says weights=%r" % a["weights"])
-tokens = f["tokens"][:]
+    fail("a model file's dump says weights=%r" % a["weights"])
+tokens = [int(t) for t in f["tokens"][:]]
 T = len(tokens)
 n_prompt = T - generated
 W = min(window, n_prompt) if window >= 0 else min(32, n_prompt)
@@ -101,9 +113,25 @@ qpos = f["query_pos"][:]
 if list(qpos) != list(range(n_prompt - W, T)):
     fail("query_pos %r, expected %d..%d" % (list(qpos), n_prompt - W, T - 1))
 
-shape, w = model_ref.read_checkpoint(ckpt)
-captured, _ = model_ref.forward(shape, w, [int(t) for t in tokens], 10000.0, 8, "interleaved",
-                                np.float32(1e-5).astype(np.float64), None)
+captured, logits = model_ref.forward(shape, w, tokens, 10000.0, hd, "interleaved",
+                                     np.float32(1e-5).astype(np.float64), None)
+# each generated token is the reference's greedy choice (or within float32
+# rounding of it)
+for t in range(n_prompt - 1, T - 1):
+    row = logits[t]
+    if row[tokens[t + 1]] < row.max() - 1e-4 * np.abs(row).max():
+        fail("token %d = %d is not the greedy choice %d" % (t + 1, tokens[t + 1], int(row.argmax())))
+if printed:
+    pieces, _ = model_ref.read_tokenizer(opt("--tokenizer", None))
+    text = b""
+    for prev, tok in zip(tokens[n_prompt - 1:], tokens[n_prompt:]):
+        p = pieces[tok]
+        m = re.fullmatch(rb"<0x([0-9A-F]{2})>", p)
+        text += bytes([int(m.group(1), 16)]) if m else p[1:] if prev == 1 and p[:1] == b" " else p
+    with open(printed, "rb") as fp:
+        out = fp.read()
+    if out != text + b"\n":
+        fail("--print wrote %r, the generated tokens are %r" % (out, text))
 def close(name, got, ref):
     if got.shape != ref.shape:
         fail("%s: shape %r, expected %r" % (name, got.shape, ref.shape))
@@ -111,8 +139,8 @@ def close(name, got, ref):
     if not err <= 1e-4:
         fail("%s: relative error %.3g > 1e-4" % (name, err))
 positions = np.arange(T, dtype=np.float64)
-# rotate_half order: channel j is interleaved channel 2j, channel j + 4 is 2j + 1
-perm = np.concatenate([np.arange(0, 8, 2), np.arange(1, 8, 2)]) if hf else np.arange(8)
+# rotate_half order: channel j is interleaved channel 2j, channel j + hd/2 is 2j + 1
+perm = np.concatenate([np.arange(0, hd, 2), np.arange(1, hd, 2)]) if hf else np.arange(hd)
 for i, l in enumerate(layers):
     q, k, k_pre, v = [x[..., perm] for x in captured[l][:3]] + [captured[l][3]]
     g = f["layers/%02d" % i]
@@ -123,94 +151,16 @@ for i, l in enumerate(layers):
     q_ref = q[:, qpos, :]
     if pre:
         # undo RoPE with the reference's own rotation at the negated positions
-        q_ref = model_ref.rope(q_ref.transpose(1, 0, 2), -positions[qpos], 10000.0, 8,
+        q_ref = model_ref.rope(q_ref.transpose(1, 0, 2), -positions[qpos], 10000.0, hd,
                                "half" if hf else "interleaved").transpose(1, 0, 2)
     close("layer %d q" % l, g["q"][:].astype(np.float64), q_ref)
 EOF
 
-# ================================================================ stories260K
-if [ $have_model = 1 ]; then
-    STORIES=$MODELS/stories260K.bin
-    # ids of the published sample, BOS first, from the numpy tokenizer
-    if [ $have_h5py = 1 ]; then
-        printf '%s' "$PUBLISHED" >published.txt
-        "$PY" "$REF" tokenize "$MODELS/tok512.bin" published.txt >published.ids || fail "model_ref.py tokenize"
-        want_ids=$(tr ' ' '\n' <published.ids | head -n 25 | tr '\n' ' ' | sed 's/ $//')
-        case "$want_ids" in
-        "1 403 407 261 378 "*) pass ;;
-        *) fail "model_ref.py: the published text does not start with 1 403 407 261 378: $want_ids" ;;
-        esac
-    fi
-
-    expect "capture and generate 20" 0 '*' '' "$CAPTURE" "$STORIES" -p "Once upon a time" --generate 20 \
-        --dtype f32 --print -o gen.h5
-    # --print: the continuation, which follows the prompt in the published text
-    printf 'Once upon a time%s' "$(cat got.out)" >text.txt
-    case "$PUBLISHED" in
-    "$(cat text.txt)"*) pass ;;
-    *) fail "--print: 'Once upon a time' + '$(cat got.out)' is not a prefix of the published sample" ;;
-    esac
-    if [ -x "$ANALYZE" ]; then
-        expect "generated dump validates" 0 '*' '' "$ANALYZE" check gen.h5
-    fi
-    if [ $have_h5py = 1 ]; then
-        got_ids=$("$PY" -c 'import h5py, sys; print(" ".join(str(t) for t in h5py.File(sys.argv[1])["tokens"][:]))' gen.h5)
-        if [ "$got_ids" = "$want_ids" ]; then pass
-        else fail "/tokens: got '$got_ids', published '$want_ids'"; fi
-        py "K/V/Q of prompt and generated tokens vs model_ref.py" check.py "$top_srcdir/tests" gen.h5 "$STORIES" --generated 20
-    fi
-
-    # pre-RoPE keys (and queries), the default window capped at the prompt
-    expect "--k-rope pre" 0 '*' '' "$CAPTURE" "$STORIES" -p "Once upon a time" --k-rope pre --dtype f32 -o pre.h5
-    # a layer subset, a prompt over several prefill chunks, a query window
-    # that straddles chunks, two threads, the prompt on stdin
-    printf '%s' "$PUBLISHED" | "$CAPTURE" "$STORIES" --layers 1,3-4 --chunk 5 --window 7 \
-        --threads 2 --dtype f32 -o sub.h5 2>sub.err
-    if [ $? -eq 0 ] && [ ! -s sub.err ]; then pass; else fail "prompt on stdin, --layers 1,3-4 --chunk 5: $(cat sub.err)"; fi
-    if [ $have_h5py = 1 ]; then
-        expect "--token-ids, --window 0" 0 '*' '' "$CAPTURE" "$STORIES" --token-ids published.ids \
-            --window 0 --generate 2 --dtype f32 -o ids.h5
-        py "--k-rope pre vs model_ref.py" check.py "$top_srcdir/tests" pre.h5 "$STORIES" --pre
-        py "--layers 1,3-4 --chunk 5 --window 7 vs model_ref.py" check.py "$top_srcdir/tests" sub.h5 "$STORIES" --layers 1,3,4 --window 7
-        py "--window 0 --generate 2: only the generated positions are queries" \
-            check.py "$top_srcdir/tests" ids.h5 "$STORIES" --window 0 --generated 2
-    fi
-
-    # stdout, float16 default, through a pipe into the validator
-    if [ -x "$ANALYZE" ]; then
-        if "$CAPTURE" "$STORIES" -p "Once upon a time" --generate 3 -o - 2>pipe.err |
-           "$ANALYZE" check - >check.out 2>&1 && [ "$(cat check.out)" = "(stdin): ok" ] && [ ! -s pipe.err ]
-        then pass; else fail "-o - | mkv-analyze check -: $(cat pipe.err check.out)"; fi
-    fi
-    # the same prompt as token ids or as text gives the same tokens (and bytes: BOS given explicitly)
-    printf '403 407 261 378\n' >prompt.ids
-    expect "--token-ids --bos" 0 '*' '' "$CAPTURE" "$STORIES" --token-ids prompt.ids --bos --dtype f32 -o a.h5
-    expect "text prompt" 0 '*' '' "$CAPTURE" "$STORIES" -p "Once upon a time" --dtype f32 -o b.h5
-    if [ $have_h5py = 1 ]; then
-        py "token ids and text give the same K/V" - a.h5 b.h5 <<'EOF'
-import sys
-import h5py
-import numpy as np
-a, b = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r")
-if list(a["tokens"][:]) != [1, 403, 407, 261, 378] or list(b["tokens"][:]) != [1, 403, 407, 261, 378]:
-    print("FAIL: tokens %r %r" % (list(a["tokens"][:]), list(b["tokens"][:])))
-    sys.exit(1)
-for l in range(5):
-    for kind in "kvq":
-        x, y = a["layers/%02d/%s" % (l, kind)][:], b["layers/%02d/%s" % (l, kind)][:]
-        if not np.array_equal(x, y):
-            print("FAIL: layer %d %s differs" % (l, kind))
-            sys.exit(1)
-EOF
-    fi
-
-    # The same weights as a Hugging Face directory (config.json +
-    # model.safetensors written here by numpy, q/k rows permuted into
-    # rotate_half order as HF checkpoints have them); token ids need no
-    # tokenizer.json.  K/V/Q must be the reference's with the channels of
-    # each head permuted the same way.
-    if [ $have_h5py = 1 ]; then
-        cat >mkhf.py <<'EOF'
+# The same weights as a Hugging Face directory (config.json +
+# model.safetensors written by numpy, q/k rows permuted into rotate_half
+# order as HF checkpoints have them); token ids need no tokenizer.json.
+# mkhf.py TESTS CHECKPOINT DIR
+cat >mkhf.py <<'EOF'
 import json
 import os
 import struct
@@ -255,23 +205,102 @@ cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_siz
 with open(os.path.join(out, "config.json"), "w") as fp:
     json.dump(cfg, fp)
 EOF
-        if "$PY" mkhf.py "$top_srcdir/tests" "$STORIES" stories-hf; then pass; else fail "mkhf.py"; fi
-        expect "Hugging Face directory" 0 '*' '' "$CAPTURE" stories-hf --token-ids published.ids --window 9 \
+
+# ================================================================ llama2.c models
+# llama2c_cases CHECKPOINT TOKENIZER 'ID ...' 'HEADER': the cases for a
+# llama2.c checkpoint (absolute path) of 5 layers, a vocabulary and a
+# context of 512, with its tokenizer beside it; the ids of "Once upon a
+# time" without BOS; HEADER as the loader describes the checkpoint's header.
+# Run in a fresh directory of their own.
+llama2c_cases() {
+    MODEL=$1 TOK=$2 PROMPT_IDS=$3 HEADER=$4
+    TOKNAME=${TOK##*/}
+    printf '%s\n' "$PROMPT_IDS" >prompt.ids
+    if [ $have_h5py = 1 ]; then
+        # ids of the published text, BOS first, from the numpy tokenizer
+        printf '%s' "$PUBLISHED" >published.txt
+        "$PY" "$REF" tokenize "$TOK" published.txt >published.ids || fail "model_ref.py tokenize"
+        printf 'Once upon a time' >once.txt
+        "$PY" "$REF" tokenize "$TOK" once.txt >once.ids || fail "model_ref.py tokenize"
+        if [ "$(cat once.ids)" = "1 $PROMPT_IDS" ]; then pass
+        else fail "model_ref.py: 'Once upon a time' is '$(cat once.ids)', the test says '1 $PROMPT_IDS'"; fi
+    fi
+
+    expect "capture and generate 20" 0 '*' '' "$CAPTURE" "$MODEL" -p "Once upon a time" --generate 20 \
+        --dtype f32 --print -o gen.h5
+    cp got.out gen.out
+    if [ -x "$ANALYZE" ]; then
+        expect "generated dump validates" 0 '*' '' "$ANALYZE" check gen.h5
+    fi
+    if [ $have_h5py = 1 ]; then
+        py "K/V/Q of prompt and generated tokens vs model_ref.py, greedy tokens, --print" \
+            "$tmp/check.py" "$top_srcdir/tests" gen.h5 "$MODEL" --generated 20 --print gen.out --tokenizer "$TOK"
+    fi
+
+    # pre-RoPE keys (and queries), the default window capped at the prompt
+    expect "--k-rope pre" 0 '*' '' "$CAPTURE" "$MODEL" -p "Once upon a time" --k-rope pre --dtype f32 -o pre.h5
+    # a layer subset, a prompt over several prefill chunks, a query window
+    # that straddles chunks, two threads, the prompt on stdin
+    printf '%s' "$PUBLISHED" | "$CAPTURE" "$MODEL" --layers 1,3-4 --chunk 5 --window 7 \
+        --threads 2 --dtype f32 -o sub.h5 2>sub.err
+    if [ $? -eq 0 ] && [ ! -s sub.err ]; then pass; else fail "prompt on stdin, --layers 1,3-4 --chunk 5: $(cat sub.err)"; fi
+    if [ $have_h5py = 1 ]; then
+        expect "--token-ids, --window 0" 0 '*' '' "$CAPTURE" "$MODEL" --token-ids published.ids \
+            --window 0 --generate 2 --dtype f32 -o ids.h5
+        py "--k-rope pre vs model_ref.py" "$tmp/check.py" "$top_srcdir/tests" pre.h5 "$MODEL" --pre
+        py "--layers 1,3-4 --chunk 5 --window 7 vs model_ref.py" "$tmp/check.py" "$top_srcdir/tests" sub.h5 "$MODEL" --layers 1,3,4 --window 7
+        py "--window 0 --generate 2: only the generated positions are queries" \
+            "$tmp/check.py" "$top_srcdir/tests" ids.h5 "$MODEL" --window 0 --generated 2
+    fi
+
+    # stdout, float16 default, through a pipe into the validator
+    if [ -x "$ANALYZE" ]; then
+        if "$CAPTURE" "$MODEL" -p "Once upon a time" --generate 3 -o - 2>pipe.err |
+           "$ANALYZE" check - >check.out 2>&1 && [ "$(cat check.out)" = "(stdin): ok" ] && [ ! -s pipe.err ]
+        then pass; else fail "-o - | mkv-analyze check -: $(cat pipe.err check.out)"; fi
+    fi
+    # the same prompt as token ids or as text gives the same tokens (and bytes: BOS given explicitly)
+    expect "--token-ids --bos" 0 '*' '' "$CAPTURE" "$MODEL" --token-ids prompt.ids --bos --dtype f32 -o a.h5
+    expect "text prompt" 0 '*' '' "$CAPTURE" "$MODEL" -p "Once upon a time" --dtype f32 -o b.h5
+    if [ $have_h5py = 1 ]; then
+        py "token ids and text give the same K/V" - a.h5 b.h5 "1 $PROMPT_IDS" <<'EOF'
+import sys
+import h5py
+import numpy as np
+a, b = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r")
+want = [int(t) for t in sys.argv[3].split()]
+if list(a["tokens"][:]) != want or list(b["tokens"][:]) != want:
+    print("FAIL: tokens %r %r, expected %r" % (list(a["tokens"][:]), list(b["tokens"][:]), want))
+    sys.exit(1)
+for l in range(5):
+    for kind in "kvq":
+        x, y = a["layers/%02d/%s" % (l, kind)][:], b["layers/%02d/%s" % (l, kind)][:]
+        if not np.array_equal(x, y):
+            print("FAIL: layer %d %s differs" % (l, kind))
+            sys.exit(1)
+EOF
+    fi
+
+    # The same weights as a Hugging Face directory: K/V/Q must be the
+    # reference's with the channels of each head permuted the same way.
+    if [ $have_h5py = 1 ]; then
+        if "$PY" "$tmp/mkhf.py" "$top_srcdir/tests" "$MODEL" as-hf; then pass; else fail "mkhf.py"; fi
+        expect "Hugging Face directory" 0 '*' '' "$CAPTURE" as-hf --token-ids published.ids --window 9 \
             --dtype f32 -o hf.h5
-        py "Hugging Face directory vs model_ref.py" check.py "$top_srcdir/tests" hf.h5 "$STORIES" --hf stories-hf --window 9
-        expect "Hugging Face directory, pre-RoPE" 0 '*' '' "$CAPTURE" stories-hf --token-ids prompt.ids --bos \
+        py "Hugging Face directory vs model_ref.py" "$tmp/check.py" "$top_srcdir/tests" hf.h5 "$MODEL" --hf as-hf --window 9
+        expect "Hugging Face directory, pre-RoPE" 0 '*' '' "$CAPTURE" as-hf --token-ids prompt.ids --bos \
             --k-rope pre --layers 2 --dtype f32 -o hfpre.h5
-        py "Hugging Face directory, pre-RoPE, vs model_ref.py" check.py "$top_srcdir/tests" hfpre.h5 "$STORIES" --hf stories-hf --pre --layers 2
-        expect "--tokenizer with a directory" 2 '*' "$P: --tokenizer is for llama2.c checkpoints; 'stories-hf' (hf) carries its own tokenizer" \
-            "$CAPTURE" stories-hf --tokenizer "$MODELS/tok512.bin" --token-ids prompt.ids -o x.h5
+        py "Hugging Face directory, pre-RoPE, vs model_ref.py" "$tmp/check.py" "$top_srcdir/tests" hfpre.h5 "$MODEL" --hf as-hf --pre --layers 2
+        expect "--tokenizer with a directory" 2 '*' "$P: --tokenizer is for llama2.c checkpoints; 'as-hf' (hf) carries its own tokenizer" \
+            "$CAPTURE" as-hf --tokenizer "$TOK" --token-ids prompt.ids -o x.h5
         mkdir not-a-model
         expect "directory without config.json" 1 '*' "$P: 'not-a-model': a directory without config.json is not a Hugging Face model" \
             "$CAPTURE" not-a-model --token-ids prompt.ids -o x.h5
     fi
 
     # the thread count changes nothing, to the byte
-    expect "one thread" 0 '*' '' "$CAPTURE" "$STORIES" -p "Once upon a time there was" --generate 10 --threads 1 -o t1.h5
-    expect "two threads" 0 '*' '' "$CAPTURE" "$STORIES" -p "Once upon a time there was" --generate 10 --threads 2 -o t2.h5
+    expect "one thread" 0 '*' '' "$CAPTURE" "$MODEL" -p "Once upon a time there was" --generate 10 --threads 1 -o t1.h5
+    expect "two threads" 0 '*' '' "$CAPTURE" "$MODEL" -p "Once upon a time there was" --generate 10 --threads 2 -o t2.h5
     if cmp -s t1.h5 t2.h5; then pass; else fail "--threads 1 and 2 gave different dumps"; fi
 
     # ---------------------------------------------------------- bad input
@@ -280,64 +309,102 @@ EOF
     printf '1 2\n512 7\n' >big.ids
     printf '1 2x 5\n' >word.ids
     : >empty.ids
-    head -c 1000 "$STORIES" >trunc.bin
-    cp "$STORIES" alone.bin
-    cp "$STORIES" model.bin
+    head -c 1000 "$MODEL" >trunc.bin
+    cp "$MODEL" alone.bin
+    cp "$MODEL" model.bin
     expect "prompt longer than the context" 1 '*' "$P: the prompt has 600 tokens, more than the context of 512" \
-        "$CAPTURE" "$STORIES" --token-ids long.ids -o x.h5
+        "$CAPTURE" "$MODEL" --token-ids long.ids -o x.h5
     expect "generation past the context" 1 '*' "$P: the prompt has 500 tokens; 20 more to generate exceed the context of 512" \
-        "$CAPTURE" "$STORIES" --token-ids l500.ids --generate 20 -o x.h5
-    expect "empty prompt" 1 '*' "$P: empty prompt" "$CAPTURE" "$STORIES" -p "" -o x.h5
-    expect "empty prompt on stdin" 1 '*' "$P: empty prompt on standard input" "$CAPTURE" "$STORIES" -o x.h5
-    expect "empty prompt file" 1 '*' "$P: empty prompt file" "$CAPTURE" "$STORIES" -f empty.ids -o x.h5
+        "$CAPTURE" "$MODEL" --token-ids l500.ids --generate 20 -o x.h5
+    expect "empty prompt" 1 '*' "$P: empty prompt" "$CAPTURE" "$MODEL" -p "" -o x.h5
+    expect "empty prompt on stdin" 1 '*' "$P: empty prompt on standard input" "$CAPTURE" "$MODEL" -o x.h5
+    expect "empty prompt file" 1 '*' "$P: empty prompt file" "$CAPTURE" "$MODEL" -f empty.ids -o x.h5
     expect "id outside the vocabulary" 1 '*' "$P: 'big.ids': token id 512 at index 2 is outside the vocabulary of 512" \
-        "$CAPTURE" "$STORIES" --token-ids big.ids -o x.h5
-    expect "not a token id" 1 '*' "$P: 'word.ids': '2x' is not a token id" "$CAPTURE" "$STORIES" --token-ids word.ids -o x.h5
-    expect "no token ids" 1 '*' "$P: 'empty.ids': no token ids" "$CAPTURE" "$STORIES" --token-ids empty.ids -o x.h5
+        "$CAPTURE" "$MODEL" --token-ids big.ids -o x.h5
+    expect "not a token id" 1 '*' "$P: 'word.ids': '2x' is not a token id" "$CAPTURE" "$MODEL" --token-ids word.ids -o x.h5
+    expect "no token ids" 1 '*' "$P: 'empty.ids': no token ids" "$CAPTURE" "$MODEL" --token-ids empty.ids -o x.h5
     expect "missing model" 1 '*' "$P: cannot open 'missing.bin': No such file or directory" "$CAPTURE" missing.bin -p hi -o x.h5
-    expect "truncated model" 1 '*' "$P: 'trunc.bin': truncated: the header (dim 64, hidden 172, 5 layers, vocab 512, seq_len 512) implies 1056540 bytes, the file has 1000" \
+    expect "truncated model" 1 '*' "$P: 'trunc.bin': truncated: the header ($HEADER) implies $(wc -c <"$MODEL" | tr -d ' ') bytes, the file has 1000" \
         "$CAPTURE" trunc.bin -p hi -o x.h5
     expect "no tokenizer beside" 1 '*' "$P: 'alone.bin': no tokenizer beside the checkpoint (looked for tokenizer.bin and tok512.bin in .); give --tokenizer FILE" \
         "$CAPTURE" alone.bin -p hi -o x.h5
     expect "missing tokenizer" 1 '*' "$P: cannot open 'none.bin': No such file or directory" \
         "$CAPTURE" alone.bin --tokenizer none.bin -p hi -o x.h5
-    expect "--tokenizer given" 0 '*' '' "$CAPTURE" alone.bin --tokenizer "$MODELS/tok512.bin" -p hi -o y.h5
+    expect "--tokenizer given" 0 '*' '' "$CAPTURE" alone.bin --tokenizer "$TOK" -p hi -o y.h5
     expect "token ids need no tokenizer" 0 '*' '' "$CAPTURE" alone.bin --token-ids prompt.ids -o y.h5
     expect "output over the model" 2 '*' "$P: output 'model.bin' would overwrite the input" \
         "$CAPTURE" model.bin --token-ids prompt.ids -o model.bin
-    if cmp -s model.bin "$STORIES"; then pass; else fail "the model was overwritten"; fi
+    if cmp -s model.bin "$MODEL"; then pass; else fail "the model was overwritten"; fi
     # no other input is overwritten either: the prompt file, the token ids,
     # the tokenizer found beside the checkpoint (also by another name)
     printf 'Once upon a time' >prompt.txt
     cp prompt.txt prompt.keep
     cp prompt.ids ids.keep
     mkdir beside
-    cp "$STORIES" beside/model.bin
-    cp "$MODELS/tok512.bin" beside/tok512.bin
+    cp "$MODEL" beside/model.bin
+    cp "$TOK" "beside/$TOKNAME"
     expect "output over the prompt file" 2 '*' "$P: output 'prompt.txt' would overwrite the input" \
-        "$CAPTURE" "$STORIES" -f prompt.txt -o prompt.txt
+        "$CAPTURE" "$MODEL" -f prompt.txt -o prompt.txt
     if cmp -s prompt.txt prompt.keep; then pass; else fail "the prompt file was overwritten"; fi
     expect "output over the token ids" 2 '*' "$P: output './prompt.ids' would overwrite the input" \
-        "$CAPTURE" "$STORIES" --token-ids prompt.ids -o ./prompt.ids
+        "$CAPTURE" "$MODEL" --token-ids prompt.ids -o ./prompt.ids
     if cmp -s prompt.ids ids.keep; then pass; else fail "the token ids were overwritten"; fi
     expect "output over the token ids of a shape" 2 '*' "$P: output 'prompt.ids' would overwrite the input" \
         "$CAPTURE" --shape llama3.1-8b --layers 0 --vocab 512 --token-ids prompt.ids -o prompt.ids
     if cmp -s prompt.ids ids.keep; then pass; else fail "the token ids were overwritten by --shape"; fi
-    expect "output over the tokenizer found beside" 2 '*' "$P: output 'beside/tok512.bin' would overwrite the input" \
-        "$CAPTURE" beside/model.bin -p 'Once upon a time' -o beside/tok512.bin
-    if cmp -s beside/tok512.bin "$MODELS/tok512.bin"; then pass; else fail "the tokenizer was overwritten"; fi
-    expect "output over the tokenizer given" 2 '*' "$P: output 'beside/../beside/tok512.bin' would overwrite the input" \
-        "$CAPTURE" alone.bin --tokenizer beside/tok512.bin -p hi -o beside/../beside/tok512.bin
-    if cmp -s beside/tok512.bin "$MODELS/tok512.bin"; then pass; else fail "the given tokenizer was overwritten"; fi
-    expect "--chat without a template" 1 '*' "$P: '$STORIES': the model has no chat template" \
-        "$CAPTURE" "$STORIES" --chat -p hi -o x.h5
+    expect "output over the tokenizer found beside" 2 '*' "$P: output 'beside/$TOKNAME' would overwrite the input" \
+        "$CAPTURE" beside/model.bin -p 'Once upon a time' -o "beside/$TOKNAME"
+    if cmp -s "beside/$TOKNAME" "$TOK"; then pass; else fail "the tokenizer was overwritten"; fi
+    expect "output over the tokenizer given" 2 '*' "$P: output 'beside/../beside/$TOKNAME' would overwrite the input" \
+        "$CAPTURE" alone.bin --tokenizer "beside/$TOKNAME" -p hi -o "beside/../beside/$TOKNAME"
+    if cmp -s "beside/$TOKNAME" "$TOK"; then pass; else fail "the given tokenizer was overwritten"; fi
+    expect "--chat without a template" 1 '*' "$P: '$MODEL': the model has no chat template" \
+        "$CAPTURE" "$MODEL" --chat -p hi -o x.h5
     expect "--layers outside" 2 '*' "$P: invalid value '5' for --layers: the model has 5 layers (0..4)" \
-        "$CAPTURE" "$STORIES" -p hi --layers 5 -o x.h5
+        "$CAPTURE" "$MODEL" -p hi --layers 5 -o x.h5
     expect "--layers backwards" 2 '*' "$P: invalid value '3-1' for --layers: expected a list of layers like 0,3,5-7" \
-        "$CAPTURE" "$STORIES" -p hi --layers 3-1 -o x.h5
+        "$CAPTURE" "$MODEL" -p hi --layers 3-1 -o x.h5
     expect "--layers empty item" 2 '*' "$P: invalid value '1,,2' for --layers: expected a list of layers like 0,3,5-7" \
-        "$CAPTURE" "$STORIES" -p hi --layers 1,,2 -o x.h5
+        "$CAPTURE" "$MODEL" -p hi --layers 1,,2 -o x.h5
     if [ -e x.h5 ]; then fail "a failed run left x.h5 behind"; else pass; fi
+}
+
+# ---------------------------------------------------------------- the fixture
+if [ $have_h5py = 1 ]; then
+    mkdir fixture run-fixture
+    if "$PY" "$top_srcdir/tests/model_fixture.py" fixture/tiny.bin fixture/tokenizer.bin --bpe --layers 5; then
+        pass
+        printf 'Once upon a time' >once.txt
+        once=$("$PY" "$REF" tokenize fixture/tokenizer.bin once.txt | cut -d' ' -f2-)
+        cd run-fixture || exit 1
+        llama2c_cases "$tmp/fixture/tiny.bin" "$tmp/fixture/tokenizer.bin" "$once" \
+            "dim 32, hidden 64, 5 layers, vocab 512, seq_len 512"
+        cd "$tmp" || exit 1
+    else
+        fail "model_fixture.py"
+    fi
+fi
+
+# ---------------------------------------------------------------- stories260K
+if [ $have_stories = 1 ]; then
+    mkdir run-stories
+    cd run-stories || exit 1
+    llama2c_cases "$MODELS/stories260K.bin" "$MODELS/tok512.bin" "403 407 261 378" \
+        "dim 64, hidden 172, 5 layers, vocab 512, seq_len 512"
+    # its published sample: the 20 tokens generated from BOS + "Once upon a
+    # time" continue the prompt as the published text does, in ids and text
+    printf 'Once upon a time%s' "$(cat gen.out)" >text.txt
+    case "$PUBLISHED" in
+    "$(cat text.txt)"*) pass ;;
+    *) fail "--print: 'Once upon a time' + '$(cat gen.out)' is not a prefix of the published sample" ;;
+    esac
+    if [ $have_h5py = 1 ]; then
+        want_ids=$(tr ' ' '\n' <published.ids | head -n 25 | tr '\n' ' ' | sed 's/ $//')
+        got_ids=$("$PY" -c 'import h5py, sys; print(" ".join(str(t) for t in h5py.File(sys.argv[1])["tokens"][:]))' gen.h5)
+        if [ "$got_ids" = "$want_ids" ]; then pass
+        else fail "/tokens: got '$got_ids', published '$want_ids'"; fi
+    fi
+    cd "$tmp" || exit 1
 fi
 
 # ================================================================ SmolLM2 (GGUF, chat)

@@ -12,7 +12,8 @@
  * and token ids and pre-token splits produced by Hugging Face's
  * `tokenizers` (tests/gguf_ref.py says how).
  *
- * Real models, each skipped with a message when absent (exit 77 then):
+ * Real models, each skipped with a message when absent (the test passes
+ * on the rest; exit 77 only without the fixture):
  *   stories260K.bin + tok512.bin (the published ids and sample only):
  *     $MKV_MODELS_DIR, else ../shared/models
  *   SmolLM2-135M-Instruct.Q4_1.gguf: $MKV_SMOLLM2, else
@@ -2262,7 +2263,9 @@ int main(void)
     if (!have_smol)
         printf("check_gguf: SmolLM2 GGUF not found (run scripts/get-models, or set MKV_SMOLLM2): "
                "SmolLM2 tokenizer and model tests skipped\n");
-    if (status == EXIT_SUCCESS && (!have_stories || !have_smol || !have_fixture))
+    /* real models no test can write are said above; only the missing
+     * fixture (no numpy) leaves too little run to call it a pass */
+    if (status == EXIT_SUCCESS && !have_fixture)
         return 77;
     return status;
 }

@@ -14,6 +14,8 @@ set logscale x 2
 set xlabel "physical compression ratio of the prefix (dense 16-bit / stored bytes)"
 set ylabel "perplexity increase over the full cache (%)"
 set grid
+set yrange [-5:35]
+set title "points above 35% are off the plot (see the tables)" font ",8"
 methods = "quest mosaic uniform2d kivi snapkv streaming think naive2d"
 colors = "#7f7f7f #d62728 #2ca02c #e377c2 #17becf #9467bd #8c564b #ff7f0e"
 plot for [i=1:words(methods)] in using (stringcolumn(4) eq word(methods, i) ? $11 : 1/0):8 \

@@ -29,7 +29,7 @@ keep=$top_builddir/tests/fuzz-crashes
 export OPENBLAS_NUM_THREADS=1
 
 # harness and mutations: about 90 s in all on a loaded 2-core machine
-for spec in dump:10000 cdump:20000 safetensors:20000 npy:10000 gguf:40000 llama2c:20000 tokenizer:20000 \
+for spec in dump:10000 cdump:20000 methods:5000 safetensors:20000 npy:10000 gguf:40000 llama2c:20000 tokenizer:20000 \
     tokenizer_json:20000 hf_config:20000; do
     h=${spec%%:*}
     n=$((${spec#*:} * factor))

@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "core/mkv.h"
+#include "methods/method.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 /* util.c: the library logs errors only. */
@@ -42,5 +43,11 @@ void fuzz_check_refusal(int rc, const mkv_error *err, const char *call);
  * every id it gives lies in the vocabulary and decodes. */
 struct mkv_tokenizer;
 void fuzz_tokenizer_roundtrip(const struct mkv_tokenizer *t);
+
+/* Load (layer, head) of c with method m and parameters p, as mkv-attend
+ * does, and answer the query q [G][d] at each of the positions: load and
+ * attend may refuse, with a message. */
+void fuzz_load_attend(const mkv_method *m, const mkv_params *p, mkv_cdump *c, int layer, int head,
+                      const float *q, const int64_t *positions, int n_positions);
 
 #endif

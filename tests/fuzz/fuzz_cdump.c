@@ -53,33 +53,15 @@ static void attend_head(const mkv_method *m, const mkv_params *p, mkv_cdump *c, 
     int64_t T;
     int d, G;
     mkv_cdump_cache_shape(c, &T, &d, &G);
-    mkv_error err;
-    void *state = NULL;
-    int rc = m->load(p, c, layer, head, &state, &err);
-    fuzz_check_refusal(rc, &err, "load");
-    if (rc)
-        return;
     size_t gd = (size_t)G * (size_t)d;
-    float *q = malloc(sizeof(float) * gd), *out = malloc(sizeof(float) * gd);
-    double *lse = malloc(sizeof(double) * (size_t)G);
-    uint8_t *attended = malloc((size_t)T);
-    if (!q || !out || !lse || !attended)
-        fuzz_bug("out of memory for G=%d, d=%d, T=%lld", G, d, (long long)T);
+    float *q = malloc(sizeof(float) * gd);
+    if (!q)
+        fuzz_bug("out of memory for G=%d, d=%d", G, d);
     for (size_t i = 0; i < gd; i++)
         q[i] = (float)sin(0.7 * (double)i + 0.3);
     int64_t positions[3] = {0, T - 1, W > 0 ? query_pos[0] : T / 2};
-    for (int i = 0; i < 3; i++) {
-        memset(attended, 0, (size_t)T);
-        mkv_attend_query aq = {.G = G, .d = d, .q = q, .pos = positions[i], .scale = 1.0 / sqrt((double)d)};
-        mkv_attend_result r = {.out = out, .attended = attended, .bytes_read = 0, .lse = lse};
-        rc = m->attend(state, &aq, &r, &err);
-        fuzz_check_refusal(rc, &err, "attend");
-    }
+    fuzz_load_attend(m, p, c, layer, head, q, positions, 3);
     free(q);
-    free(out);
-    free(lse);
-    free(attended);
-    m->free_state(state);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -18,6 +18,9 @@
  *                        (vocab/tokenizer_json.h, tests/fuzz/fuzz_tokenizer_json.c)
  *   DIR/hf_config/       config.json of LLaMA, Llama 3.1 (rope_scaling),
  *                        Mistral (sliding window) and Qwen2 (model/hf.h)
+ *   DIR/methods/         two bytes each: every method of the first 16 of the
+ *                        registry with each parameter set, undamaged
+ *                        (tests/fuzz/fuzz_methods.c)
  *
  * Every file is small (at most a few KB) and the same on every run; DIR/llama2c
  * also gets the matching tokenizer.bin as DIR/tokenizer.bin, for
@@ -690,6 +693,21 @@ static void seeds_hf_config(void)
     write_done("hf_config", "transformers5-rope-parameters.json", &b);
 }
 
+/* ---------------------------------------------------------------- methods */
+
+static void seeds_methods(void)
+{
+    for (int m = 0; m < 16; m++)
+        for (int p = 0; p < 3; p++) {
+            buf b = {0};
+            u8(&b, (unsigned)m);
+            u8(&b, (unsigned)p);
+            char name[32];
+            snprintf(name, sizeof name, "m%02d-p%d", m, p);
+            write_done("methods", name, &b);
+        }
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -707,5 +725,6 @@ int main(int argc, char **argv)
     seeds_llama2c();
     seeds_tokenizer_json();
     seeds_hf_config();
+    seeds_methods();
     return 0;
 }

@@ -1,10 +1,12 @@
 /* The harnesses' scratch files, bug reports and fixed texts (fuzz.h). */
 #include "fuzz.h"
 #include "core/log.h"
+#include "methods/method.h"
 #include "vocab/tokenizer.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <ftw.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -166,4 +168,35 @@ void fuzz_tokenizer_roundtrip(const mkv_tokenizer *t)
         if (piece && mkv_tokenizer_lookup(t, t->tokens[id].text, t->tokens[id].len) >= t->vocab_size)
             fuzz_bug("mkv_tokenizer_lookup of token %d gave an id outside the vocabulary", id);
     }
+}
+
+void fuzz_load_attend(const mkv_method *m, const mkv_params *p, mkv_cdump *c, int layer, int head,
+                      const float *q, const int64_t *positions, int n_positions)
+{
+    int64_t T;
+    int d, G;
+    mkv_cdump_cache_shape(c, &T, &d, &G);
+    mkv_error err;
+    void *state = NULL;
+    int rc = m->load(p, c, layer, head, &state, &err);
+    fuzz_check_refusal(rc, &err, "load");
+    if (rc)
+        return;
+    size_t gd = (size_t)G * (size_t)d;
+    float *out = malloc(sizeof(float) * gd);
+    double *lse = malloc(sizeof(double) * (size_t)G);
+    uint8_t *attended = malloc((size_t)T);
+    if (!out || !lse || !attended)
+        fuzz_bug("out of memory for G=%d, d=%d, T=%lld", G, d, (long long)T);
+    for (int i = 0; i < n_positions; i++) {
+        memset(attended, 0, (size_t)T);
+        mkv_attend_query aq = {.G = G, .d = d, .q = q, .pos = positions[i], .scale = 1.0 / sqrt((double)d)};
+        mkv_attend_result r = {.out = out, .attended = attended, .bytes_read = 0, .lse = lse};
+        rc = m->attend(state, &aq, &r, &err);
+        fuzz_check_refusal(rc, &err, "attend");
+    }
+    free(out);
+    free(lse);
+    free(attended);
+    m->free_state(state);
 }

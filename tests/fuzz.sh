@@ -27,6 +27,8 @@ top_builddir=$top_builddir top_srcdir=$top_srcdir sh "$top_srcdir/tests/fuzz/mak
     { cat make-corpus.log; echo "FAIL: tests/fuzz/make-corpus"; exit 1; }
 keep=$top_builddir/tests/fuzz-crashes
 export OPENBLAS_NUM_THREADS=1
+# the harnesses' scratch directories: a crashed one cannot remove its own
+mkdir -p scratch && TMPDIR=$(pwd)/scratch && export TMPDIR
 
 # harness and mutations: about 90 s in all on a loaded 2-core machine
 for spec in dump:10000 cdump:20000 methods:5000 safetensors:20000 npy:10000 gguf:40000 llama2c:20000 tokenizer:20000 \

@@ -286,6 +286,30 @@ START_TEST(error_context)
 }
 END_TEST
 
+/* A name read from a file and quoted in a message cannot break it into
+ * lines or send control sequences (found by tests/fuzz/fuzz_gguf: a GGUF
+ * key holding a newline). */
+START_TEST(error_one_line)
+{
+    mkv_error err;
+    mkv_fail(&err, MKV_EFORMAT, "'%s' has unknown value type %d", "t.u2\n\t\r\x1b[31m\x7f", 7);
+    ck_assert_str_eq(err.msg, "'t.u2\\n\\t\\r\\x1b[31m\\x7f' has unknown value type 7");
+    mkv_error_prefix(&err, "'%s'", "a\nb");
+    ck_assert_str_eq(err.msg, "'a\\nb': 't.u2\\n\\t\\r\\x1b[31m\\x7f' has unknown value type 7");
+    mkv_fail_errno(&err, MKV_EIO, 2, "cannot open '%s'", "\001");
+    ck_assert_str_eq(err.msg, "cannot open '\\x01': No such file or directory");
+    /* escapes that do not fit are cut whole, the message stays terminated */
+    char name[MKV_ERRMSG_MAX];
+    memset(name, '\n', sizeof name - 1);
+    name[sizeof name - 1] = '\0';
+    mkv_fail(&err, MKV_EFORMAT, "xy%s", name);
+    size_t len = strlen(err.msg);
+    ck_assert_uint_eq(len, MKV_ERRMSG_MAX - 2); /* one byte more would split an escape */
+    ck_assert(err.msg[0] == 'x' && err.msg[1] == 'y' && err.msg[2] == '\\' && err.msg[3] == 'n');
+    ck_assert(err.msg[len - 2] == '\\' && err.msg[len - 1] == 'n');
+}
+END_TEST
+
 int main(void)
 {
     mkv_log_init("check_core");
@@ -299,6 +323,7 @@ int main(void)
     tcase_add_test(tc, sizes_and_alloc);
     tcase_add_test(tc, option_parsing);
     tcase_add_test(tc, error_context);
+    tcase_add_test(tc, error_one_line);
     tcase_add_test(tc, rank_and_topk);
     suite_add_tcase(s, tc);
     return test_run(s);

@@ -682,6 +682,12 @@ START_TEST(st_corrupt)
     bad_header("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
                "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8,
                "duplicate key \"a\"");
+    /* a name is looked up as a C string: "a\u0000b" would answer to "a"
+     * (found by tests/fuzz/fuzz_safetensors) */
+    bad_header("{\"a\\u0000b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4,
+               "tensor name 'a\\u0000...' holds a NUL character");
+    bad_header("{\"__metadata__\\u0000\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4,
+               "tensor name '__metadata__\\u0000...' holds a NUL character");
 
     /* empty tensors sit anywhere without overlapping anything */
     const char *ok = "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"

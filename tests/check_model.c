@@ -19,6 +19,7 @@
 
 #include <check.h>
 #include <dirent.h>
+#include <malloc.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -450,8 +451,8 @@ START_TEST(test_tokenizer_matches_reference)
 }
 END_TEST
 
-/* Merges worked out by hand for SMALL_PIECES. */
-START_TEST(test_scored_bpe_by_hand)
+/* The SMALL_PIECES tokenizer, written and loaded. */
+static mkv_tokenizer *load_small_tokenizer(void)
 {
     unsigned char buf[8192];
     const char *path = tmp_file("small.bin");
@@ -459,6 +460,14 @@ START_TEST(test_scored_bpe_by_hand)
     mkv_tokenizer *t;
     mkv_error err;
     ck_assert_msg(mkv_tokenizer_load_llama2c(path, SMALL_VOCAB, &t, &err) == MKV_OK, "%s", err.msg);
+    return t;
+}
+
+/* Merges worked out by hand for SMALL_PIECES. */
+START_TEST(test_scored_bpe_by_hand)
+{
+    mkv_tokenizer *t = load_small_tokenizer();
+    mkv_error err;
     struct {
         const char *text;
         int want[8];
@@ -500,6 +509,31 @@ START_TEST(test_scored_bpe_by_hand)
     int32_t bad[] = {1, SMALL_VOCAB};
     ck_assert_int_eq(mkv_tokenizer_decode(t, bad, 2, &text, &len, &err), MKV_EFORMAT);
     ck_assert_ptr_nonnull(strstr(err.msg, "outside the vocabulary"));
+    mkv_tokenizer_free(t);
+}
+END_TEST
+
+/* An empty text in a vocabulary that spells spaces otherwise (U+2581, as
+ * sentencepiece, GGUF and tokenizer.json vocabularies do) leaked its
+ * respelled copy (found by tests/fuzz/fuzz_gguf under LeakSanitizer): the
+ * memory in use must not grow with the number of such encodes. */
+START_TEST(test_encode_empty_respelled)
+{
+    mkv_tokenizer *t = load_small_tokenizer();
+    mkv_error err;
+    strcpy(t->space, "\xe2\x96\x81");
+    size_t n;
+    free(encode(t, "", &n));   /* the first allocations of a run */
+    struct mallinfo2 before = mallinfo2();
+    for (int i = 0; i < 2000; i++) {
+        int32_t *ids;
+        ck_assert_int_eq(mkv_tokenizer_encode(t, "", 0, 0, &ids, &n, &err), MKV_OK);
+        ck_assert_uint_eq(n, 0);
+        free(ids);
+    }
+    struct mallinfo2 after = mallinfo2();
+    ck_assert_msg(after.uordblks <= before.uordblks + 4096, "%zu bytes more in use after 2000 empty encodes",
+                  after.uordblks - before.uordblks);
     mkv_tokenizer_free(t);
 }
 END_TEST
@@ -1043,6 +1077,7 @@ int main(void)
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_scored_bpe_by_hand);
+    tcase_add_test(tc, test_encode_empty_respelled);
     tcase_add_test(tc, test_corrupt_tokenizer);
     tcase_add_test(tc, test_corrupt_checkpoint);
     tcase_add_test(tc, test_config_checks);

@@ -227,6 +227,16 @@ for cmd in stats segments; do
     expect "$cmd every k and v of 2^48 tokens" 1 '' "$(claim "$E: 'huge-kv.h5': " 00/k huge-kv.h5)" \
         $A $cmd huge-kv.h5
 done
+# a chunk shape far beyond the dataset's, under HDF5's 4 GiB limit (one
+# damaged byte of the layout): libhdf5 1.10 copied past its buffers
+# reading it (SEGV; found by tests/fuzz/fuzz_dump); every read refuses it
+fixture corrupt good.h5 chunk-shape.h5 chunk-shape
+expect "check a chunk shape beyond the dataset's" 1 'chunk-shape.h5: /layers/00/k: read failed (damaged data?)' '' \
+    $A check chunk-shape.h5
+for cmd in stats spectrum; do
+    expect "$cmd a chunk shape beyond the dataset's" 1 '' "$E: 'chunk-shape.h5': /layers/00/k: read failed (damaged data?)" \
+        $A $cmd chunk-shape.h5
+done
 
 # ---------------------------------------------------------------- a damaged global heap
 # h5py stores str attributes as variable-length strings in the global

@@ -238,6 +238,40 @@ HEAP_DEFECTS = {
 }
 
 
+# Damage to a dataset's layout: the data layout message of the first
+# chunked dataset of the shape of /layers/00/k (HDF5 file format, "Data
+# Layout Message" version 3, class 2 = chunked: version, class,
+# dimensionality = rank + 1, the chunk index's address in 8 bytes, then
+# the chunk's dimensions and the element size, 4 bytes each). Its last
+# chunk dimension grows far beyond the dataset's, the chunk staying under
+# 4 GiB, as one damaged byte does: libhdf5 1.10 copied past its buffers
+# reading such a dataset (found by tests/fuzz/fuzz_dump).
+def chunk_layout(data, chunk, itemsize):
+    import struct
+    tail = struct.pack("<%dI" % (len(chunk) + 1), *chunk, itemsize)
+    head = bytes([3, 2, len(chunk) + 1])
+    p = 0
+    while True:
+        p = data.find(tail, p + 1)
+        assert p >= 0, "no layout message of chunk shape %s" % (chunk,)
+        if data[p - 11:p - 8] == head:
+            return p
+
+
+def chunk_shape(data, chunk, itemsize):
+    p = chunk_layout(data, chunk, itemsize)
+    last = p + 4 * (len(chunk) - 1)
+    # half of what keeps the chunk under HDF5's own 4 GiB limit, which
+    # libhdf5 checks at open
+    row = itemsize * int(np.prod(chunk[:-1]))
+    data[last:last + 4] = (chunk[-1] + (1 << 32) // row // 2).to_bytes(4, "little")
+
+
+LAYOUT_DEFECTS = {
+    "chunk-shape": chunk_shape,
+}
+
+
 DEFECTS = {
     "version": defect_version,
     "format": defect_format,
@@ -261,12 +295,18 @@ def cmd_corrupt(a):
     with h5py.File(a.out, "r+") as f:
         if a.defect in HEAP_DEFECTS:
             vlen_strings(f)
+        elif a.defect in LAYOUT_DEFECTS:
+            k = f["layers/00/k"]
+            chunk, itemsize = k.chunks, k.dtype.itemsize
         else:
             DEFECTS[a.defect](f)
-    if a.defect in HEAP_DEFECTS:
+    if a.defect in HEAP_DEFECTS or a.defect in LAYOUT_DEFECTS:
         with open(a.out, "rb") as fp:
             data = bytearray(fp.read())
-        HEAP_DEFECTS[a.defect](data)
+        if a.defect in HEAP_DEFECTS:
+            HEAP_DEFECTS[a.defect](data)
+        else:
+            LAYOUT_DEFECTS[a.defect](data, chunk, itemsize)
         with open(a.out, "wb") as fp:
             fp.write(data)
 
@@ -359,7 +399,7 @@ def main():
     c = sub.add_parser("corrupt")
     c.add_argument("src")
     c.add_argument("out")
-    c.add_argument("defect", choices=sorted(DEFECTS) + sorted(HEAP_DEFECTS))
+    c.add_argument("defect", choices=sorted(DEFECTS) + sorted(HEAP_DEFECTS) + sorted(LAYOUT_DEFECTS))
     h = sub.add_parser("heap")
     h.add_argument("file")
     fo = sub.add_parser("foreign")

@@ -5,11 +5,51 @@
 #include <stdio.h>
 #include <string.h>
 
+/* Messages quote names read from files (a GGUF key, a tensor name): a
+ * control character there is written as an escape (\n, \t, \r, \xNN), so
+ * a message stays one line and cannot reach the terminal as a control
+ * sequence. What does not fit is cut. */
+static void one_line(char *msg, size_t size)
+{
+    size_t i = 0;
+    while (msg[i] && (unsigned char)msg[i] >= 0x20 && msg[i] != 0x7f)
+        i++;
+    if (!msg[i])
+        return;
+    char out[MKV_ERRMSG_MAX];
+    size_t o = 0, cap = size < sizeof out ? size : sizeof out;
+    memcpy(out, msg, i);
+    o = i;
+    for (; msg[i] && o + 1 < cap; i++) {
+        unsigned char c = (unsigned char)msg[i];
+        char esc[5];
+        size_t n;
+        if (c >= 0x20 && c != 0x7f) {
+            esc[0] = (char)c;
+            n = 1;
+        } else if (c == '\n' || c == '\t' || c == '\r') {
+            esc[0] = '\\';
+            esc[1] = c == '\n' ? 'n' : c == '\t' ? 't' : 'r';
+            n = 2;
+        } else {
+            snprintf(esc, sizeof esc, "\\x%02x", c);
+            n = 4;
+        }
+        if (o + n >= cap)
+            break;
+        memcpy(out + o, esc, n);
+        o += n;
+    }
+    out[o] = '\0';
+    memcpy(msg, out, o + 1);
+}
+
 static int vfail(mkv_error *err, mkv_status code, const char *fmt, va_list ap)
 {
     if (err) {
         err->code = code;
         vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        one_line(err->msg, sizeof err->msg);
     }
     return code;
 }
@@ -47,6 +87,7 @@ int mkv_error_prefix(mkv_error *err, const char *fmt, ...)
     va_end(ap);
     memcpy(old, err->msg, sizeof old);
     snprintf(err->msg, sizeof err->msg, "%s: %s", prefix, old);
+    one_line(err->msg, sizeof err->msg);
     return err->code;
 }
 

@@ -864,7 +864,7 @@ static int read_query_pos(mkv_cdump *c, mkv_error *err)
         c->query_pos = malloc(sizeof(int32_t) * (dims[0] ? dims[0] : 1));
         if (!c->query_pos)
             rc = mkv_fail(err, MKV_ENOMEM, "out of memory");
-        else if (dims[0] && H5Dread(ds, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, c->query_pos) < 0)
+        else if (dims[0] && mkv_h5_dread(ds, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, c->query_pos) < 0)
             rc = mkv_fail(err, MKV_EFORMAT, "'%s': cannot read %s", c->path, name);
     }
     H5Dclose(ds);
@@ -1070,7 +1070,7 @@ int mkv_cdump_get(mkv_cdump *c, int layer, int head, const char *name, mkv_el_ty
         }
         if (type == MKV_EL_F16 && (mt < 0 || !raw))
             rc = raw ? mkv_fail(err, MKV_EIO, "cannot make the HDF5 float16 type") : MKV_ENOMEM;
-        else if (H5Dread(ds, type == MKV_EL_F16 ? mt : mem_type(type, -1), H5S_ALL, H5S_ALL, H5P_DEFAULT, dst) < 0)
+        else if (mkv_h5_dread(ds, type == MKV_EL_F16 ? mt : mem_type(type, -1), H5S_ALL, H5S_ALL, dst) < 0)
             rc = mkv_fail(err, MKV_EFORMAT, "'%s': %s: read failed (damaged data?)", c->path, path);
         if (mt >= 0)
             H5Tclose(mt);

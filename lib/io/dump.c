@@ -106,7 +106,7 @@ int mkv_dump_read_slab(hid_t dset, mkv_dtype t, int h0, int nh, int64_t t0, int6
         goto done;
     }
     if (t == MKV_DTYPE_F32) {
-        if (H5Dread(dset, H5T_NATIVE_FLOAT, mspace, fspace, H5P_DEFAULT, out) < 0)
+        if (mkv_h5_dread(dset, H5T_NATIVE_FLOAT, mspace, fspace, out) < 0)
             rc = mkv_fail(err, MKV_EFORMAT, "read failed (damaged data?)");
     } else {
         /* read the 16-bit words as they are and convert with lib/core/half.c:
@@ -117,7 +117,7 @@ int mkv_dump_read_slab(hid_t dset, mkv_dtype t, int h0, int nh, int64_t t0, int6
             goto done;
         }
         hid_t mt = t == MKV_DTYPE_F16 ? mkv_h5_f16_type() : H5Tcopy(H5T_NATIVE_UINT16);
-        if (mt < 0 || H5Dread(dset, mt, mspace, fspace, H5P_DEFAULT, raw) < 0)
+        if (mt < 0 || mkv_h5_dread(dset, mt, mspace, fspace, raw) < 0)
             rc = mkv_fail(err, MKV_EFORMAT, "read failed (damaged data?)");
         else
             mkv_to_f32(t, raw, out, n);
@@ -174,7 +174,7 @@ int mkv_dump_read_ints(hid_t dset, int64_t n, int64_t lo, int64_t hi, int32_t *o
         return MKV_ENOMEM;
     /* int64 holds every stored integer type exactly except uint64 above
      * INT64_MAX, which HDF5 clips to INT64_MAX: outside lo..hi either way */
-    if (H5Dread(dset, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, v) < 0) {
+    if (mkv_h5_dread(dset, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, v) < 0) {
         mkv_free(v);
         return mkv_fail(err, MKV_EFORMAT, "read failed (damaged data?)");
     }

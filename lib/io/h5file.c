@@ -405,3 +405,42 @@ int mkv_h5_attr_get_double(hid_t obj, const char *name, double *value, mkv_error
 {
     return get_number(obj, name, H5T_NATIVE_DOUBLE, value, err);
 }
+
+/* The largest chunk read, in bytes: far above any this project or h5py
+ * writes (HDF5's own limit is 4 GiB). */
+#define MAX_CHUNK_BYTES ((double)(1 << 30))
+
+/* A chunked layout whose chunk shape exceeds a fixed dimension of the
+ * dataset made HDF5 1.10.8 copy past its buffers in H5D__select_read (a
+ * SEGV found by tests/fuzz/fuzz_dump). */
+static int layout_ok(hid_t ds)
+{
+    hid_t dcpl = H5Dget_create_plist(ds);
+    if (dcpl < 0)
+        return 0;
+    int ok = 1;
+    if (H5Pget_layout(dcpl) == H5D_CHUNKED) {
+        hsize_t chunk[H5S_MAX_RANK], dims[H5S_MAX_RANK], maxdims[H5S_MAX_RANK];
+        hid_t space = H5Dget_space(ds), type = H5Dget_type(ds);
+        int rank = space >= 0 ? H5Sget_simple_extent_dims(space, dims, maxdims) : -1;
+        int crank = H5Pget_chunk(dcpl, H5S_MAX_RANK, chunk);
+        double bytes = type >= 0 ? (double)H5Tget_size(type) : 0;
+        ok = rank >= 0 && crank == rank && bytes > 0;
+        for (int i = 0; ok && i < rank; i++) {
+            ok = chunk[i] > 0 && (maxdims[i] == H5S_UNLIMITED || chunk[i] <= (maxdims[i] > 0 ? maxdims[i] : 1));
+            bytes *= (double)chunk[i];
+        }
+        ok = ok && bytes <= MAX_CHUNK_BYTES;
+        if (type >= 0)
+            H5Tclose(type);
+        if (space >= 0)
+            H5Sclose(space);
+    }
+    H5Pclose(dcpl);
+    return ok;
+}
+
+herr_t mkv_h5_dread(hid_t ds, hid_t mem_type, hid_t mspace, hid_t fspace, void *buf)
+{
+    return layout_ok(ds) ? H5Dread(ds, mem_type, mspace, fspace, H5P_DEFAULT, buf) : -1;
+}

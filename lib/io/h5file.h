@@ -46,6 +46,11 @@ int mkv_h5_attr_get_str(hid_t obj, const char *name, char *buf, size_t bufsize, 
 int mkv_h5_attr_get_int(hid_t obj, const char *name, int64_t *value, mkv_error *err);
 int mkv_h5_attr_get_double(hid_t obj, const char *name, double *value, mkv_error *err);
 int mkv_h5_has_attr(hid_t obj, const char *name);
+/* H5Dread with H5P_DEFAULT, after checking the dataset's layout: a chunk
+ * shape beyond the dataset's (fixed) shape, or of more than a GiB, is a
+ * damaged file that HDF5 1.10 reads past its own buffers; it fails (< 0)
+ * like any read. Every dataset read of the formats goes through it. */
+herr_t mkv_h5_dread(hid_t ds, hid_t mem_type, hid_t mspace, hid_t fspace, void *buf);
 int mkv_h5_has_link(hid_t loc, const char *path); /* path may have several components */
 
 #endif

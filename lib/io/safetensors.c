@@ -323,9 +323,13 @@ int mkv_st_open(const char *path, mkv_st_file **out, mkv_error *err)
         goto done;
     }
     for (size_t i = 0; i < n && rc == MKV_OK; i++) {
-        const char *name = mkv_json_key_at(f->root, i, NULL);
+        size_t name_len;
+        const char *name = mkv_json_key_at(f->root, i, &name_len);
         const mkv_json *entry = mkv_json_value_at(f->root, i);
-        if (strcmp(name, "__metadata__") == 0) {
+        if (strlen(name) != name_len) {
+            /* names are looked up as C strings: "a\u0000b" would be "a" */
+            rc = mkv_fail(err, MKV_EFORMAT, "'%s': tensor name '%s\\u0000...' holds a NUL character", path, name);
+        } else if (strcmp(name, "__metadata__") == 0) {
             f->tensor_of_member[i] = SIZE_MAX;
             rc = check_metadata(f, entry, err);
         } else {

@@ -414,8 +414,10 @@ static int scored_bpe_encode(const mkv_tokenizer *t, const char *text, size_t le
     const char *s = normalize(t, text, len, at_start, &n, &owned, err);
     if (!s)
         return err ? err->code : MKV_ENOMEM;
-    if (n == 0)
+    if (n == 0) {
+        free(owned);   /* a respelled empty text still has its copy */
         return MKV_OK;
+    }
     if (n > (size_t)INT32_MAX) {
         free(owned);
         return mkv_fail(err, MKV_EUSAGE, "text of %zu bytes is too long to tokenize", n);

@@ -27,14 +27,32 @@ top_builddir=$top_builddir top_srcdir=$top_srcdir sh "$top_srcdir/tests/fuzz/mak
     { cat make-corpus.log; echo "FAIL: tests/fuzz/make-corpus"; exit 1; }
 keep=$top_builddir/tests/fuzz-crashes
 export OPENBLAS_NUM_THREADS=1
+# Under AddressSanitizer the address-space limit does not hold allocations
+# back (the sanitizer reserves its own): cap them at the same 4 GB and let
+# the excess fail as malloc failures, as they do in a plain build, instead
+# of aborting (libhdf5 asks for tens of GB on some damaged files) or taking
+# a minute to map them
+ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}allocator_may_return_null=1:max_allocation_size_mb=4096"
+export ASAN_OPTIONS
 # the harnesses' scratch directories: a crashed one cannot remove its own
 mkdir -p scratch && TMPDIR=$(pwd)/scratch && export TMPDIR
+
+# Under AddressSanitizer, mutated HDF5 files reach libhdf5's own faults
+# (a heap overflow parsing object headers under H5Aexists, docs/RELIABILITY.md):
+# there the HDF5 harnesses run their corpus only; the plain build runs
+# their mutations, and every other harness mutates under both.
+asan=0
+if ldd "$bins/fuzz_dump" 2>/dev/null | grep -q libasan; then
+    asan=1
+    echo "fuzz: AddressSanitizer build: dump and cdump run their corpus only (libhdf5's own faults)"
+fi
 
 # harness and mutations: about 90 s in all on a loaded 2-core machine
 for spec in dump:10000 cdump:20000 methods:5000 safetensors:20000 npy:10000 gguf:40000 llama2c:20000 tokenizer:20000 \
     tokenizer_json:20000 hf_config:20000; do
     h=${spec%%:*}
     n=$((${spec#*:} * factor))
+    case $asan:$h in 1:dump | 1:cdump) n=0 ;; esac
     if "$bins/fuzz_$h" -q --mutate "$n" --seed 1 --timeout 60 --malloc-limit 0 --max-memory 4096 \
         --crashes crashes "corpus/$h" >"$h.log" 2>&1; then
         pass

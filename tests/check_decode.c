@@ -26,6 +26,7 @@
 #include "model/forward.h"
 #include "model/model.h"
 #include "model/model_load.h"
+#include "model/sampler.h"
 #include "model_testutil.h"
 #include "testutil.h"
 
@@ -105,6 +106,59 @@ START_TEST(full_is_the_forward_pass)
     mkv_decoder_free(d);
     free(tok);
     mkv_model_free(m);
+}
+END_TEST
+
+/* The same on stories260K, where it is found: greedy decoding through the
+ * decoder with the full cache gives the plain forward pass's logits at
+ * every step and the published sample's text. */
+START_TEST(full_is_the_forward_pass_on_stories260K)
+{
+    const char *stories = test_model_file("stories260K.bin");
+    if (!stories) {
+        printf("check_decode: stories260K decoding skipped: stories260K.bin not found\n");
+        return;
+    }
+    mkv_loaded_model lm;
+    mkv_model_load_opts lo = {NULL, 1};
+    mkv_error err;
+    ck_assert_msg(mkv_model_load(stories, &lo, &lm, &err) == MKV_OK, "%s", err.msg);
+    int32_t *ids;
+    size_t n;
+    ck_assert_int_eq(mkv_tokenizer_encode(lm.tok, "Once upon a time", 16, MKV_ENCODE_BOS, &ids, &n, &err), MKV_OK);
+    enum { STEPS = 40 };
+    int V = lm.model->cfg.vocab_size;
+    float *got = malloc(2 * (size_t)V * sizeof *got), *want = got + V;
+    ck_assert_ptr_nonnull(got);
+    mkv_decoder_opts o = opts_for(NULL, NULL, STEPS, 2);
+    mkv_decoder *d;
+    ck_assert_msg(mkv_decoder_prefill(lm.model, ids, (int64_t)n, &o, got, &d, &err) == MKV_OK, "%s", err.msg);
+    mkv_forward *f;
+    mkv_forward_opts fo = {.threads = 2, .chunk = 32, .max_seq_len = (int)n + STEPS};
+    ck_assert_int_eq(mkv_forward_create(lm.model, &fo, &f, &err), MKV_OK);
+    ck_assert_int_eq(mkv_forward_run(f, ids, n, want, MKV_LOGITS_LAST, &err), MKV_OK);
+    int32_t all[64];
+    ck_assert_uint_le(n + STEPS, 64);
+    memcpy(all, ids, n * sizeof *ids);
+    for (int i = 0; i < STEPS; i++) {
+        ck_assert_msg(memcmp(got, want, (size_t)V * sizeof *got) == 0, "step %d: logits differ", i);
+        int32_t tok = (int32_t)mkv_argmax(got, V);
+        all[n + (size_t)i] = tok;
+        ck_assert_int_eq(mkv_decoder_step(d, tok, got, &err), MKV_OK);
+        ck_assert_int_eq(mkv_forward_run(f, &tok, 1, want, MKV_LOGITS_LAST, &err), MKV_OK);
+    }
+    /* the prompt and the continuation are the published sample's start */
+    char *text;
+    size_t len;
+    ck_assert_int_eq(mkv_tokenizer_decode(lm.tok, all, n + STEPS, &text, &len, &err), MKV_OK);
+    size_t cmp = len < strlen(TEST_PUBLISHED) ? len : strlen(TEST_PUBLISHED);
+    ck_assert_msg(cmp > 40 && strncmp(text, TEST_PUBLISHED, cmp) == 0, "decoded '%s'", text);
+    free(text);
+    mkv_forward_free(f);
+    mkv_decoder_free(d);
+    free(got);
+    free(ids);
+    mkv_loaded_model_free(&lm);
 }
 END_TEST
 
@@ -764,6 +818,7 @@ int main(void)
     TCase *tc = tcase_create("decode");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, full_is_the_forward_pass);
+    tcase_add_test(tc, full_is_the_forward_pass_on_stories260K);
     tcase_add_test(tc, lossless_methods_equal_full);
     tcase_add_test(tc, bytes_counted_by_hand);
     tcase_add_test(tc, append_follows_each_method_rule);

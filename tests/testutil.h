@@ -124,13 +124,17 @@ static inline const char *test_models_dir(void)
     return dir[0] ? dir : NULL;
 }
 
-/* Path of a file in the models directory; two stay valid at once. */
+/* Path of a file in the models directory, NULL without one; two stay
+ * valid at once. */
 static inline const char *test_model_file(const char *name)
 {
     static char path[2][4200];
     static int which;
+    const char *dir = test_models_dir();
+    if (!dir)
+        return NULL;
     which ^= 1;
-    snprintf(path[which], sizeof path[which], "%s/%s", test_models_dir(), name);
+    snprintf(path[which], sizeof path[which], "%s/%s", dir, name);
     return path[which];
 }
 

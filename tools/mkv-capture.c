@@ -240,18 +240,6 @@ static int64_t parse_size_or_exit(const char *arg, const char *name, int64_t lo,
     return v;
 }
 
-static uint64_t parse_seed(const char *arg)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(arg, &end, 10);
-    if (end == arg || *end || errno || arg[strspn(arg, " \t")] == '-') {
-        mkv_usage_error("invalid value '%s' for --seed: expected an integer in 0..18446744073709551615", arg);
-        exit(2);
-    }
-    return (uint64_t)v;
-}
-
 /* -P 'K=V,K=V ...': assignments separated by commas or blanks. */
 static void parse_params(mkv_synthetic_params *p, const char *arg)
 {
@@ -444,7 +432,8 @@ static void parse_args(int argc, char **argv, capture_args *a)
             a->syn.n_queries = parse_size_or_exit(optarg, "queries", 0, INT32_MAX);
             break;
         case OPT_SEED:
-            a->syn.seed = parse_seed(optarg);
+            if (mkv_parse_seed(optarg, "seed", &a->syn.seed))
+                exit(2);
             break;
         case 'P':
             parse_params(&a->syn, optarg);

@@ -215,18 +215,6 @@ static int64_t size_or_exit(const char *arg, const char *name, int64_t lo, int64
     return v;
 }
 
-static uint64_t parse_seed(const char *arg)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(arg, &end, 10);
-    if (end == arg || *end || errno || arg[strspn(arg, " \t")] == '-') {
-        mkv_usage_error("invalid value '%s' for --seed: expected an integer in 0..18446744073709551615", arg);
-        exit(2);
-    }
-    return (uint64_t)v;
-}
-
 /* The items of a comma-separated list given to --name, each handed to
  * take(item, index, out); at most MAX_CONTEXTS.  Returns the count. */
 static int parse_list(const char *arg, const char *name, void (*take)(const char *, const char *, int, void *),
@@ -398,7 +386,8 @@ static void parse_args(int argc, char **argv, decode_args *a)
                 exit(2);
             break;
         case OPT_SEED:
-            a->seed = parse_seed(optarg);
+            if (mkv_parse_seed(optarg, "seed", &a->seed))
+                exit(2);
             break;
         case OPT_TOKENIZER:
             a->tokenizer = optarg;

@@ -147,6 +147,19 @@ int mkv_parse_double(const char *arg, const char *name, double lo, double hi, do
     return 0;
 }
 
+int mkv_parse_seed(const char *arg, const char *name, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(arg, &end, 10);
+    if (end == arg || *end || errno || arg[strspn(arg, " \t")] == '-') {
+        mkv_usage_error("invalid value '%s' for --%s: expected an integer in 0..18446744073709551615", arg, name);
+        return -1;
+    }
+    *out = (uint64_t)v;
+    return 0;
+}
+
 int mkv_parse_size(const char *arg, const char *name, int64_t lo, int64_t hi, int64_t *out)
 {
     char *end;

@@ -53,6 +53,8 @@ int mkv_common_option(mkv_common_opts *c, int opt, const char *arg);
  * "PROG: invalid value 'ARG' for --NAME: reason" to stderr and return -1. */
 int mkv_parse_int(const char *arg, const char *name, long lo, long hi, long *out);
 int mkv_parse_double(const char *arg, const char *name, double lo, double hi, double *out);
+/* A seed: any integer in 0..2^64-1. */
+int mkv_parse_seed(const char *arg, const char *name, uint64_t *out);
 /* Sizes with an optional K, M, G (x1024) suffix: "64K" = 65536. */
 int mkv_parse_size(const char *arg, const char *name, int64_t lo, int64_t hi, int64_t *out);
 

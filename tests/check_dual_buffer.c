@@ -108,7 +108,7 @@ static void assert_same_tensor(const mkv_mosaic_tensor *a, const mkv_mosaic_tens
         const mkv_mosaic_strategy *x = &a->seg[i], *y = &b->seg[i];
         ck_assert_msg(x->start == y->start && x->len == y->len && x->rotate == y->rotate && x->r == y->r &&
                           x->g == y->g && x->dprime == y->dprime && x->keydim == y->keydim &&
-                          x->bound == y->bound && x->pervector == y->pervector,
+                          x->bound == y->bound && x->pervector == y->pervector && x->bits == y->bits,
                       "%s: segment %lld: start %lld/%lld len %lld/%lld rotate %d/%d r %d/%d g %d/%d d' %d/%d "
                       "keydim %d/%d bound %d/%d pervector %d/%d", what, (long long)i, (long long)x->start, (long long)y->start,
                       (long long)x->len, (long long)y->len, x->rotate, y->rotate, x->r, y->r, x->g, y->g, x->dprime,
@@ -118,6 +118,11 @@ static void assert_same_tensor(const mkv_mosaic_tensor *a, const mkv_mosaic_tens
     ck_assert_int_eq(a->n_bitmap, b->n_bitmap);
     ck_assert_int_eq(a->n_blockkeys, b->n_blockkeys);
     ck_assert_int_eq(a->n_rotation, b->n_rotation);
+    ck_assert_int_eq(a->n_codes, b->n_codes);
+    ck_assert_int_eq(a->n_qparams, b->n_qparams);
+    ck_assert_msg(a->n_codes == 0 || memcmp(a->codes, b->codes, (size_t)a->n_codes) == 0, "%s: codes", what);
+    ck_assert_msg(a->n_qparams == 0 || memcmp(a->qparams, b->qparams, (size_t)a->n_qparams * sizeof(float)) == 0,
+                  "%s: zeros and steps", what);
     ck_assert_msg(memcmp(a->values, b->values, (size_t)a->n_values * sizeof(float)) == 0, "%s: values", what);
     ck_assert_msg(a->n_bitmap == 0 || memcmp(a->bitmap, b->bitmap, (size_t)a->n_bitmap) == 0, "%s: bitmaps", what);
     ck_assert_msg(a->n_blockkeys == 0 ||
@@ -141,14 +146,18 @@ static void assert_same_head(const mkv_mosaic_head *a, const mkv_mosaic_head *b)
 
 /* Five segments close during decoding; once published, the cache is the
  * one compressing every token at once gives (each segment is compressed
- * from its own tokens either way), for the fixed and the threshold rules. */
+ * from its own tokens either way), for the fixed and the threshold rules,
+ * with fp16 and quantized values. */
 START_TEST(grown_equals_compressed_at_once)
 {
     make_tokens(3);
     const mkv_method *m = mkv_method_find("mosaic");
-    const char *rules[] = {"strategy=fixed keep=0.25", "strategy=dynamic threshold=0.05"};
+    /* budget=1 stores no block keys; 0.5 grows them */
+    const char *rules[] = {"strategy=fixed keep=0.25", "strategy=dynamic threshold=0.05",
+                           "strategy=fixed keep=0.25 budget=0.5", "strategy=fixed keep=0.5 bits=4 budget=0.5",
+                           "strategy=dynamic threshold=0.05 quantize=on"};
     mkv_mosaic_set_sync_manager(0);
-    for (int r = 0; r < 2; r++) {
+    for (int r = 0; r < (int)(sizeof rules / sizeof rules[0]); r++) {
         mkv_params p;
         params_for(m, rules[r], &p);
         void *grown = compress_load(m, &p, C);
@@ -177,7 +186,7 @@ START_TEST(async_equals_sync)
     make_tokens(5);
     const mkv_method *m = mkv_method_find("mosaic");
     mkv_params p;
-    params_for(m, "strategy=ratio ratio=3", &p);
+    params_for(m, "strategy=ratio ratio=3 quantize=on budget=0.5", &p);
     mkv_error err;
     mkv_mosaic_set_sync_manager(1);
     void *sync = compress_load(m, &p, C);

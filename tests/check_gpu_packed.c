@@ -597,7 +597,7 @@ typedef struct {
 static mkv_mosaic_config config(int dynamic, int B, int64_t segment, int r, int g, int pervector)
 {
     mkv_mosaic_config c = {.sink = 4, .recent = 64, .segment = segment, .block = B, .dynamic = dynamic,
-                           .rotate = 1, .r = r, .g = g, .energy = 0.95, .threshold = 0.1, .pervector = pervector};
+                           .rotate = 1, .r = r, .g = g, .energy = 0.95, .threshold = 0.1, .pervector = pervector, .bits = 16};
 #ifdef MKV_MOSAIC_BLOCKDIM_COLS
     /* the method's defaults: block keys over all channels, the first 2 bounded */
     c.keydim = 4 * r <= 128 ? 4 * r : 128;
@@ -696,7 +696,7 @@ static void run_case(const pcase *pc, pstats *st)
                 float *rot = xmalloc(sizeof(float) * (size_t)d * d);
                 ck_assert_msg(mkv_mosaic_encode(s, pass ? nv : nk, d, R, 0, pass ? t->vval : t->kval,
                                                 mkv_mosaic_bitmap_bytes(s) ? (pass ? t->vbits : t->kbits) : NULL, NULL,
-                                                rot, &err) == MKV_OK,
+                                                NULL, NULL, rot, &err) == MKV_OK,
                               "CPU encode: %s", err.msg);
                 free(rot);
             }
@@ -990,7 +990,8 @@ static void check_encode(const mkv_mosaic_strategy *s, int d, int64_t n, int blo
     float *cv = xmalloc(sizeof(float) * (size_t)n * s->r), *ck = xmalloc(sizeof(float) * (size_t)nb * dp);
     float *crot = xmalloc(sizeof(float) * (size_t)d * dp);
     uint8_t *cbits = xcalloc((size_t)n * (bb + 1), 1);
-    ck_assert_msg(mkv_mosaic_encode(s, X, d, R, block, cv, bb ? cbits : NULL, ck, crot, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_msg(mkv_mosaic_encode(s, X, d, R, block, cv, bb ? cbits : NULL, NULL, NULL, ck, crot, &err) == MKV_OK,
+                  "%s", err.msg);
     /* the GPU gets the stored rotation [d][d'] */
     uint16_t *r16 = xmalloc(2 * (size_t)d * dp);
     for (size_t i = 0; i < (size_t)d * dp; i++)
@@ -1088,7 +1089,7 @@ START_TEST(test_encode)
         if (quick && i % 2)
             continue;
         mkv_mosaic_strategy s = {.start = 0, .len = n, .rotate = ss[i].rotate, .r = ss[i].r, .g = ss[i].g,
-                                 .dprime = ss[i].dp, .pervector = ss[i].pervector};
+                                 .dprime = ss[i].dp, .pervector = ss[i].pervector, .bits = 16};
 #ifdef MKV_MOSAIC_BLOCKDIM_COLS
         s.keydim = ss[i].dp;   /* the GPU encoder's block keys: the mean over d' */
         s.bound = 0;

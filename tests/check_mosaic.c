@@ -109,7 +109,7 @@ static mkv_mosaic_config fixed_config(int d, double keep, int g, double energy)
 {
     mkv_mosaic_config c = {.sink = 4, .recent = 16, .segment = 100, .block = 8, .keydim = d / 2, .bound = 2,
                            .dynamic = 0, .rotate = 1, .r = mkv_mosaic_kept(keep, d), .g = g,
-                           .energy = energy, .threshold = 0.1, .pervector = 1,
+                           .energy = energy, .threshold = 0.1, .pervector = 1, .bits = 16,
                            .attn = {.budget = 0.2, .agg_sum = 0}};
     return c;
 }
@@ -297,7 +297,7 @@ START_TEST(select_hand_made_vector)
     uint8_t bm[1];
     /* g = 1, r = 3: |x| largest at channels 1 (3), 3 (2), 5 (1.5); the
      * dropped five (0.5, 0.1, 0.2, 0, 1) are all smaller than 1.5. */
-    mkv_mosaic_strategy s = {.len = 1, .rotate = 0, .r = 3, .g = 1, .dprime = 8, .pervector = 1};
+    mkv_mosaic_strategy s = {.len = 1, .rotate = 0, .r = 3, .g = 1, .dprime = 8, .pervector = 1, .bits = 16};
     ck_assert_int_eq(mkv_mosaic_bitmap_bytes(&s), 1);
     double kept = mkv_mosaic_select(x, &s, pos, bm);
     ck_assert_int_eq(bm[0], 0x2a);   /* bits 1, 3, 5 */
@@ -317,7 +317,7 @@ START_TEST(select_hand_made_vector)
     mkv_mosaic_select(x, &s, pos, bm);
     ck_assert_int_eq(bm[0], 0x01);
     /* d' = 4 of the same vector, g = 1, r = 2: only channels 0..3 compete */
-    mkv_mosaic_strategy t = {.len = 1, .r = 2, .g = 1, .dprime = 4, .pervector = 1};
+    mkv_mosaic_strategy t = {.len = 1, .r = 2, .g = 1, .dprime = 4, .pervector = 1, .bits = 16};
     mkv_mosaic_select(x, &t, pos, bm);
     ck_assert_int_eq(bm[0], 0x0a);   /* channels 1 (3) and 3 (2) */
     /* ties go to the lower channel */
@@ -347,11 +347,11 @@ START_TEST(encode_keeps_values_exactly)
         for (int j = 0; j < D; j++)
             X[t * D + j] = (float)((j * 7 + t * 3) % 11 - 5) * 0.3f;
     mkv_mosaic_strategy s = {.start = 0, .len = N, .rotate = 0, .r = 2, .g = 1, .dprime = D,
-                             .pervector = 1, .keydim = D, .bound = 0};
+                             .pervector = 1, .bits = 16, .keydim = D, .bound = 0};
     float values[N * 2], keys[2 * D];
     uint8_t bm[N];
     mkv_error err;
-    ck_assert_int_eq(mkv_mosaic_encode(&s, X, D, NULL, 8, values, bm, keys, NULL, &err), MKV_OK);
+    ck_assert_int_eq(mkv_mosaic_encode(&s, X, D, NULL, 8, values, bm, NULL, NULL, keys, NULL, &err), MKV_OK);
     for (int t = 0; t < N; t++) {
         int pos[2], n = ref_positions(bm + t, &s, pos);
         ck_assert_int_eq(n, 2);
@@ -445,7 +445,7 @@ START_TEST(segment_bytes_hand_count)
      *   block keys ceil(100/8) = 13 * 26 * 2 =  676
      *   rotation   64 * max(32, 24) * 2      = 4096   -> keys 8372
      * values (no block keys): 3200 + 400 + 4096 = 7696. */
-    mkv_mosaic_strategy s = {.len = 100, .rotate = 1, .r = 16, .g = 1, .dprime = 32, .pervector = 1,
+    mkv_mosaic_strategy s = {.len = 100, .rotate = 1, .r = 16, .g = 1, .dprime = 32, .pervector = 1, .bits = 16,
                              .keydim = 24, .bound = 2};
     mkv_mosaic_bytes b;
     mkv_mosaic_strategy_bytes(&s, 64, 8, &b);
@@ -459,7 +459,7 @@ START_TEST(segment_bytes_hand_count)
     mkv_mosaic_strategy_bytes(&s, 64, 8, &b);
     ck_assert_uint_eq(b.rotation, 6144);
     ck_assert_uint_eq(b.blockkeys, 13 * 50 * 2);
-    mkv_mosaic_strategy v = {.len = 100, .rotate = 1, .r = 16, .g = 1, .dprime = 32, .pervector = 1};
+    mkv_mosaic_strategy v = {.len = 100, .rotate = 1, .r = 16, .g = 1, .dprime = 32, .pervector = 1, .bits = 16};
     mkv_mosaic_strategy_bytes(&v, 64, 0, &b);
     ck_assert_uint_eq(b.total, 7696);
     /* g = 4, d' = 20: 5 bits -> 1 byte per vector */
@@ -469,7 +469,7 @@ START_TEST(segment_bytes_hand_count)
     ck_assert_uint_eq(b.bitmap, 100);
     /* r = d': every channel kept, no bitmap; no rotation: d' = d, block
      * keys over all 64 raw channels */
-    mkv_mosaic_strategy u = {.len = 100, .rotate = 0, .r = 64, .g = 1, .dprime = 64, .pervector = 1,
+    mkv_mosaic_strategy u = {.len = 100, .rotate = 0, .r = 64, .g = 1, .dprime = 64, .pervector = 1, .bits = 16,
                              .keydim = 64, .bound = 0};
     mkv_mosaic_strategy_bytes(&u, 64, 8, &b);
     ck_assert_uint_eq(b.total, 100 * 64 * 2 + 13 * 64 * 2);
@@ -486,12 +486,15 @@ static uint64_t hand_count(const mkv_mosaic_head *h)
     const mkv_mosaic_tensor *ts[2] = {&h->k, &h->v};
     for (int which = 0; which < 2; which++) {
         const mkv_mosaic_tensor *t = ts[which];
-        /* strategy table int32 [nseg][7], losses float32 [nseg][2], keys:
+        /* strategy table int32 [nseg][8], losses float32 [nseg][2], keys:
          * block-key table int32 [nseg][2] */
-        total += (uint64_t)t->nseg * (7 * 4 + 2 * 4 + (which == 0 ? 2 * 4 : 0));
+        total += (uint64_t)t->nseg * (8 * 4 + 2 * 4 + (which == 0 ? 2 * 4 : 0));
         for (int64_t s = 0; s < t->nseg; s++) {
             const mkv_mosaic_strategy *st = &t->seg[s];
-            total += (uint64_t)st->len * st->r * 2;
+            if (st->bits == 16)
+                total += (uint64_t)st->len * st->r * 2;
+            else   /* codes packed per vector, a zero and a step (fp16) per rotated channel */
+                total += (uint64_t)st->len * (uint64_t)((st->r * st->bits + 7) / 8) + (uint64_t)st->dprime * 2 * 2;
             total += (uint64_t)st->len * ref_bitmap_bytes(st);
             if (which == 0)
                 total += (uint64_t)((st->len + h->block - 1) / h->block) * (st->keydim + st->bound) * 2;
@@ -645,7 +648,7 @@ START_TEST(bytes_read_hand_count)
         const mkv_mosaic_strategy *ks = &h.k.seg[s], *vs = &h.v.seg[s];
         ck_assert_int_eq(ks->keydim, 16);
         ck_assert_int_eq(ks->bound, 2);
-        want += (7 + 7 + 2) * 4 + 32 * (ks->dprime > 16 ? ks->dprime : 16) * 2 + 32 * vs->dprime * 2;
+        want += (8 + 8 + 2) * 4 + 32 * (ks->dprime > 16 ? ks->dprime : 16) * 2 + 32 * vs->dprime * 2;
         want += (uint64_t)((ks->len + 7) / 8) * (16 + 2) * 2;
         want += (uint64_t)ks->len * ((ks->r + vs->r) * 2 + ref_bitmap_bytes(ks) + ref_bitmap_bytes(vs));
     }
@@ -1031,7 +1034,7 @@ START_TEST(candidates_match_reference)
                             continue;
                         mkv_mosaic_candidate *x = &grid[ng++];
                         x->s = (mkv_mosaic_strategy){.start = NO, .len = N, .rotate = rot, .r = r, .g = g,
-                                                     .dprime = dp, .pervector = 1,
+                                                     .dprime = dp, .pervector = 1, .bits = 16,
                                                      .keydim = which ? 0 : 8, .bound = which ? 0 : 2};
                         x->bytes = ref_bytes(&x->s, D, block);
                         double dropped = 0, total = 0, hat[N * D];
@@ -1481,7 +1484,7 @@ START_TEST(cdump_round_trip_counts_bytes)
      * with the parameters set above */
     mkv_mosaic_config c = {.sink = 4, .recent = 16, .segment = 128, .block = 8, .keydim = 16, .bound = 2,
                            .dynamic = 1, .rotate = 1, .r = 8, .g = 1, .energy = 0.95, .threshold = 0.1,
-                           .ratio = 3, .pervector = 1, .attn = {.budget = 0.25, .agg_sum = 0}};
+                           .ratio = 3, .pervector = 1, .bits = 16, .attn = {.budget = 0.25, .agg_sum = 0}};
     mkv_mosaic_head h;
     ck_assert_int_eq(mkv_mosaic_compress(&c, &in, &h, &err), MKV_OK);
 
@@ -1510,6 +1513,86 @@ START_TEST(cdump_round_trip_counts_bytes)
     mkv_cdump_close(cd);
     mkv_mosaic_head_free(&h);
     unlink(path);
+    head_data_free(&hd);
+}
+END_TEST
+
+/* Quantized values (fixed bits, and the ratio rule with quantize=on)
+ * survive the file bit for bit, are counted by hand, attend as in memory,
+ * and every value reads back within half a step of the rotated element
+ * x.R computed here in double from the raw key or value and the stored
+ * rotation. */
+START_TEST(quantized_round_trip)
+{
+    static const char *const cases[] = {
+        "segment=128 recent=16 budget=0.25 strategy=fixed bits=4 keep=0.5",
+        "segment=128 recent=16 budget=0.25 strategy=fixed bits=2 keep=1 energy=0.7 group=2",
+        "segment=128 recent=16 budget=0.25 strategy=fixed bits=8 keep=0.25 rotate=off",
+        "segment=128 recent=16 budget=0.25 quantize=on ratio=6",
+    };
+    head_data hd;
+    head_data_make(&hd, 71, 500, 32, 2, 6);
+    mkv_head_kv in = as_input(&hd);
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        mkv_params p;
+        mkv_error err;
+        char path[256];
+        test_path(path, sizeof path, "quant.h5");
+        write_dump(&hd, &mkv_method_mosaic, cases[k], &p, path);
+        mkv_mosaic_config c;
+        mkv_mosaic_config_of(&p, 32, &c);
+        mkv_mosaic_head h;
+        ck_assert_int_eq(mkv_mosaic_compress(&c, &in, &h, &err), MKV_OK);
+        mkv_cdump *cd;
+        ck_assert_int_eq(mkv_cdump_open(path, &cd, &err), MKV_OK);
+        ck_assert_uint_eq(mkv_cdump_meta_of(cd)->physical_bytes, hand_count(&h));
+        void *state;
+        ck_assert_msg(mkv_method_mosaic.load(&p, cd, 0, 0, &state, &err) == MKV_OK, "%s", err.msg);
+        const mkv_mosaic_head *l = mkv_mosaic_state_head(state);
+        int quantized = 0;
+        for (int x = 0; x < 2; x++) {
+            const mkv_mosaic_tensor *t = x ? &l->v : &l->k, *tm = x ? &h.v : &h.k;
+            const float *raw = x ? hd.v : hd.k;
+            ck_assert_int_eq(t->n_values, tm->n_values);
+            ck_assert_mem_eq(t->values, tm->values, (size_t)t->n_values * sizeof *t->values);
+            for (int64_t si = 0; si < t->nseg; si++) {
+                const mkv_mosaic_strategy *st = &t->seg[si];
+                if (st->bits == 16)
+                    continue;
+                quantized++;
+                const float *qp = t->qparams + t->off_qparams[si];
+                const float *R = st->rotate ? t->rotation + t->off_rotation[si] : NULL;
+                int cols = mkv_mosaic_rotation_cols(st), bb = mkv_mosaic_bitmap_bytes(st), pos[32];
+                for (int64_t j = 0; j < st->len; j++) {
+                    mkv_mosaic_positions(bb ? t->bitmap + t->off_bitmap[si] + j * bb : NULL, st, pos);
+                    const float *xr = raw + (st->start + j) * 32;
+                    for (int e = 0; e < st->r; e++) {
+                        double xt = 0;
+                        for (int i = 0; i < 32; i++)
+                            xt += (double)xr[i] * (R ? R[i * cols + pos[e]] : i == pos[e]);
+                        double got = t->values[t->off_values[si] + j * st->r + e];
+                        ck_assert_msg(fabs(got - xt) <= qp[2 * pos[e] + 1] / 2 * (1 + 1e-6) + fabs(xt) * 0x1p-10 + 1e-6,
+                                      "%s: segment %lld token %lld value %d: %g for %g, step %g", cases[k],
+                                      (long long)si, (long long)j, e, got, xt, qp[2 * pos[e] + 1]);
+                    }
+                }
+            }
+        }
+        ck_assert_msg(quantized > 0, "%s: no quantized segment", cases[k]);
+        float q[2 * 32], out1[2 * 32], out2[2 * 32];
+        gen_queries(9, hd.k, 500, 32, 2, q);
+        mkv_attend_query aq = {.G = 2, .d = 32, .q = q, .pos = 490, .scale = 1 / sqrt(32.0)};
+        uint8_t att1[500] = {0}, att2[500] = {0};
+        mkv_attend_result r1 = {.out = out1, .attended = att1}, r2 = {.out = out2, .attended = att2};
+        ck_assert_int_eq(mkv_method_mosaic.attend(state, &aq, &r1, &err), MKV_OK);
+        ck_assert_int_eq(mkv_mosaic_attend(&h, &c.attn, &aq, &r2, &err), MKV_OK);
+        ck_assert_mem_eq(out1, out2, sizeof out1);
+        ck_assert_uint_eq(r1.bytes_read, r2.bytes_read);
+        mkv_method_mosaic.free_state(state);
+        mkv_cdump_close(cd);
+        mkv_mosaic_head_free(&h);
+        unlink(path);
+    }
     head_data_free(&hd);
 }
 END_TEST
@@ -1688,6 +1771,7 @@ static Suite *mosaic_suite(void)
     tcase_add_test(tc, bad_parameters_refused);
     tcase_add_test(tc, cdump_round_trip_counts_bytes);
     tcase_add_test(tc, cdump_without_queries);
+    tcase_add_test(tc, quantized_round_trip);
     tcase_add_test(tc, load_refuses_corrupt_arrays);
     suite_add_tcase(s, tc);
     return s;

@@ -48,6 +48,13 @@ mosaic rotate=off segment=300
 mosaic segment=256 block=16 ratio=2 sink=0 recent=0
 mosaic keydim=1 bound=4 ratio=4
 mosaic recent=2000
+mosaic strategy=fixed bits=4 keep=0.5
+mosaic strategy=fixed bits=2 keep=1 energy=0.6
+mosaic strategy=fixed bits=8 group=2 keep=0.25 rotate=off
+mosaic quantize=on ratio=6 segment=400
+mosaic quantize=on strategy=dynamic threshold=0.05
+mosaic budget=1 ratio=5 quantize=on
+mosaic budget=1 strategy=fixed rotate=off
 uniform2d
 uniform2d keep=0.5 segment=500 keydim=0.25 bound=0
 CASES
@@ -73,7 +80,7 @@ awk -v e="$err" 'BEGIN { exit !(e != "" && e < 5e-3) }' || fail "keep=1 budget=1
 want=$("$PY" - <<'PY'
 import h5py
 with h5py.File("bitmap.h5", "r+") as f:
-    start, length, rotate, r, g, dprime, pervector = (int(x) for x in f["layers/01/01/k/strategy"][0])
+    start, length, rotate, r, g, dprime, pervector, bits = (int(x) for x in f["layers/01/01/k/strategy"][0])
     bitmap = f["layers/01/01/k/bitmap"]
     nbytes = (dprime // g + 7) // 8
     first = int(bitmap[0])
@@ -88,6 +95,51 @@ status=$?
 [ $status -eq 1 ] || fail "corrupt bitmap: exit $status, not 1"
 [ "$(cat bitmap.err)" = "$want" ] || fail "corrupt bitmap: stderr '$(cat bitmap.err)', expected '$want'"
 [ ! -s bitmap.out ] || fail "corrupt bitmap: wrote a table"
+
+# every token attended (budget=1): no block keys are stored, and with
+# nothing else dropped attention is exact to fp16 precision
+"$COMPRESS" raw.h5 -o all.h5 --method mosaic -P budget=1,strategy=fixed,keep=1,energy=1 -q ||
+    fail "mkv-compress budget=1"
+"$PY" - <<'PY' || fail "budget=1: block keys stored"
+import sys, h5py
+with h5py.File("all.h5", "r") as f:
+    for l in f["layers"]:
+        for h in f["layers"][l]:
+            g = f["layers"][l][h]
+            if "k/blockkeys" in g or (g["k/blockdims"][...] != 0).any():
+                sys.exit(1)
+PY
+err=$("$ATTEND" all.h5 --summary -q | awk -F'\t' 'NR == 2 { print $8 }')
+awk -v e="$err" 'BEGIN { exit !(e != "" && e < 5e-3) }' || fail "budget=1 keep=1: rel_l2_mean $err"
+
+# damaged quantized values are refused at load (exit 1, one line naming
+# the array): a negative step, and a set pad bit (r = 3 codes of 2 bits
+# leave 2 pad bits per vector)
+"$COMPRESS" raw.h5 -o q.h5 --method mosaic -P strategy=fixed,bits=2,keep=0.09,energy=1 -q ||
+    fail "mkv-compress bits=2"
+for damage in step pad; do
+    cp q.h5 qd.h5
+    DAMAGE=$damage "$PY" - <<'PY'
+import os, h5py
+with h5py.File("qd.h5", "r+") as f:
+    g = f["layers/01/01"]
+    if os.environ["DAMAGE"] == "step":
+        q = g["v/qparams"]
+        q[3] = -1.0
+    else:
+        c = g["k/codes"]
+        c[0] = int(c[0]) | 0x80
+PY
+    "$ATTEND" qd.h5 --summary >qd.out 2>qd.err
+    status=$?
+    case $damage in
+    step) want="mkv-attend: 'qd.h5': layer 1, KV head 1: array 'v/qparams': segment 0, channel 1: negative step -1" ;;
+    pad) want="mkv-attend: 'qd.h5': layer 1, KV head 1: array 'k/codes': token 4 (segment 0) sets pad bits" ;;
+    esac
+    [ $status -eq 1 ] || fail "damaged $damage: exit $status, not 1"
+    [ "$(cat qd.err)" = "$want" ] || fail "damaged $damage: stderr '$(cat qd.err)', expected '$want'"
+    [ ! -s qd.out ] || fail "damaged $damage: wrote a table"
+done
 
 # bad parameters: exit 2, a message naming the parameter, no output file
 # (parameters separated by commas, then words the message must hold)
@@ -107,6 +159,8 @@ group=4,keep=0.2 does not divide r = 7
 bound=20 larger than the 16 block-key channels
 keydim=0 keydim
 ratio=0.5 ratio
+bits=3 bits
+quantize=maybe quantize
 strategy=greedy strategy
 BAD
 

@@ -17,11 +17,16 @@ Reads both files with h5py only and checks, for every layer and KV head:
   - every bitmap keeps r / g groups; the packed values are the rotated
     elements x R at the bitmap's positions (to fp16 rounding), and no
     dropped group holds more energy than a kept one;
-  - block keys (k/blockdims gives keydim and bound per segment) are, per
-    block, the min and max of the first `bound` rotated key channels and
+  - a quantized segment (bits 8, 4, 2): each rotated channel's zero and
+    step span the channel's range over the segment's vectors, and every
+    code (unpacked here, low bits first) reads back as fp16(zero + code
+    step) within step / 2 of the rotated element, pad bits zero;
+  - block keys (k/blockdims gives keydim and bound per segment; 0 and 0:
+    none stored) are, per block, the min and max of the first `bound` rotated key channels and
     the means of the others up to keydim (raw channels, all d, no bound,
     when unrotated);
-  - the recorded energy loss is the one of the kept-only reconstruction.
+  - the recorded energy loss is the one of the kept-only reconstruction
+    (quantized: of the kept elements as they read back).
 Exit 0 when everything holds, 1 with a message otherwise.
 """
 import sys
@@ -88,11 +93,14 @@ def check_tensor(grp, x, X, sink_n, recent_n, block, T, d, where):
     else:
         bdims = np.zeros((len(table), 2), int)
     flat = {a: (grp[name(a)][...] if name(a) in grp else np.zeros(0))
-            for a in ("values", "bitmap", "blockkeys", "rotation")}
+            for a in ("values", "bitmap", "blockkeys", "rotation", "codes", "qparams")}
     off = dict.fromkeys(flat, 0)
     nxt = first
     for row, ls, bd in zip(table, loss, bdims):
-        start, length, rot, r, g, dp, perv = (int(v) for v in row)
+        start, length, rot, r, g, dp, perv = (int(v) for v in row[:7])
+        bits = int(row[7]) if len(row) > 7 else 16
+        if bits not in (16, 8, 4, 2):
+            fail("%s %s segment at %d: bits %d" % (where, x, start, bits))
         kd, bound = int(bd[0]), int(bd[1])
         w = "%s %s segment at %d" % (where, x, start)
         if start != nxt or length < 1:
@@ -100,7 +108,8 @@ def check_tensor(grp, x, X, sink_n, recent_n, block, T, d, where):
         nxt = start + length
         nbytes = (dp // g + 7) // 8 if perv and r < dp else 0
         Xs = X[start:start + length].astype(np.float64)
-        if block and not (1 <= kd <= d and 0 <= bound <= kd and (rot or (kd == d and bound == 0))):
+        if block and not ((kd == 0 and bound == 0) or
+                          (1 <= kd <= d and 0 <= bound <= kd and (rot or (kd == d and bound == 0)))):
             fail(w + ": block keys of %d channels with %d bounds" % (kd, bound))
         cols = max(dp, kd) if block else dp
         R = np.eye(d)
@@ -118,13 +127,41 @@ def check_tensor(grp, x, X, sink_n, recent_n, block, T, d, where):
             fail(w + ": unrotated segment with d' != d")
         Xfull = Xs @ R
         Xt = Xfull[:, :dp]
-        vals = flat["values"][off["values"]:off["values"] + length * r].reshape(length, r)
+        kept_e = [0.0]
         bm = flat["bitmap"][off["bitmap"]:off["bitmap"] + length * nbytes].reshape(length, nbytes)
-        off["values"] += length * r
         off["bitmap"] += length * nbytes
+        if bits == 16:
+            vals = flat["values"][off["values"]:off["values"] + length * r].reshape(length, r)
+            off["values"] += length * r
+        else:
+            vb = -(-r * bits // 8)
+            codes = flat["codes"][off["codes"]:off["codes"] + length * vb].reshape(length, vb).astype(np.uint32)
+            qp = flat["qparams"][off["qparams"]:off["qparams"] + 2 * dp].astype(np.float64).reshape(dp, 2)
+            off["codes"] += length * vb
+            off["qparams"] += 2 * dp
+            zero, step = qp[:, 0], qp[:, 1]
+            lo, hi = Xt.min(0), Xt.max(0)
+            slack = 1e-9 * np.maximum(np.abs(lo), np.abs(hi)) + 1e-12
+            if (step < 0).any() or (zero > lo + slack).any() or (zero + (2 ** bits - 1) * step < hi - slack).any():
+                fail(w + ": zeros and steps do not span the rotated channels")
+            allbits = np.unpackbits(codes.astype(np.uint8), axis=1, bitorder="little")
+            if allbits[:, r * bits:].any():
+                fail(w + ": codes set pad bits")
+            code = (allbits[:, :r * bits].reshape(length, r, bits) * (1 << np.arange(bits))).sum(2)
+            vals = np.zeros((length, r))
         for t in range(length):
             pos = positions(bm[t] if nbytes else None, r, g, dp, nbytes)
-            near(vals[t], Xt[t, pos], F16_REL, w + " packed values")
+            if bits == 16:
+                near(vals[t], Xt[t, pos], F16_REL, w + " packed values")
+            else:
+                vals[t] = (zero[pos] + code[t] * step[pos]).astype(np.float16)
+                err = np.abs(vals[t] - Xt[t, pos])
+                lim = step[pos] / 2 * (1 + 1e-6) + F16_REL * np.abs(Xt[t, pos]) + 1e-12
+                if (err > lim).any():
+                    i = int(np.argmax(err - lim))
+                    fail(w + ": token %d value %d reads back as %r, %r away from %r (step %r)"
+                         % (start + t, i, vals[t][i], err[i], Xt[t, pos[i]], step[pos[i]]))
+            kept_e[0] += (Xt[t, pos] ** 2).sum() - (0 if bits == 16 else ((Xt[t, pos] - vals[t]) ** 2).sum())
             if perv and nbytes:
                 e = (Xt[t] ** 2).reshape(dp // g, g).sum(1)
                 kept = np.zeros(dp // g, bool)
@@ -143,7 +180,7 @@ def check_tensor(grp, x, X, sink_n, recent_n, block, T, d, where):
             near(keys, np.array(rows), F16_REL, w + " block keys")
         # energy dropped: R is orthonormal to fp16 precision, so the energy
         # of all rotated channels is that of X
-        drop = 1 - (vals.astype(np.float64) ** 2).sum() / max((Xs ** 2).sum(), 1e-300)
+        drop = 1 - kept_e[0] / max((Xs ** 2).sum(), 1e-300)
         if abs(drop - ls[0]) > 2e-3 + 2e-2 * abs(ls[0]):
             fail(w + ": recorded energy loss %g, recomputed %g" % (ls[0], drop))
         if not (np.isnan(ls[1]) or abs(ls[1]) <= 10):

@@ -11,8 +11,10 @@
  *     tables. A token entering it is packed at once with the strategy and
  *     rotations of the prefill's last segment (r, g, d', block keys of the
  *     same shape; its block key row recomputed over the tokens of its
- *     block), so attention reads it like any packed token from the next
- *     query on. The region's raw tokens are kept beside it.
+ *     block; values in fp16 whatever the bits of that segment, whose zeros
+ *     and steps span its own vectors only), so attention reads it like any
+ *     packed token from the next query on. The region's raw tokens are
+ *     kept beside it.
  *  3. When the open segment reaches `segment` tokens it closes: the
  *     manager compresses its raw tokens as a segment of its own (Gram
  *     matrix and rotation, the strategy by the method's rule -- fixed,
@@ -210,7 +212,7 @@ typedef struct {
     job *pending[MAX_PENDING];
     int n_pending;
     /* capacities of the growing arrays */
-    int64_t cap[2][4];                /* k/v x values, bitmap, blockkeys, rotation */
+    int64_t cap[2][6];                /* k/v x values, bitmap, blockkeys, rotation, codes, qparams */
     int64_t dense_cap;
     mkv_decode_counters stats;
 } mosaic_state;
@@ -269,18 +271,22 @@ const mkv_mosaic_head *mkv_mosaic_state_head(const void *state)
 
 /* ---------------------------------------------------------------- bytes */
 
-static uint64_t tensor_bytes(const mkv_mosaic_tensor *t, int is_key)
+static uint64_t tensor_bytes(const mkv_mosaic_tensor *t, int d, int block)
 {
-    uint64_t tables = (uint64_t)t->nseg * (MKV_MOSAIC_TABLE_COLS + MKV_MOSAIC_LOSS_COLS +
-                                           (is_key ? MKV_MOSAIC_BLOCKDIM_COLS : 0)) * 4;
-    return tables + (uint64_t)t->n_values * 2 + (uint64_t)t->n_bitmap + (uint64_t)t->n_blockkeys * 2 +
-           (uint64_t)t->n_rotation * 2;
+    uint64_t b = (uint64_t)t->nseg * (MKV_MOSAIC_TABLE_COLS + MKV_MOSAIC_LOSS_COLS +
+                                      (block > 0 ? MKV_MOSAIC_BLOCKDIM_COLS : 0)) * 4;
+    for (int64_t i = 0; i < t->nseg; i++) {
+        mkv_mosaic_bytes mb;
+        mkv_mosaic_strategy_bytes(&t->seg[i], d, block, &mb);
+        b += mb.total;
+    }
+    return b;
 }
 
 uint64_t mkv_mosaic_head_bytes(const mkv_mosaic_head *h)
 {
-    return 2 * (uint64_t)(h->sink_n + h->recent_n) * (uint64_t)h->d * 2 + tensor_bytes(&h->k, 1) +
-           tensor_bytes(&h->v, 0);
+    return 2 * (uint64_t)(h->sink_n + h->recent_n) * (uint64_t)h->d * 2 + tensor_bytes(&h->k, h->d, h->block) +
+           tensor_bytes(&h->v, h->d, 0);
 }
 
 uint64_t mkv_mosaic_method_state_bytes(const void *state)
@@ -329,12 +335,17 @@ static int set_template(mosaic_state *s, mkv_error *err)
         s->cap[x][1] = t->n_bitmap;
         s->cap[x][2] = t->n_blockkeys;
         s->cap[x][3] = t->n_rotation;
+        s->cap[x][4] = t->n_codes;
+        s->cap[x][5] = t->n_qparams;
     }
     if (h->k.nseg == 0)
         return MKV_OK;
     int64_t last = h->k.nseg - 1;
     s->tk = h->k.seg[last];
     s->tv = h->v.seg[last];
+    /* packed at once, with no segment of its own to take zeros and steps
+     * from: fp16 values */
+    s->tk.bits = s->tv.bits = 16;
     size_t dd = (size_t)d * (size_t)d;
     if (!(s->rk = mkv_calloc(dd, sizeof *s->rk, "a rotation", err)) ||
         !(s->rv = mkv_calloc(dd, sizeof *s->rv, "a rotation", err)) ||
@@ -424,7 +435,7 @@ static int pack_token(mosaic_state *s, int is_key, mkv_error *err)
     part.rotate = st->rotate;
     if (!rc)
         rc = mkv_mosaic_encode(&part, raw + b0 * d, d, st->rotate ? (is_key ? s->rk : s->rv) : NULL,
-                               is_key ? B : 0, vals, nbytes ? bits : NULL, keyrow, rot, err);
+                               is_key ? B : 0, vals, nbytes ? bits : NULL, NULL, NULL, keyrow, rot, err);
     if (!rc)
         rc = grow((void **)&t->values, &s->cap[x][0], t->n_values, t->n_values + st->r, sizeof(float), err);
     if (!rc)
@@ -495,20 +506,24 @@ static int splice(mosaic_state *s, mkv_mosaic_tensor *t, int x, int64_t i, const
 {
     const mkv_mosaic_head *h = &s->h;
     int d = h->d, block = x ? 0 : h->block;
-    int64_t lim[4] = {t->n_values, t->n_bitmap, t->n_blockkeys, t->n_rotation};
-    int64_t a[4] = {t->off_values[i], t->off_bitmap[i], t->off_blockkeys[i], t->off_rotation[i]};
-    int64_t b[4], add[4] = {src->n_values, src->n_bitmap, src->n_blockkeys, src->n_rotation};
+    enum { N = 6 };
+    int64_t lim[N] = {t->n_values, t->n_bitmap, t->n_blockkeys, t->n_rotation, t->n_codes, t->n_qparams};
+    const int64_t *offs[N] = {t->off_values, t->off_bitmap, t->off_blockkeys, t->off_rotation, t->off_codes,
+                              t->off_qparams};
+    int64_t a[N], b[N], add[N] = {src->n_values, src->n_bitmap, src->n_blockkeys, src->n_rotation, src->n_codes,
+                                  src->n_qparams};
     int last = i + 1 == t->nseg;
-    b[0] = last ? lim[0] : t->off_values[i + 1];
-    b[1] = last ? lim[1] : t->off_bitmap[i + 1];
-    b[2] = last ? lim[2] : t->off_blockkeys[i + 1];
-    b[3] = last ? lim[3] : t->off_rotation[i + 1];
-    void *arr[4] = {t->values, t->bitmap, t->blockkeys, t->rotation};
-    const void *from[4] = {src->values, src->bitmap, src->blockkeys, src->rotation};
-    size_t elem[4] = {sizeof(float), 1, sizeof(float), sizeof(float)};
-    void *next[4] = {NULL, NULL, NULL, NULL};
-    int64_t size[4];
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < N; k++) {
+        a[k] = offs[k][i];
+        b[k] = last ? lim[k] : offs[k][i + 1];
+    }
+    void **arr[N] = {(void **)&t->values, (void **)&t->bitmap, (void **)&t->blockkeys, (void **)&t->rotation,
+                     (void **)&t->codes, (void **)&t->qparams};
+    const void *from[N] = {src->values, src->bitmap, src->blockkeys, src->rotation, src->codes, src->qparams};
+    size_t elem[N] = {sizeof(float), 1, sizeof(float), sizeof(float), 1, sizeof(float)};
+    void *next[N] = {NULL};
+    int64_t size[N];
+    for (int k = 0; k < N; k++) {
         size[k] = lim[k] - (b[k] - a[k]) + add[k];
         int64_t cap = size[k] > 16 ? size[k] : 16;
         if (!(next[k] = mkv_alloc((size_t)cap, elem[k], "a mosaic array", err))) {
@@ -517,7 +532,7 @@ static int splice(mosaic_state *s, mkv_mosaic_tensor *t, int x, int64_t i, const
             return err ? err->code : MKV_ENOMEM;
         }
         char *dst = next[k];
-        const char *old = arr[k];   /* NULL where the array has no element */
+        const char *old = *arr[k];   /* NULL where the array has no element */
         if (a[k])
             memcpy(dst, old, (size_t)a[k] * elem[k]);
         if (add[k])
@@ -527,14 +542,10 @@ static int splice(mosaic_state *s, mkv_mosaic_tensor *t, int x, int64_t i, const
                    (size_t)(lim[k] - b[k]) * elem[k]);
         s->cap[x][k] = cap;
     }
-    mkv_free(t->values);
-    mkv_free(t->bitmap);
-    mkv_free(t->blockkeys);
-    mkv_free(t->rotation);
-    t->values = next[0];
-    t->bitmap = next[1];
-    t->blockkeys = next[2];
-    t->rotation = next[3];
+    for (int k = 0; k < N; k++) {
+        mkv_free(*arr[k]);
+        *arr[k] = next[k];
+    }
     t->seg[i] = src->seg[0];
     t->seg[i].start = start;
     memcpy(t->loss + i * MKV_MOSAIC_LOSS_COLS, src->loss, MKV_MOSAIC_LOSS_COLS * sizeof *t->loss);

@@ -24,16 +24,19 @@
  *     position's budget fraction of the segment's visible tokens; the
  *     exact softmax mass (within the segment's visible tokens) they hold,
  *     averaged over the G heads and the positions, decides (ties: 0).
- *  5. Strategy (rotate, r, g, d') of each tensor of a segment:
+ *     With budget 1 (every token attended) no step selects: no block keys
+ *     are stored (kd = m = 0) and every segment is attended whole.
+ *  5. Strategy (rotate, r, g, d', bits) of each tensor of a segment:
  *       fixed:   rotation as `rotate`; r = ceil(keep x d) elements per
  *                vector (the baselines' rule); g = `group`; d' = the fewest
  *                leading rotated channels holding `energy` of the
  *                eigen-energy, at least r, rounded up to a multiple of 8,
- *                at most d (d' = d without rotation);
+ *                at most d (d' = d without rotation); values in `bits`;
  *       dynamic, ratio: the candidates of mkv_mosaic_candidates (r from
  *                d/32 to d, g 1, 2, 4, d' d/4 .. d; values also unrotated;
- *                keys of a rotated segment stay rotated; candidates that
- *                another beats on both bytes and energy dropped), each
+ *                keys of a rotated segment stay rotated; fp16 values, and
+ *                with `quantize` also 8-, 4- and 2-bit codes; candidates
+ *                that another beats on both bytes and energy dropped), each
  *                with its bytes and its loss: with observation queries,
  *                the attention-output error it adds on them
  *                (mkv_mosaic_evaluate: the tokens the attention rule
@@ -41,7 +44,7 @@
  *                segment packed, everything else exact; relative L2 error
  *                minus the selection's own, averaged over the query
  *                vectors that see the segment); without, the fraction of
- *                energy dropped. Then
+ *                energy dropped or lost to quantization. Then
  *         dynamic: per tensor and segment, the fewest bytes whose loss
  *                <= `threshold`, else the lowest loss (the paper's rule;
  *                the ratio follows from the data);
@@ -53,11 +56,14 @@
  *       Observation queries: every query head of the dump at up to 64/G
  *       positions spread evenly over its queries (first and last
  *       included). `rotate=off` leaves out the rotated candidates; `keep`,
- *       `group` and `energy` apply to fixed only (given under another
- *       strategy they draw a warning, as do `threshold` and `ratio`).
+ *       `group`, `energy` and `bits` apply to fixed only (given under
+ *       another strategy they draw a warning, as do `threshold`, `ratio`
+ *       and `quantize`).
  *  6. Per vector x~ = x R: keep the r/g groups of g adjacent channels among
  *     the first d' with the largest energy (g = 1: the r largest |x~|);
- *     values fp16 in channel order, bitmap of d'/g bits (none when r = d').
+ *     values in channel order, fp16 or b-bit codes of a zero and a step
+ *     per rotated channel over the segment (its minimum and maximum: no
+ *     value is clamped), bitmap of d'/g bits (none when r = d').
  *
  * STORED ARRAYS: lib/mosaic/packed.h. Every byte attention needs is one of
  * them, so physical_bytes counts it. At d = 128, keep 0.25, d' = 64,
@@ -80,7 +86,9 @@
  *  1. Budget k = mkv_budget_tokens(budget, p + 1) tokens. Sink and recent
  *     tokens <= p are always attended and count towards it.
  *  2. For every segment starting <= p: q~_h = q_h R_k over its stored
- *     columns, once per head; for every block starting <= p its score
+ *     columns, once per head. A segment without block keys is attended
+ *     whole (its tokens <= p, counted towards k); for every block of the
+ *     others starting <= p its score
  *     s_b = agg_h mkv_mosaic_block_score(q~_h, row_b) * scale, agg = max
  *     or sum over the G heads.
  *  3. Blocks in descending score (ties: the earlier block) are added whole
@@ -95,9 +103,10 @@
  *     acc_s e^(m_s - m); out = acc / l. Accumulation is in double.
  *  5. Bytes read: per segment starting <= p its rows of both strategy
  *     tables and of k/blockdims, its R_k and the block keys of its blocks
- *     starting <= p; R_v of segments with attended tokens; values and
- *     bitmaps (K and V) of attended compressed tokens; dense K and V of
- *     attended sink/recent tokens. */
+ *     starting <= p; R_v and the zeros and steps (K and V) of segments
+ *     with attended tokens; values or codes and bitmaps (K and V) of
+ *     attended compressed tokens; dense K and V of attended sink/recent
+ *     tokens. */
 #include "config.h"
 #include "mosaic/mosaic.h"
 
@@ -131,6 +140,10 @@ static const mkv_param_spec mosaic_params[] = {
      "fixed: channels per selection group g (adjacent rotated channels)"},
     {"energy", MKV_PARAM_DOUBLE, "0.95", 0, 1, NULL,
      "fixed: fraction of eigen-energy the d' kept rotated channels hold", MKV_PARAM_ABOVE_MIN},
+    {"bits", MKV_PARAM_INT, "16", 2, 16, "2 4 8 16",
+     "fixed: bits per kept value (16: float16; 8, 4, 2: codes with a zero and step per rotated channel)"},
+    {"quantize", MKV_PARAM_STRING, "off", 0, 0, "on off",
+     "dynamic, ratio: candidates also keep values in 8, 4 and 2 bits"},
     {"rotate", MKV_PARAM_STRING, "on", 0, 0, "on off",
      "per-segment SVD rotation (dynamic: values may go without where it pays; off: never)"},
     {"strategy", MKV_PARAM_STRING, "ratio", 0, 0, "fixed dynamic ratio",
@@ -190,22 +203,25 @@ int mkv_mosaic_check_common(const mkv_params *p, const mkv_dump_meta *m, mkv_err
 static void warn_ignored(const mkv_params *p)
 {
     static const struct {
-        const char *strategy;
-        const char *const params[4];
+        const char *strategies[3];
+        const char *const params[5];
     } own[] = {
-        {"fixed", {"keep", "group", "energy", NULL}},
-        {"dynamic", {"threshold", NULL}},
-        {"ratio", {"ratio", NULL}},
+        {{"fixed", NULL}, {"keep", "group", "energy", "bits", NULL}},
+        {{"dynamic", NULL}, {"threshold", NULL}},
+        {{"ratio", NULL}, {"ratio", NULL}},
+        {{"dynamic", "ratio", NULL}, {"quantize", NULL}},
     };
     const char *strategy = mkv_params_str(p, "strategy");
     char text[512] = "";
     size_t len = 0;
     for (size_t i = 0; i < sizeof own / sizeof own[0] && len < sizeof text; i++) {
         char given[256];
-        if (strcmp(own[i].strategy, strategy) == 0 || !mkv_params_given_text(p, own[i].params, given, sizeof given))
+        const char *const *st = own[i].strategies;
+        if (strcmp(st[0], strategy) == 0 || (st[1] && strcmp(st[1], strategy) == 0) ||
+            !mkv_params_given_text(p, own[i].params, given, sizeof given))
             continue;
-        len += (size_t)snprintf(text + len, sizeof text - len, "%s%s (strategy=%s only)", len ? ", " : "", given,
-                                own[i].strategy);
+        len += (size_t)snprintf(text + len, sizeof text - len, "%s%s (strategy=%s%s%s only)", len ? ", " : "",
+                                given, st[0], st[1] ? " or " : "", st[1] ? st[1] : "");
     }
     if (len)
         mkv_warn("mosaic: strategy=%s ignores %s", strategy, text);
@@ -245,6 +261,7 @@ void mkv_mosaic_config_common(const mkv_params *p, int d, mkv_mosaic_config *c)
     c->keydim = mkv_mosaic_kept(mkv_params_double(p, "keydim"), d);
     c->bound = (int)mkv_params_int(p, "bound");
     c->rotate = 1;
+    c->bits = 16;
     c->attn.budget = mkv_params_double(p, "budget");
     c->attn.agg_sum = strcmp(mkv_params_str(p, "agg"), "sum") == 0;
 }
@@ -257,6 +274,8 @@ void mkv_mosaic_config_of(const mkv_params *p, int d, mkv_mosaic_config *c)
     c->r = mkv_mosaic_kept(mkv_params_double(p, "keep"), d);
     c->g = (int)mkv_params_int(p, "group");
     c->energy = mkv_params_double(p, "energy");
+    c->bits = (int)mkv_params_int(p, "bits");
+    c->quantize = strcmp(mkv_params_str(p, "quantize"), "on") == 0;
     c->threshold = mkv_params_double(p, "threshold");
     c->ratio = strcmp(mkv_params_str(p, "strategy"), "ratio") == 0 ? mkv_params_double(p, "ratio") : 0;
     c->pervector = 1;
@@ -628,6 +647,7 @@ static void fixed_strategy(const mkv_mosaic_config *c, int d, const double *eval
     s->r = c->r;
     s->g = c->pervector ? c->g : 1;
     s->pervector = c->pervector;
+    s->bits = c->bits;
     if (!c->rotate)
         s->dprime = d;
     else if (!c->pervector)
@@ -677,7 +697,9 @@ static int key_skeleton(const mkv_mosaic_config *c, const mkv_head_kv *in, mkv_m
     hs->k.nseg = nseg;
     for (int64_t i = 0; i < nseg; i++)
         nblk += mkv_mosaic_nblocks(h->k.seg[i].len, B);
-    int kd = c->rotate ? c->keydim : d, bound = c->rotate ? c->bound : 0;
+    /* every token attended: no step selects, so no block keys */
+    int all = c->attn.budget == 1.0;
+    int kd = all ? 0 : c->rotate ? c->keydim : d, bound = all || !c->rotate ? 0 : c->bound;
     int choose = c->dynamic && w->obs.nq > 0 && bound > 0;
     size_t seglen = (size_t)(c->segment < last - first ? c->segment : last - first);
     double *xt = NULL, *qt = NULL, *mass = NULL;
@@ -686,11 +708,11 @@ static int key_skeleton(const mkv_mosaic_config *c, const mkv_head_kv *in, mkv_m
     float *alt = NULL;
     int rc = MKV_OK;
     if (!(hs->k.seg = mkv_calloc((size_t)(nseg ? nseg : 1), sizeof *hs->k.seg, "strategies", err)) ||
-        !(hs->k.blockkeys = mkv_alloc((size_t)(nblk ? nblk : 1) * (size_t)(kd + bound), sizeof(float),
+        !(hs->k.blockkeys = mkv_alloc((size_t)(nblk ? nblk : 1) * (size_t)(kd + bound + 1), sizeof(float),
                                       "block keys", err)) ||
         !(hs->k.rotation = mkv_alloc((size_t)(nseg && c->rotate ? nseg : 1) * (size_t)d * (size_t)d,
                                      sizeof(float), "rotations", err)) ||
-        !(xt = mkv_alloc((seglen ? seglen : 1) * (size_t)kd, sizeof *xt, "rotated keys", err)) ||
+        !(xt = mkv_alloc((seglen ? seglen : 1) * (size_t)(kd ? kd : 1), sizeof *xt, "rotated keys", err)) ||
         (choose && (!(qt = mkv_alloc((size_t)d, sizeof *qt, "rotated queries", err)) ||
                     !(mass = mkv_alloc((size_t)w->obs.nq * seglen, sizeof *mass, "attention weights", err)) ||
                     !(blk = mkv_alloc(seglen / (size_t)B + 1, sizeof *blk, "block scores", err)) ||
@@ -719,7 +741,7 @@ static int key_skeleton(const mkv_mosaic_config *c, const mkv_head_kv *in, mkv_m
         }
         off += mkv_mosaic_nblocks(ks->len, B) * mkv_mosaic_block_width(ks);
         hs->k.seg[i] = (mkv_mosaic_strategy){.start = ks->start, .len = ks->len, .rotate = c->rotate, .r = d,
-                                             .g = 1, .dprime = d, .pervector = 1, .keydim = kd,
+                                             .g = 1, .dprime = d, .pervector = 1, .bits = 16, .keydim = kd,
                                              .bound = ks->bound};
         for (size_t j = 0; R && j < (size_t)d * (size_t)d; j++)
             hs->k.rotation[(size_t)i * d * d + j] = (float)R[j];
@@ -754,6 +776,7 @@ static int segment_strategies(const mkv_mosaic_config *c, const mkv_head_kv *in,
         const double *R = rot_of(w, which, i, d);
         mkv_mosaic_search_opts o = {.d = d, .block = which ? 0 : c->block, .keydim = which ? 0 : s->keydim,
                                     .bound = which ? 0 : s->bound, .allow_rotate = c->rotate,
+                                    .quantize = c->quantize,
                                     .obs = w->obs.nq > 0 ? &sv.v : NULL};
         mkv_mosaic_candidate one, *chosen = &one;
         if (c->dynamic) {
@@ -802,16 +825,18 @@ static int encode_tensor(const mkv_mosaic_head *h, const float *data, int is_key
                          mkv_mosaic_tensor *t, mkv_error *err)
 {
     int d = h->d, block = is_key ? h->block : 0;
-    flat values = {.elem = sizeof(float)}, bitmap = {.elem = 1}, keys = {.elem = sizeof(float)},
-         rot = {.elem = sizeof(float)};
+    flat values = {.elem = sizeof(float)}, bitmap = {.elem = 1}, codes = {.elem = 1}, qparams = {.elem = sizeof(float)},
+         keys = {.elem = sizeof(float)}, rot = {.elem = sizeof(float)};
     int rc = MKV_OK;
     for (int64_t i = 0; i < t->nseg && rc == MKV_OK; i++) {
         const mkv_mosaic_strategy *s = &t->seg[i];
         mkv_mosaic_bytes b;
         mkv_mosaic_strategy_bytes(s, d, block, &b);
-        float *pv, *pk, *pr;
-        uint8_t *pb;
-        if (!(pv = flat_extend(&values, (int64_t)b.values / 2, "packed values", err)) ||
+        float *pv, *pq, *pk, *pr;
+        uint8_t *pb, *pc;
+        if (!(pv = flat_extend(&values, s->len * s->r, "packed values", err)) ||
+            !(pc = flat_extend(&codes, s->bits == 16 ? 0 : (int64_t)b.values, "codes", err)) ||
+            !(pq = flat_extend(&qparams, (int64_t)b.qparams / 2, "zeros and steps", err)) ||
             !(pb = flat_extend(&bitmap, (int64_t)b.bitmap, "bitmaps", err)) ||
             !(pk = flat_extend(&keys, (int64_t)b.blockkeys / 2, "block keys", err)) ||
             !(pr = flat_extend(&rot, (int64_t)b.rotation / 2, "rotations", err))) {
@@ -819,9 +844,12 @@ static int encode_tensor(const mkv_mosaic_head *h, const float *data, int is_key
             break;
         }
         rc = mkv_mosaic_encode(s, data + s->start * d, d, rot_of(w, !is_key, i, d), block, pv,
-                               b.bitmap ? pb : NULL, pk, pr, err);
+                               b.bitmap ? pb : NULL, s->bits == 16 ? NULL : pc, s->bits == 16 ? NULL : pq, pk, pr,
+                               err);
     }
     t->values = values.p;
+    t->codes = codes.p;
+    t->qparams = qparams.p;
     t->bitmap = bitmap.p;
     t->blockkeys = keys.p;
     t->rotation = rot.p;
@@ -1009,6 +1037,12 @@ int64_t mkv_mosaic_select_tokens(const mkv_mosaic_head *h, const mkv_mosaic_attn
         const mkv_mosaic_strategy *ks = &K->seg[si];
         double *qs = qt + (size_t)si * G * d;
         rotate_queries(h, si, q, G, qs);
+        if (ks->keydim == 0) {
+            /* no block keys: attended whole */
+            for (int64_t t = ks->start; t < ks->start + ks->len && t <= p; t++, count++)
+                att[t] = 1;
+            continue;
+        }
         int64_t nb = mkv_mosaic_nblocks(ks->len, B), upto = (p - ks->start) / B + 1;
         int w = mkv_mosaic_block_width(ks);
         for (int64_t b = 0; b < (upto < nb ? upto : nb); b++) {
@@ -1095,14 +1129,13 @@ static int64_t attend_segment(const mkv_mosaic_head *h, int64_t si, const double
                 dot += qg[kpos[j]] * kv[j];
             mkv_osm_add_sparse(&w->seg[g], dot * q->scale, vv, vpos, vs->r);
         }
-        res->bytes_read += (uint64_t)(ks->r + vs->r) * 2 + (uint64_t)(kbb + vbb);
+        res->bytes_read += (uint64_t)(mkv_mosaic_vector_bytes(ks) + mkv_mosaic_vector_bytes(vs) + kbb + vbb);
         n++;
     }
     if (n == 0)
         return 0;
     const float *Rv = vs->rotate ? h->v.rotation + h->v.off_rotation[si] : NULL;
-    if (Rv)
-        res->bytes_read += (uint64_t)d * (uint64_t)vs->dprime * 2;
+    res->bytes_read += mkv_mosaic_attended_segment_bytes(ks, vs, d);
     for (int g = 0; g < G; g++) {
         /* o = o~ R_v^T once per segment: linear, so valid unnormalised */
         const double *a = w->seg[g].acc;

@@ -12,6 +12,7 @@
 #include "core/eigen.h"
 #include "core/half.h"
 #include "core/tensor.h"
+#include "methods/baseline.h"
 
 #define F16_MAX 65504.0
 
@@ -221,18 +222,34 @@ double mkv_mosaic_block_score(const double *qt, const float *row, int keydim, in
     return s;
 }
 
+void mkv_mosaic_channel_qparams(const double *xt, int64_t n, int ldx, int nc, int bits, float *qparams)
+{
+    for (int c = 0; c < nc; c++) {
+        double mn = n ? xt[c] : 0, mx = mn;
+        for (int64_t t = 1; t < n; t++) {
+            double x = xt[t * ldx + c];
+            mn = x < mn ? x : mn;
+            mx = x > mx ? x : mx;
+        }
+        mkv_bl_quant_range((float)mn, (float)mx, bits, &qparams[2 * c + 1], &qparams[2 * c]);
+    }
+}
+
 int mkv_mosaic_encode(const mkv_mosaic_strategy *s, const float *X, int d, const double *R, int block,
-                      float *values, uint8_t *bitmap, float *blockkeys, float *rotation,
-                      mkv_error *err)
+                      float *values, uint8_t *bitmap, uint8_t *codes, float *qparams, float *blockkeys,
+                      float *rotation, mkv_error *err)
 {
     /* rotated channels the values and the block keys need */
-    int dp = s->dprime, nbytes = mkv_mosaic_bitmap_bytes(s);
+    int dp = s->dprime, nbytes = mkv_mosaic_bitmap_bytes(s), vb = mkv_mosaic_vector_bytes(s);
     int w = block > 0 && s->keydim > dp ? s->keydim : dp;
     double *xt = mkv_alloc((size_t)s->len * (size_t)w, sizeof *xt, "rotated vectors", err);
     if (!xt)
         return err ? err->code : MKV_ENOMEM;
     mkv_mosaic_rotate(X, s->len, d, s->rotate ? R : NULL, d, w, xt);
+    if (s->bits != 16)
+        mkv_mosaic_channel_qparams(xt, s->len, w, dp, s->bits, qparams);
     int pos[MKV_MOSAIC_MAX_D];
+    uint8_t code[MKV_MOSAIC_MAX_D];
     for (int64_t t = 0; t < s->len; t++) {
         const double *x = xt + t * w;
         mkv_mosaic_select(x, s, pos, nbytes ? bitmap + t * nbytes : NULL);
@@ -242,8 +259,16 @@ int mkv_mosaic_encode(const mkv_mosaic_strategy *s, const float *X, int d, const
                 return mkv_fail(err, MKV_EFORMAT, "token %lld: rotated value %g does not fit "
                                 "float16 (|x| <= 65504)", (long long)(s->start + t), x[pos[i]]);
             }
-            values[t * s->r + i] = (float)f16r(x[pos[i]]);
+            if (s->bits == 16) {
+                values[t * s->r + i] = (float)f16r(x[pos[i]]);
+                continue;
+            }
+            const float zero = qparams[2 * pos[i]], step = qparams[2 * pos[i] + 1];
+            code[i] = (uint8_t)mkv_bl_quant_code((float)x[pos[i]], step, zero, s->bits);
+            values[t * s->r + i] = mkv_mosaic_dequantize(code[i], zero, step);
         }
+        if (s->bits != 16)
+            mkv_bl_pack(code, (size_t)s->r, s->bits, codes + t * vb);
     }
     if (block > 0)
         mkv_mosaic_block_keys(xt, s->len, w, s->keydim, s->bound, block, blockkeys);
@@ -261,8 +286,10 @@ int mkv_mosaic_encode(const mkv_mosaic_strategy *s, const float *X, int d, const
 #define N_GROUP_SIZES 3
 #define N_R_FRACTIONS 16
 #define N_DPRIME_FRACTIONS 4
-#define MAX_CANDIDATES (2 * N_GROUP_SIZES * N_DPRIME_FRACTIONS * N_R_FRACTIONS)
+#define N_BIT_WIDTHS 4
+#define MAX_CANDIDATES (2 * N_GROUP_SIZES * N_DPRIME_FRACTIONS * N_R_FRACTIONS * N_BIT_WIDTHS)
 static const int group_sizes[N_GROUP_SIZES] = {1, 2, 4};
+static const int bit_widths[N_BIT_WIDTHS] = {16, 8, 4, 2};
 static const double r_fractions[N_R_FRACTIONS] = {1.0 / 32, 2.0 / 32,  3.0 / 32,  4.0 / 32,
                                                   5.0 / 32, 6.0 / 32,  7.0 / 32,  8.0 / 32,
                                                   10.0 / 32, 12.0 / 32, 14.0 / 32, 16.0 / 32,
@@ -275,6 +302,14 @@ static int group_index(int g)
     while (gi < N_GROUP_SIZES - 1 && group_sizes[gi] != g)
         gi++;
     return gi;
+}
+
+static int bits_index(int bits)
+{
+    int bi = 0;
+    while (bi < N_BIT_WIDTHS - 1 && bit_widths[bi] != bits)
+        bi++;
+    return bi;
 }
 
 /* One segment seen in one space (rotated by R, or raw): its vectors, the
@@ -291,8 +326,9 @@ typedef struct {
     int rank_d;                       /* channels the rankings cover: the widest d' of the candidates */
     uint16_t *rank[N_GROUP_SIZES];    /* [n][rank_ng] group indices, best first; on first need */
     int rank_ng[N_GROUP_SIZES];       /* groups ranked: those of the first rank_d channels */
+    double *stored[N_BIT_WIDTHS];     /* [n][d] xt as attention reads it back at each bit
+                                         width (fp16-rounded, dequantized); on first need */
     /* with observation queries: */
-    double *x16;                      /* [n][d] xt rounded to fp16, as stored */
     int64_t nu;                       /* distinct tokens the queries attend */
     int32_t *utok;                    /* [nu] those tokens */
     int32_t *prow;                    /* [pairs] the row of utok each pair's token is */
@@ -305,7 +341,8 @@ static void seg_space_free(seg_space *v)
     mkv_free(v->qt);
     for (int i = 0; i < N_GROUP_SIZES; i++)
         mkv_free(v->rank[i]);
-    mkv_free(v->x16);
+    for (int i = 0; i < N_BIT_WIDTHS; i++)
+        mkv_free(v->stored[i]);
     mkv_free(v->utok);
     mkv_free(v->prow);
     mkv_free(v->pcache);
@@ -328,16 +365,12 @@ static int seg_space_init(seg_space *v, const float *X, int64_t n, int d, const 
     if (!obs || obs->nq == 0)
         return MKV_OK;
     int64_t npairs = obs->first[obs->nq];
-    size_t nd = (size_t)n * (size_t)d;
     if (!(v->qt = mkv_alloc((size_t)obs->nq * (size_t)d, sizeof *v->qt, "rotated queries", err)) ||
-        !(v->x16 = mkv_alloc(nd, sizeof *v->x16, "rotated vectors", err)) ||
         !(v->utok = mkv_alloc((size_t)n, sizeof *v->utok, "attended tokens", err)) ||
         !(v->prow = mkv_alloc((size_t)(npairs ? npairs : 1), sizeof *v->prow, "attended tokens", err))) {
         seg_space_free(v);
         return err ? err->code : MKV_ENOMEM;
     }
-    for (size_t i = 0; i < nd; i++)
-        v->x16[i] = f16r(v->xt[i]);
     /* rows of the distinct attended tokens (utok doubles as the map
      * token -> row while it is built) */
     for (int64_t t = 0; t < n; t++)
@@ -395,6 +428,38 @@ static const uint16_t *space_rank(seg_space *v, int gi, mkv_error *err)
     return rank;
 }
 
+/* The vectors as stored at bit width index bi: fp16 values (16 bits) or
+ * the dequantized codes of per-channel zeros and steps over the whole
+ * segment (mkv_mosaic_encode's, channel by channel, so the same for every
+ * d'). */
+static const double *space_stored(seg_space *v, int bi, mkv_error *err)
+{
+    if (v->stored[bi])
+        return v->stored[bi];
+    size_t nd = (size_t)v->n * (size_t)v->d;
+    double *x = mkv_alloc(nd, sizeof *x, "stored vectors", err);
+    float *qp = mkv_alloc(2 * (size_t)v->d, sizeof *qp, "zeros and steps", err);
+    if (!x || !qp) {
+        mkv_free(x);
+        mkv_free(qp);
+        return NULL;
+    }
+    int bits = bit_widths[bi];
+    if (bits == 16) {
+        for (size_t i = 0; i < nd; i++)
+            x[i] = f16r(v->xt[i]);
+    } else {
+        mkv_mosaic_channel_qparams(v->xt, v->n, v->d, v->d, bits, qp);
+        for (size_t i = 0; i < nd; i++) {
+            const float zero = qp[2 * (i % (size_t)v->d)], step = qp[2 * (i % (size_t)v->d) + 1];
+            x[i] = mkv_mosaic_dequantize(mkv_bl_quant_code((float)v->xt[i], step, zero, bits), zero, step);
+        }
+    }
+    mkv_free(qp);
+    v->stored[bi] = x;
+    return x;
+}
+
 /* Kept channels of token t under s (mkv_mosaic_select's choice, in
  * ranking order), from a space_rank table of ng groups per token. */
 static int kept_positions(const uint16_t *rank, int ng, const mkv_mosaic_strategy *s, int64_t t, int *pos)
@@ -421,6 +486,7 @@ static double output_loss(seg_space *v, const uint16_t *rank, const mkv_mosaic_s
     int d = v->d, r = s->r;
     double total = 0, acc[MKV_MOSAIC_MAX_D], b[MKV_MOSAIC_MAX_D];
     const int ng = v->rank_ng[group_index(s->g)];
+    const double *xs = v->stored[bits_index(s->bits)];
     for (int64_t u = 0; u < v->nu; u++)
         kept_positions(rank, ng, s, v->utok[u], v->pcache + u * r);
     for (int64_t j = 0; j < obs->nq; j++) {
@@ -438,7 +504,7 @@ static double output_loss(seg_space *v, const uint16_t *rank, const mkv_mosaic_s
                 acc[c] = obs->acc_rest[j * d + c];
             for (int64_t i = p0; i < p1; i++) {
                 const int *pos = v->pcache + (int64_t)v->prow[i] * r;
-                const double *x = v->x16 + (int64_t)obs->tok[i] * d;
+                const double *x = xs + (int64_t)obs->tok[i] * d;
                 const float *val = obs->values + (int64_t)obs->tok[i] * d;
                 double dot = 0;
                 for (int c = 0; c < r; c++)
@@ -466,7 +532,7 @@ static double output_loss(seg_space *v, const uint16_t *rank, const mkv_mosaic_s
             }
             for (int64_t i = p0; i < p1; i++) {
                 const int *pos = v->pcache + (int64_t)v->prow[i] * r;
-                const double *x = v->x16 + (int64_t)obs->tok[i] * d;
+                const double *x = xs + (int64_t)obs->tok[i] * d;
                 l += obs->w[i];
                 for (int c = 0; c < r; c++)
                     b[pos[c]] += obs->w[i] * x[pos[c]];
@@ -504,12 +570,19 @@ static int price_and_energy(seg_space *v, mkv_mosaic_candidate *c, int block, mk
     c->bytes = b.total;
     int pos[MKV_MOSAIC_MAX_D];
     const int ng = v->rank_ng[group_index(c->s.g)];
+    /* energy kept: sum x^2 - (x - x')^2 over the kept elements, x' as
+     * stored (16 bits: the rounding to fp16 is not counted) */
+    const double *xs = c->s.bits == 16 ? NULL : space_stored(v, bits_index(c->s.bits), err);
+    if (c->s.bits != 16 && !xs)
+        return err ? err->code : MKV_ENOMEM;
     double kept = 0;
     for (int64_t t = 0; t < v->n; t++) {
         int np = kept_positions(rank, ng, &c->s, t, pos);
-        const double *x = v->xt + t * v->d;
-        for (int i = 0; i < np; i++)
-            kept += x[pos[i]] * x[pos[i]];
+        const double *x = v->xt + t * v->d, *xq = xs ? xs + t * v->d : NULL;
+        for (int i = 0; i < np; i++) {
+            double e = xq ? x[pos[i]] - xq[pos[i]] : 0;
+            kept += x[pos[i]] * x[pos[i]] - e * e;
+        }
     }
     double loss = v->etotal > 0 ? 1 - kept / v->etotal : 0;
     c->energy = loss > 0 ? loss : 0;
@@ -565,7 +638,7 @@ static int evaluate_list(const mkv_mosaic_search_opts *o, const float *X, const 
     for (int i = 0; i < *n && rc == MKV_OK && o->obs && o->obs->nq > 0; i++) {
         seg_space *v = &sp[c[i].s.rotate];
         const uint16_t *rank = space_rank(v, group_index(c[i].s.g), err);
-        if (!rank) {
+        if (!rank || !space_stored(v, bits_index(c[i].s.bits), err)) {
             rc = err ? err->code : MKV_ENOMEM;
             break;
         }
@@ -618,17 +691,18 @@ int mkv_mosaic_candidates(const mkv_mosaic_search_opts *o, const float *X, int64
          * there); values try both */
         if ((rot && !o->allow_rotate) || (!rot && is_key && o->allow_rotate))
             continue;
-        for (int gi = 0; gi < N_GROUP_SIZES; gi++)
-            for (int di = 0; di < (rot ? ndp : 1); di++)
-                for (int ri = 0; ri < nr; ri++) {
-                    int g = group_sizes[gi], dp = rot ? dps[di] : d, r = rs[ri];
-                    if (r % g || dp % g || r > dp)
-                        continue;
-                    c[k++].s = (mkv_mosaic_strategy){
-                        .start = start, .len = len, .rotate = rot, .r = r, .g = g, .dprime = dp,
-                        .pervector = 1, .keydim = is_key ? (rot ? o->keydim : d) : 0,
-                        .bound = is_key && rot ? o->bound : 0};
-                }
+        for (int bi = 0; bi < (o->quantize ? N_BIT_WIDTHS : 1); bi++)
+            for (int gi = 0; gi < N_GROUP_SIZES; gi++)
+                for (int di = 0; di < (rot ? ndp : 1); di++)
+                    for (int ri = 0; ri < nr; ri++) {
+                        int g = group_sizes[gi], dp = rot ? dps[di] : d, r = rs[ri];
+                        if (r % g || dp % g || r > dp)
+                            continue;
+                        c[k++].s = (mkv_mosaic_strategy){
+                            .start = start, .len = len, .rotate = rot, .r = r, .g = g, .dprime = dp,
+                            .pervector = 1, .bits = bit_widths[bi], .keydim = is_key ? (rot ? o->keydim : d) : 0,
+                            .bound = is_key && rot ? o->bound : 0};
+                    }
     }
     int rc = k ? evaluate_list(o, X, R, c, &k, 1, err)
                : mkv_fail(err, MKV_EUSAGE, "no strategy candidate fits head_dim %d", d);

@@ -54,13 +54,23 @@ void mkv_mosaic_block_keys(const double *xt, int64_t n, int ldx, int keydim, int
  * segment's key space. */
 double mkv_mosaic_block_score(const double *qt, const float *row, int keydim, int bound);
 
+/* Zero and step (qparams [nc][2]) of nc channels quantized to `bits`
+ * bits, from each channel's minimum and maximum over the n rotated
+ * vectors xt [n][ldx] (mkv_bl_quant_range: every value inside the range,
+ * clamping none; on attention a clamped key outlier costs more than the
+ * finer steps a clipped range gives the rest). */
+void mkv_mosaic_channel_qparams(const double *xt, int64_t n, int ldx, int nc, int bits, float *qparams);
+
 /* Encode one segment X [s->len][d] with strategy s and rotation R (d x d,
- * fp16-rounded by mkv_mosaic_round_f16; ignored when s->rotate = 0) into values [len][r],
- * bitmap [len][bitmap_bytes] (NULL when none), blockkeys [nblocks][keydim + bound]
- * (block > 0, keys) and rotation [d][mkv_mosaic_rotation_cols] (s->rotate). */
+ * fp16-rounded by mkv_mosaic_round_f16; ignored when s->rotate = 0) into
+ * values [len][r] (the values attention reads), bitmap
+ * [len][bitmap_bytes] (NULL when none), codes [len][vector bytes] and
+ * qparams [d'][2] (quantized strategies; NULL at 16 bits), blockkeys
+ * [nblocks][keydim + bound] (block > 0, keys) and rotation
+ * [d][mkv_mosaic_rotation_cols] (s->rotate). */
 int mkv_mosaic_encode(const mkv_mosaic_strategy *s, const float *X, int d, const double *R, int block,
-                      float *values, uint8_t *bitmap, float *blockkeys, float *rotation,
-                      mkv_error *err);
+                      float *values, uint8_t *bitmap, uint8_t *codes, float *qparams, float *blockkeys,
+                      float *rotation, mkv_error *err);
 
 /* ---- losses and strategy search ---- */
 /* What the observation queries see of one segment when everything but
@@ -90,7 +100,8 @@ typedef struct {
 typedef struct {
     mkv_mosaic_strategy s;
     uint64_t bytes;          /* mkv_mosaic_strategy_bytes total */
-    double energy;           /* ||X - X^||^2 / ||X||^2, X^ the kept elements rotated back */
+    double energy;           /* ||X - X^||^2 / ||X||^2, X^ the kept elements as stored (16
+                                bits: before fp16 rounding), rotated back */
     double output;           /* see mkv_mosaic_candidates; meaningful when measured */
     int measured;            /* 1 when output was measured (observation queries see the segment) */
 } mkv_mosaic_candidate;
@@ -103,6 +114,7 @@ typedef struct {
     int block;               /* B for keys, 0 for values */
     int keydim, bound;       /* keys: the segment's block keys (fixed before any choice) */
     int allow_rotate;        /* 0: only rotation-free candidates */
+    int quantize;            /* 1: candidates at 16, 8, 4 and 2 bits; 0: 16 only */
     const mkv_mosaic_segobs *obs;   /* NULL: energy only */
 } mkv_mosaic_search_opts;
 
@@ -123,7 +135,8 @@ int mkv_mosaic_evaluate(const mkv_mosaic_search_opts *o, const float *X, const d
  *   r  in {1, 2, ..., 8, 10, 12, 14, 16, 20, 24, 28, 32} / 32 x d
  *      (rounded, >= 1, distinct), g in {1, 2, 4}, g | r, g | d', r <= d';
  *   rotated (allow_rotate): d' in {1/4, 1/2, 3/4, 1} x d;
- *   unrotated (values always; keys only without allow_rotate): d' = d.
+ *   unrotated (values always; keys only without allow_rotate): d' = d;
+ *   each at 16 bits, and with o->quantize also at 8, 4 and 2 bits.
  * Keys of a rotatable segment are always rotated: their block keys live in
  * the rotated space. Candidates that another beats on bytes and energy
  * (no more of either, less of one; ties: the earlier stays) are dropped
@@ -163,6 +176,8 @@ typedef struct {
     int rotate;             /* fixed: rotation on; dynamic: rotation allowed */
     int r, g;               /* fixed strategy: kept elements per vector, group */
     double energy;          /* fixed: d' by cumulative eigen-energy */
+    int bits;               /* fixed: bits per kept value (16: fp16; 8, 4, 2: codes) */
+    int quantize;           /* dynamic: candidates at 8, 4 and 2 bits besides 16 */
     double threshold;       /* dynamic: loss threshold */
     double ratio;           /* dynamic: > 0 replaces the threshold by a byte budget of
                                logical / ratio bytes per head */

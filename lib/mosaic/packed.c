@@ -9,6 +9,8 @@
 #include <string.h>
 
 #include "core/half.h"
+#include "methods/baseline.h"
+#include "mosaic/mosaic.h"
 
 /* ---------------------------------------------------------------- bytes */
 
@@ -17,6 +19,24 @@ int mkv_mosaic_bitmap_bytes(const mkv_mosaic_strategy *s)
     if (!s->pervector || s->r >= s->dprime)
         return 0;
     return (s->dprime / s->g + 7) / 8;
+}
+
+int mkv_mosaic_vector_bytes(const mkv_mosaic_strategy *s)
+{
+    return s->bits == 16 ? 2 * s->r : (s->r * s->bits + 7) / 8;
+}
+
+int mkv_mosaic_qparam_count(const mkv_mosaic_strategy *s) { return s->bits == 16 ? 0 : 2 * s->dprime; }
+
+float mkv_mosaic_dequantize(unsigned code, float zero, float step)
+{
+    return mkv_f16_to_f32(mkv_f32_to_f16((float)((double)zero + (double)code * step)));
+}
+
+uint64_t mkv_mosaic_attended_segment_bytes(const mkv_mosaic_strategy *ks, const mkv_mosaic_strategy *vs, int d)
+{
+    uint64_t rv = vs->rotate ? (uint64_t)d * (uint64_t)vs->dprime * 2 : 0;
+    return rv + (uint64_t)(mkv_mosaic_qparam_count(ks) + mkv_mosaic_qparam_count(vs)) * 2;
 }
 
 int64_t mkv_mosaic_nblocks(int64_t len, int B) { return (len + B - 1) / B; }
@@ -33,12 +53,13 @@ int mkv_mosaic_block_width(const mkv_mosaic_strategy *s) { return s->keydim + s-
 void mkv_mosaic_strategy_bytes(const mkv_mosaic_strategy *s, int d, int block, mkv_mosaic_bytes *b)
 {
     uint64_t len = (uint64_t)s->len;
-    b->values = len * (uint64_t)s->r * 2;
+    b->values = len * (uint64_t)mkv_mosaic_vector_bytes(s);
+    b->qparams = (uint64_t)mkv_mosaic_qparam_count(s) * 2;
     b->bitmap = len * (uint64_t)mkv_mosaic_bitmap_bytes(s);
     b->blockkeys = block > 0 ? (uint64_t)mkv_mosaic_nblocks(s->len, block) *
                                    (uint64_t)mkv_mosaic_block_width(s) * 2 : 0;
     b->rotation = (uint64_t)d * (uint64_t)mkv_mosaic_rotation_cols(s) * 2;
-    b->total = b->values + b->bitmap + b->blockkeys + b->rotation;
+    b->total = b->values + b->qparams + b->bitmap + b->blockkeys + b->rotation;
 }
 
 /* ---------------------------------------------------------------- head state */
@@ -49,14 +70,16 @@ int mkv_mosaic_layout(mkv_mosaic_tensor *t, int d, int block, int64_t first, int
     mkv_free(t->off_values);
     t->off_values = NULL;
     int64_t ns = t->nseg > 0 ? t->nseg : 1;
-    int64_t *off = mkv_alloc((size_t)ns * 4, sizeof *off, "segment offsets", err);
+    int64_t *off = mkv_alloc((size_t)ns * 6, sizeof *off, "segment offsets", err);
     if (!off)
         return err ? err->code : MKV_ENOMEM;
     t->off_values = off;
     t->off_bitmap = off + ns;
     t->off_blockkeys = off + 2 * ns;
     t->off_rotation = off + 3 * ns;
-    int64_t nv = 0, nb = 0, nk = 0, nr = 0, next = first;
+    t->off_codes = off + 4 * ns;
+    t->off_qparams = off + 5 * ns;
+    int64_t nv = 0, nb = 0, nk = 0, nr = 0, nc = 0, nq = 0, next = first;
     for (int64_t i = 0; i < t->nseg; i++) {
         const mkv_mosaic_strategy *s = &t->seg[i];
         const char *bad = NULL;
@@ -66,6 +89,8 @@ int mkv_mosaic_layout(mkv_mosaic_tensor *t, int d, int block, int64_t first, int
             bad = "rotate must be 0 or 1";
         else if (s->pervector != 0 && s->pervector != 1)
             bad = "pervector must be 0 or 1";
+        else if (s->bits != 16 && s->bits != 8 && s->bits != 4 && s->bits != 2)
+            bad = "bits must be 16, 8, 4 or 2";
         else if (s->g != 1 && s->g != 2 && s->g != 4)
             bad = "group size must be 1, 2 or 4";
         else if (s->dprime < 1 || s->dprime > d || s->dprime % s->g)
@@ -74,22 +99,26 @@ int mkv_mosaic_layout(mkv_mosaic_tensor *t, int d, int block, int64_t first, int
             bad = "r must be a multiple of the group size, at most d'";
         else if (!s->rotate && s->dprime != d)
             bad = "an unrotated segment keeps d' = head_dim";
-        else if (block > 0 && (s->keydim < 1 || s->keydim > d || (!s->rotate && s->keydim != d)))
-            bad = "block keys span 1..head_dim channels, all of them when unrotated";
+        else if (block > 0 && s->keydim != 0 && (s->keydim > d || (!s->rotate && s->keydim != d)))
+            bad = "block keys span 0 (none) or 1..head_dim channels, all of them when unrotated";
         else if (block > 0 && (s->bound < 0 || s->bound > s->keydim || (!s->rotate && s->bound)))
             bad = "bound channels must be 0..keydim, 0 when unrotated";
         else if (block <= 0 && (s->keydim || s->bound))
             bad = "values have no block keys";
         if (bad)
             return mkv_fail(err, MKV_EFORMAT, "strategy table row %lld (start %lld, length %lld, "
-                            "rotate %d, r %d, g %d, d' %d, keydim %d, bound %d): %s", (long long)i,
+                            "rotate %d, r %d, g %d, d' %d, bits %d, keydim %d, bound %d): %s", (long long)i,
                             (long long)s->start, (long long)s->len, s->rotate, s->r, s->g, s->dprime,
-                            s->keydim, s->bound, bad);
+                            s->bits, s->keydim, s->bound, bad);
         t->off_values[i] = nv;
         t->off_bitmap[i] = nb;
         t->off_blockkeys[i] = nk;
         t->off_rotation[i] = nr;
+        t->off_codes[i] = nc;
+        t->off_qparams[i] = nq;
         nv += s->len * s->r;
+        nc += s->bits == 16 ? 0 : s->len * mkv_mosaic_vector_bytes(s);
+        nq += mkv_mosaic_qparam_count(s);
         nb += s->len * mkv_mosaic_bitmap_bytes(s);
         nk += block > 0 ? mkv_mosaic_nblocks(s->len, block) * mkv_mosaic_block_width(s) : 0;
         nr += (int64_t)d * mkv_mosaic_rotation_cols(s);
@@ -102,6 +131,8 @@ int mkv_mosaic_layout(mkv_mosaic_tensor *t, int d, int block, int64_t first, int
     t->n_bitmap = nb;
     t->n_blockkeys = nk;
     t->n_rotation = nr;
+    t->n_codes = nc;
+    t->n_qparams = nq;
     return MKV_OK;
 }
 
@@ -113,6 +144,8 @@ static void tensor_free(mkv_mosaic_tensor *t)
     mkv_free(t->bitmap);
     mkv_free(t->blockkeys);
     mkv_free(t->rotation);
+    mkv_free(t->codes);
+    mkv_free(t->qparams);
     mkv_free(t->off_values);
     memset(t, 0, sizeof *t);
 }
@@ -137,6 +170,38 @@ static int put_flat(mkv_cdump_writer *w, int layer, int head, const char *name, 
         return MKV_OK;
     return mkv_cdump_put(w, layer, head, name, type, 1, &n, data, err);
 }
+/* Values of the 16-bit segments (the others store codes). */
+static int64_t f16_value_count(const mkv_mosaic_tensor *t)
+{
+    int64_t n = 0;
+    for (int64_t i = 0; i < t->nseg; i++)
+        n += t->seg[i].bits == 16 ? t->seg[i].len * t->seg[i].r : 0;
+    return n;
+}
+
+static int store_values(const mkv_mosaic_tensor *t, char x, mkv_cdump_writer *w, int layer, int head,
+                        mkv_error *err)
+{
+    char name[32];
+    int64_t n = f16_value_count(t), at = 0;
+    if (n == t->n_values || n == 0) {
+        snprintf(name, sizeof name, "%c/values", x);
+        return put_flat(w, layer, head, name, MKV_EL_F16, n, t->values, err);
+    }
+    float *vals = mkv_alloc((size_t)n, sizeof *vals, "packed values", err);
+    if (!vals)
+        return err ? err->code : MKV_ENOMEM;
+    for (int64_t i = 0; i < t->nseg; i++)
+        if (t->seg[i].bits == 16) {
+            size_t k = (size_t)(t->seg[i].len * t->seg[i].r);
+            memcpy(vals + at, t->values + t->off_values[i], k * sizeof *vals);
+            at += (int64_t)k;
+        }
+    snprintf(name, sizeof name, "%c/values", x);
+    int rc = put_flat(w, layer, head, name, MKV_EL_F16, n, vals, err);
+    mkv_free(vals);
+    return rc;
+}
 
 static int store_tensor(const mkv_mosaic_tensor *t, const mkv_mosaic_head *h, char x,
                         mkv_cdump_writer *w, int layer, int head, mkv_error *err)
@@ -151,7 +216,7 @@ static int store_tensor(const mkv_mosaic_tensor *t, const mkv_mosaic_head *h, ch
         for (int64_t i = 0; i < t->nseg; i++) {
             const mkv_mosaic_strategy *s = &t->seg[i];
             int32_t row[MKV_MOSAIC_TABLE_COLS] = {(int32_t)s->start, (int32_t)s->len, s->rotate, s->r,
-                                                  s->g, s->dprime, s->pervector};
+                                                  s->g, s->dprime, s->pervector, s->bits};
             memcpy(table + i * MKV_MOSAIC_TABLE_COLS, row, sizeof row);
         }
         snprintf(name, sizeof name, "%c/strategy", x);
@@ -179,18 +244,24 @@ static int store_tensor(const mkv_mosaic_tensor *t, const mkv_mosaic_head *h, ch
     if (rc == MKV_OK)
         rc = mkv_cdump_put_rows(w, layer, head, name, MKV_EL_F16, h->sink_n + h->recent_n, h->d,
                                 x == 'k' ? h->dense_k : h->dense_v, err);
-    snprintf(name, sizeof name, "%c/values", x);
     if (rc == MKV_OK)
-        rc = put_flat(w, layer, head, name, MKV_EL_F16, t->n_values, t->values, err);
-    snprintf(name, sizeof name, "%c/bitmap", x);
-    if (rc == MKV_OK)
-        rc = put_flat(w, layer, head, name, MKV_EL_U8, t->n_bitmap, t->bitmap, err);
-    snprintf(name, sizeof name, "%c/blockkeys", x);
-    if (rc == MKV_OK)
-        rc = put_flat(w, layer, head, name, MKV_EL_F16, t->n_blockkeys, t->blockkeys, err);
-    snprintf(name, sizeof name, "%c/rotation", x);
-    if (rc == MKV_OK)
-        rc = put_flat(w, layer, head, name, MKV_EL_F16, t->n_rotation, t->rotation, err);
+        rc = store_values(t, x, w, layer, head, err);
+    const struct {
+        const char *name;
+        mkv_el_type type;
+        int64_t n;
+        const void *data;
+    } flat[] = {
+        {"codes", MKV_EL_U8, t->n_codes, t->codes},
+        {"qparams", MKV_EL_F16, t->n_qparams, t->qparams},
+        {"bitmap", MKV_EL_U8, t->n_bitmap, t->bitmap},
+        {"blockkeys", MKV_EL_F16, t->n_blockkeys, t->blockkeys},
+        {"rotation", MKV_EL_F16, t->n_rotation, t->rotation},
+    };
+    for (size_t i = 0; i < sizeof flat / sizeof flat[0] && rc == MKV_OK; i++) {
+        snprintf(name, sizeof name, "%c/%s", x, flat[i].name);
+        rc = put_flat(w, layer, head, name, flat[i].type, flat[i].n, flat[i].data, err);
+    }
     return rc;
 }
 
@@ -253,6 +324,61 @@ static int check_bitmaps(mkv_cdump *c, int layer, int head, char x, const mkv_mo
     return MKV_OK;
 }
 
+/* The values attention reads: the fp16 values of the 16-bit segments,
+ * the codes of the others dequantized (bitmaps already checked), after
+ * checking the codes' pad bits and the steps. */
+static int load_values(mkv_cdump *c, int layer, int head, char x, mkv_mosaic_tensor *t, mkv_error *err)
+{
+    char vname[32], cname[32], qname[32];
+    snprintf(vname, sizeof vname, "%c/values", x);
+    snprintf(cname, sizeof cname, "%c/codes", x);
+    snprintf(qname, sizeof qname, "%c/qparams", x);
+    int64_t n16 = f16_value_count(t);
+    float *f16 = NULL;
+    int rc = get_flat(c, layer, head, vname, MKV_EL_F16, n16, (void **)&f16, err);
+    if (rc == MKV_OK)
+        rc = get_flat(c, layer, head, cname, MKV_EL_U8, t->n_codes, (void **)&t->codes, err);
+    if (rc == MKV_OK)
+        rc = get_flat(c, layer, head, qname, MKV_EL_F16, t->n_qparams, (void **)&t->qparams, err);
+    if (rc == MKV_OK && n16 == t->n_values) {
+        t->values = f16;
+        return MKV_OK;
+    }
+    if (rc == MKV_OK && !(t->values = mkv_alloc((size_t)t->n_values, sizeof *t->values, "packed values", err)))
+        rc = err ? err->code : MKV_ENOMEM;
+    int64_t at = 0;
+    for (int64_t i = 0; rc == MKV_OK && i < t->nseg; i++) {
+        const mkv_mosaic_strategy *s = &t->seg[i];
+        float *out = t->values + t->off_values[i];
+        if (s->bits == 16) {
+            memcpy(out, f16 + at, (size_t)(s->len * s->r) * sizeof *out);
+            at += s->len * s->r;
+            continue;
+        }
+        const float *qp = t->qparams + t->off_qparams[i];
+        for (int c2 = 0; c2 < s->dprime && rc == MKV_OK; c2++)
+            if (!(qp[2 * c2 + 1] >= 0))
+                rc = bad_array(c, layer, head, qname, err, "segment %lld, channel %d: negative step %g",
+                               (long long)i, c2, qp[2 * c2 + 1]);
+        const int vb = mkv_mosaic_vector_bytes(s), bb = mkv_mosaic_bitmap_bytes(s), pad = vb * 8 - s->r * s->bits;
+        int pos[MKV_MOSAIC_MAX_D];
+        for (int64_t j = 0; j < s->len && rc == MKV_OK; j++) {
+            const uint8_t *code = t->codes + t->off_codes[i] + j * vb;
+            if (pad && code[vb - 1] >> (8 - pad)) {
+                rc = bad_array(c, layer, head, cname, err, "token %lld (segment %lld) sets pad bits",
+                               (long long)(s->start + j), (long long)i);
+                break;
+            }
+            mkv_mosaic_positions(bb ? t->bitmap + t->off_bitmap[i] + j * bb : NULL, s, pos);
+            for (int k = 0; k < s->r; k++)
+                out[j * s->r + k] = mkv_mosaic_dequantize(mkv_bl_unpack(code, (size_t)k, s->bits),
+                                                          qp[2 * pos[k]], qp[2 * pos[k] + 1]);
+        }
+    }
+    mkv_free(f16);
+    return rc;
+}
+
 static int load_tensor(mkv_cdump *c, int layer, int head, char x, mkv_mosaic_head *h,
                        mkv_mosaic_tensor *t, mkv_error *err)
 {
@@ -264,22 +390,23 @@ static int load_tensor(mkv_cdump *c, int layer, int head, char x, mkv_mosaic_hea
     int rank = mkv_cdump_shape(c, layer, head, name, dims);
     int rc = MKV_OK;
     t->nseg = rank ? dims[0] : 0;
-    if (rank && (rank != 2 || dims[1] != MKV_MOSAIC_TABLE_COLS || dims[0] < 1))
+    int cols = rank == 2 ? (int)dims[1] : 0;
+    if (rank && (rank != 2 || (cols != MKV_MOSAIC_TABLE_COLS && cols != MKV_MOSAIC_TABLE_COLS - 1) || dims[0] < 1))
         return bad_array(c, layer, head, name, err, "not an [nseg][%d] table", MKV_MOSAIC_TABLE_COLS);
     t->seg = mkv_calloc((size_t)(t->nseg ? t->nseg : 1), sizeof *t->seg, "strategies", err);
     if (!t->seg)
         return err ? err->code : MKV_ENOMEM;
     if (t->nseg > 0) {
         int32_t *table = NULL;
-        int64_t tdims[2] = {t->nseg, MKV_MOSAIC_TABLE_COLS}, ldims[2] = {t->nseg, MKV_MOSAIC_LOSS_COLS};
+        int64_t tdims[2] = {t->nseg, cols}, ldims[2] = {t->nseg, MKV_MOSAIC_LOSS_COLS};
         rc = mkv_cdump_get_shaped(c, layer, head, name, MKV_EL_I32, 2, tdims, (void **)&table, err);
         if (rc != MKV_OK)
             return rc;
         for (int64_t i = 0; i < t->nseg; i++) {
-            const int32_t *row = table + i * MKV_MOSAIC_TABLE_COLS;
+            const int32_t *row = table + i * cols;
             t->seg[i] = (mkv_mosaic_strategy){.start = row[0], .len = row[1], .rotate = row[2],
                                               .r = row[3], .g = row[4], .dprime = row[5],
-                                              .pervector = row[6]};
+                                              .pervector = row[6], .bits = cols > 7 ? row[7] : 16};
         }
         mkv_free(table);
         snprintf(name, sizeof name, "%c/loss", x);
@@ -300,12 +427,13 @@ static int load_tensor(mkv_cdump *c, int layer, int head, char x, mkv_mosaic_hea
     snprintf(name, sizeof name, "%c/strategy", x);
     if (rc == MKV_OK && (rc = mkv_mosaic_layout(t, h->d, block, first, last, err)) != MKV_OK)
         mkv_error_prefix(err, "'%s': layer %d, KV head %d: array '%s'", mkv_cdump_path(c), layer, head, name);
-    snprintf(name, sizeof name, "%c/values", x);
-    if (rc == MKV_OK)
-        rc = get_flat(c, layer, head, name, MKV_EL_F16, t->n_values, (void **)&t->values, err);
     snprintf(name, sizeof name, "%c/bitmap", x);
     if (rc == MKV_OK)
         rc = get_flat(c, layer, head, name, MKV_EL_U8, t->n_bitmap, (void **)&t->bitmap, err);
+    if (rc == MKV_OK)
+        rc = check_bitmaps(c, layer, head, x, t, err);
+    if (rc == MKV_OK)
+        rc = load_values(c, layer, head, x, t, err);
     snprintf(name, sizeof name, "%c/blockkeys", x);
     if (rc == MKV_OK)
         rc = get_flat(c, layer, head, name, MKV_EL_F16, t->n_blockkeys, (void **)&t->blockkeys, err);
@@ -317,7 +445,7 @@ static int load_tensor(mkv_cdump *c, int layer, int head, char x, mkv_mosaic_hea
     snprintf(name, sizeof name, "%c/dense", x);
     if (rc == MKV_OK && nd > 0)
         rc = mkv_cdump_get_shaped(c, layer, head, name, MKV_EL_F16, 2, ddims, (void **)dense, err);
-    return rc == MKV_OK ? check_bitmaps(c, layer, head, x, t, err) : rc;
+    return rc;
 }
 
 int mkv_mosaic_load(mkv_cdump *c, int layer, int head, int block, int64_t sink, int64_t recent,
@@ -406,6 +534,10 @@ static int check_shape(const mkv_mosaic_head *h, int d, int B, mkv_error *err)
         return mkv_fail(err, MKV_EUNSUP, "GPU layout: block of %d tokens; the GPU kernel takes 1, 2, 4, 8 or 16", B);
     if (h->T > INT32_MAX)
         return mkv_fail(err, MKV_EUNSUP, "GPU layout: %lld tokens", (long long)h->T);
+    for (int64_t i = 0; i < h->k.nseg; i++)
+        if (h->k.seg[i].keydim == 0)
+            return mkv_fail(err, MKV_EUNSUP, "GPU layout: segments without block keys (budget=1); the GPU "
+                            "kernel selects blocks");
     return MKV_OK;
 }
 
@@ -583,8 +715,8 @@ uint64_t mkv_gpu_mosaic_bytes(const mkv_mosaic_head *h, int64_t pos, const uint8
             upto = upto < nb ? upto : nb;
             bytes += TABLE_ROW_BYTES + (uint64_t)d * (uint64_t)mkv_mosaic_rotation_cols(ks) * 2;
             bytes += (uint64_t)upto * (uint64_t)(ks->keydim + ks->bound) * 2;
-            const uint64_t per_token = (uint64_t)(ks->r + vs->r) * 2 + (uint64_t)(mkv_mosaic_bitmap_bytes(ks) +
-                                                                                mkv_mosaic_bitmap_bytes(vs));
+            const uint64_t per_token = (uint64_t)(mkv_mosaic_vector_bytes(ks) + mkv_mosaic_vector_bytes(vs) +
+                                                  mkv_mosaic_bitmap_bytes(ks) + mkv_mosaic_bitmap_bytes(vs));
             int any = 0;
             for (int64_t b = 0; b < upto; b++) {
                 if (!blocks[id + b])
@@ -595,8 +727,8 @@ uint64_t mkv_gpu_mosaic_bytes(const mkv_mosaic_head *h, int64_t pos, const uint8
                 bytes += (uint64_t)(t1 - t0) * per_token;
                 any = 1;
             }
-            if (any && vs->rotate)
-                bytes += (uint64_t)d * (uint64_t)vs->dprime * 2;
+            if (any)
+                bytes += mkv_mosaic_attended_segment_bytes(ks, vs, d);
         }
         id += nb;
     }

@@ -23,10 +23,19 @@
  *     bits are set. When every group is kept (r = d') or the strategy is
  *     not per-vector (uniform2d: the first r channels for every vector), no
  *     bitmap is stored.
- *   - Values of one vector: the r kept x~_c, fp16, ascending channel
- *     order. The k-th value sits at the channel of the k-th set bit (group
+ *   - Values of one vector: the r kept x~_c in ascending channel order.
+ *     The k-th value sits at the channel of the k-th set bit (group
  *     (k/g)-th set bit, offset k%g); equivalently channel c's value index is
- *     g * popcount(bits below c's group) + c%g.
+ *     g * popcount(bits below c's group) + c%g. A strategy of 16 bits
+ *     stores them as fp16. One of b = 8, 4 or 2 bits stores b-bit codes:
+ *     per segment and tensor each rotated channel c < d' has a zero z_c and
+ *     a step s_c (fp16; mkv_bl_quant_range over the minimum and maximum of
+ *     x~_c over all the segment's vectors, kept or not, so z_c <= x~_c <=
+ *     z_c + (2^b - 1) s_c), a value's code is round((x~_c - z_c) / s_c)
+ *     clamped to 0..2^b - 1, and it reads back as fp16(z_c + code s_c),
+ *     within s_c / 2 of x~_c (mkv_mosaic_dequantize). The codes of one
+ *     vector are packed in value order, the first in the low bits
+ *     (mkv_bl_pack), ceil(r b / 8) bytes per vector, pad bits zero.
  *   - Block keys (keys only): per block of B tokens of a segment (blocks
  *     start at the segment start; the segment's last block may be shorter)
  *     one row of keydim + bound fp16 values over the first keydim
@@ -41,7 +50,9 @@
  *     those channels) plus sum over bound <= c < keydim of q~_c mean_c.
  *     The bound channels are the leading eigen-directions: on real keys a
  *     large share of a block's spread in q~.k lives there, and a mean
- *     hides it.
+ *     hides it. A segment with keydim = 0 (and bound 0) stores no block
+ *     keys: no step selects among its tokens, every query attends them all
+ *     (written when every token is attended, budget 1).
  *   - Stored floats are fp16; in memory they are float32 holding exact fp16
  *     values (the CPU reference); the GPU conversion turns them back into
  *     fp16.
@@ -53,16 +64,22 @@
  *   X/dense      float16 [sink_n + recent_n][d]  tokens 0..sink_n-1 then
  *                T-recent_n..T-1 (sink_n = min(sink, T), recent_n =
  *                min(recent, T - sink_n))
- *   X/strategy   int32 [nseg][7]   start, length, rotate, r, g, d',
- *                pervector (1; 0 only for uniform2d)
+ *   X/strategy   int32 [nseg][8]   start, length, rotate, r, g, d',
+ *                pervector (1; 0 only for uniform2d), bits (16, 8, 4 or
+ *                2); a table of the first 7 columns only reads as 16
+ *                bits throughout.
  *   k/blockdims  int32 [nseg][2]   keydim, bound of the block keys
  *   X/loss       float32 [nseg][2] energy dropped, output error added (NaN:
  *                not measured; it may be < 0 where packing happens to help)
- *   X/values     float16 [sum len*r]
+ *   X/values     float16 [sum len*r]  (16-bit segments)
+ *   X/codes      uint8 [sum len*ceil(r*bits/8)]  (quantized segments)
+ *   X/qparams    float16 [sum d'][2]  zero and step of each rotated
+ *                channel c < d' (quantized segments)
  *   X/bitmap     uint8 [sum len*ceil(d'/g/8)]  (segments with a bitmap)
  *   k/blockkeys  float16 [sum ceil(len/B)*(keydim+bound)]
  *   X/rotation   float16 [sum d*cols]  (rotated segments; [d][cols] each,
  *                cols = max(d', keydim) for keys, d' for values)
+ * ("sum" runs over the segments the parenthesis names, in order.)
  * Every byte attention needs is one of these, so physical_bytes counts it.
  *
  * WHAT THE WRITER GUARANTEES and mkv_mosaic_load checks (MKV_EFORMAT naming
@@ -70,10 +87,12 @@
  * shape and type above, absent exactly when empty; the K and V strategy
  * tables have the same segments, which tile tokens [sink_n, T - recent_n)
  * in order; every row is a valid strategy (g in {1, 2, 4}, g | r, g | d',
- * r <= d' <= d, d' = d unrotated, 1 <= keydim <= d and 0 <= bound <=
- * keydim for keys, keydim = d and bound = 0 unrotated); every bitmap has
- * exactly r/g set bits, all below d'/g; values, block keys, rotations and
- * dense rows are finite (mkv_cdump_get refuses NaN and Inf, naming the
+ * r <= d' <= d, d' = d unrotated, keydim 0 (no block keys, bound 0) or
+ * 1 <= keydim <= d and 0 <= bound <= keydim for keys, keydim = d or 0
+ * and bound = 0 unrotated, bits 16, 8, 4 or
+ * 2); every bitmap has exactly r/g set bits, all below d'/g; the pad bits
+ * of every vector's codes are zero, every step is >= 0; values, zeros,
+ * steps, block keys, rotations and dense rows are finite (mkv_cdump_get refuses NaN and Inf, naming the
  * file and the dataset's path). */
 #ifndef MKV_MOSAIC_PACKED_H
 #define MKV_MOSAIC_PACKED_H
@@ -94,14 +113,16 @@ typedef struct {
     int g;                /* group size: 1, 2 or 4 */
     int dprime;           /* rotated channels kept (multiple of g) */
     int pervector;        /* 1: top groups per vector (bitmap); 0: first r channels */
-    int keydim;           /* keys: block-key channels (1..d; d when unrotated); values: 0 */
+    int bits;             /* 16: fp16 values; 8, 4, 2: codes with per-channel zero and step */
+    int keydim;           /* keys: block-key channels (1..d; d when unrotated; 0: no block
+                             keys, the segment attended whole); values: 0 */
     int bound;            /* keys: leading block-key channels stored as min and max
                              (0..keydim; 0 when unrotated); values: 0 */
 } mkv_mosaic_strategy;
 
-/* Columns of the stored strategy table (int32 [nseg][7]), in this order:
- * start, length, rotate, r, g, d', pervector. */
-#define MKV_MOSAIC_TABLE_COLS 7
+/* Columns of the stored strategy table (int32 [nseg][8]), in this order:
+ * start, length, rotate, r, g, d', pervector, bits. */
+#define MKV_MOSAIC_TABLE_COLS 8
 /* Columns of the stored block-key table of the keys (int32 [nseg][2]):
  * keydim, bound. */
 #define MKV_MOSAIC_BLOCKDIM_COLS 2
@@ -112,6 +133,16 @@ typedef struct {
 
 /* Bitmap bytes per vector: ceil(d'/g / 8), 0 when no bitmap is stored. */
 int mkv_mosaic_bitmap_bytes(const mkv_mosaic_strategy *s);
+/* Bytes of one vector's values: 2 r at 16 bits, else ceil(r bits / 8). */
+int mkv_mosaic_vector_bytes(const mkv_mosaic_strategy *s);
+/* fp16 elements of the segment's zeros and steps: 2 d' when quantized, else 0. */
+int mkv_mosaic_qparam_count(const mkv_mosaic_strategy *s);
+/* The value a code reads back as: fp16(zero + code step), as a float. */
+float mkv_mosaic_dequantize(unsigned code, float zero, float step);
+/* Bytes attention reads once per segment with attended tokens, beside
+ * the tokens' own: R_v (rotated values) and the zeros and steps of
+ * quantized keys and values. */
+uint64_t mkv_mosaic_attended_segment_bytes(const mkv_mosaic_strategy *ks, const mkv_mosaic_strategy *vs, int d);
 /* Blocks of B tokens covering len tokens. */
 int64_t mkv_mosaic_nblocks(int64_t len, int B);
 /* Stored columns of the segment's rotation: max(d', keydim) when rotated, else 0. */
@@ -121,7 +152,8 @@ int mkv_mosaic_block_width(const mkv_mosaic_strategy *s);
 
 /* Bytes one segment of one tensor stores with strategy s, by array. */
 typedef struct {
-    uint64_t values;      /* len * r * 2 */
+    uint64_t values;      /* len * mkv_mosaic_vector_bytes (fp16 values or codes) */
+    uint64_t qparams;     /* mkv_mosaic_qparam_count * 2 */
     uint64_t bitmap;      /* len * bitmap_bytes */
     uint64_t blockkeys;   /* keys: nblocks * (keydim + bound) * 2; values: 0 */
     uint64_t rotation;    /* rotate: d * mkv_mosaic_rotation_cols * 2; else 0 */
@@ -135,14 +167,17 @@ typedef struct {
     int64_t nseg;
     mkv_mosaic_strategy *seg;   /* [nseg] */
     float *loss;                /* [nseg][2] */
-    float *values;              /* concatenated per segment [len][r] */
+    float *values;              /* concatenated per segment [len][r], the values attention
+                                   reads (quantized segments: dequantized) */
+    uint8_t *codes;             /* quantized segments: [len][vector bytes] */
+    float *qparams;             /* quantized segments: [d'][2] zero, step */
     uint8_t *bitmap;            /* [len][bitmap_bytes] */
     float *blockkeys;           /* keys only: [nblocks][keydim + bound] */
     float *rotation;            /* rotated segments only: [d][mkv_mosaic_rotation_cols] */
     /* element offsets of each segment's part of the arrays above (derived
      * from the table by mkv_mosaic_layout, not stored) */
-    int64_t *off_values, *off_bitmap, *off_blockkeys, *off_rotation;
-    int64_t n_values, n_bitmap, n_blockkeys, n_rotation;
+    int64_t *off_values, *off_bitmap, *off_blockkeys, *off_rotation, *off_codes, *off_qparams;
+    int64_t n_values, n_bitmap, n_blockkeys, n_rotation, n_codes, n_qparams;
 } mkv_mosaic_tensor;
 
 typedef struct {

@@ -5,7 +5,9 @@
 # written by h5py (tests/data_fixtures.py: float32, float16 with its ties,
 # bfloat16 with planted outlier channels) and by mkv-capture --synthetic;
 # then the ground truth planted in those dumps: outlier key channels found
-# by `segments` and `channels`, attention targets seen by `sparsity`.
+# by `segments` and `channels`, attention targets seen by `sparsity`; and
+# info and strategies of compressed dumps against h5py's reading
+# (tests/strategies_ref.py).
 #
 # Environment: top_builddir, top_srcdir (set by `make check`; default .),
 # PYTHON_H5PY (a python with h5py and numpy; default /usr/bin/python3).
@@ -72,6 +74,63 @@ if "$A" overlap - <f32.h5 >stdin.tsv 2>stdin.err && cmp -s file.tsv stdin.tsv; t
 else
     fail "overlap of stdin differs from overlap of the file"
     sed 's/^/    /' stdin.err
+fi
+
+# ---------------------------------------------------------------- compressed dumps against h5py
+# info of every kind of compressed dump, and the strategies table of mosaic
+# and uniform2d dumps with several segments per head (tests/strategies_ref.py):
+# with observation queries and without (output_loss NaN), rotated and not,
+# groups of 2, r = d' (no bitmap), keydim above d'.
+# against_h5py DUMP info|strategies: the command's output equals h5py's reading.
+against_h5py() {
+    if "$A" "$2" "$1" >got.out 2>got.err && "$PY" "$SREF" "$2" "$1" got.out >ref.out 2>&1; then
+        pass
+    else
+        fail "$2 $1 differs from h5py"
+        sed 's/^/    /' got.err ref.out
+    fi
+}
+SREF=$top_srcdir/tests/strategies_ref.py
+if [ -x "$CAPTURE" ] && [ -x "$COMPRESS" ] &&
+    "$CAPTURE" --synthetic --tokens 1500 --head-dim 32 --heads 4 --kv-heads 2 --layers 2 --queries 6 \
+        -o q.h5 -q 2>capture.err &&
+    "$CAPTURE" --synthetic --tokens 700 --head-dim 16 --heads 2 --kv-heads 1 --layers 1 --queries 0 \
+        -o noq.h5 -q 2>capture.err; then
+    n=0
+    while read -r raw method params; do
+        n=$((n + 1))
+        if ! "$COMPRESS" "$raw" -m "$method" ${params:+-P "$params"} -o c$n.h5 -q 2>compress.err; then
+            fail "mkv-compress $raw -m $method -P $params"
+            sed 's/^/    /' compress.err
+            continue
+        fi
+        against_h5py c$n.h5 info
+        case $method in mosaic | uniform2d) against_h5py c$n.h5 strategies ;; esac
+    done <<'CASES'
+q.h5 mosaic segment=512
+q.h5 mosaic strategy=fixed,segment=300,group=2
+q.h5 mosaic strategy=dynamic,rotate=off,segment=256
+q.h5 uniform2d segment=400
+noq.h5 mosaic segment=256,sink=0,recent=0
+q.h5 kivi bits=2
+q.h5 full
+CASES
+    # standard input and -o give the same text
+    if "$A" info - <c1.h5 >stdin.txt 2>stdin.err && "$PY" "$SREF" info c1.h5 stdin.txt - >ref.out 2>&1; then
+        pass
+    else
+        fail "info of a compressed dump on stdin differs from h5py"
+        sed 's/^/    /' stdin.err ref.out
+    fi
+    "$A" strategies c1.h5 >file.tsv 2>/dev/null
+    if "$A" strategies -o out.tsv - <c1.h5 2>out.err && [ ! -s out.err ] && cmp -s file.tsv out.tsv; then
+        pass
+    else
+        fail "strategies -o out.tsv of stdin differs from strategies to stdout"
+        sed 's/^/    /' out.err
+    fi
+else
+    echo "SKIP: compressed dumps (mkv-capture --synthetic or mkv-compress unavailable)"
 fi
 
 # ---------------------------------------------------------------- planted ground truth

@@ -5,6 +5,8 @@
  *   mkv-analyze check -q a.h5 b.h5               # only the problems
  *   mkv-capture --synthetic -o - | mkv-analyze check -
  *   mkv-analyze info kv.h5                      # shapes, dtype, tokens, bytes, source
+ *   mkv-analyze info kvc.h5                     # method, parameters, source, physical bytes
+ *   mkv-analyze strategies kvc.h5 -o seg.tsv    # mosaic's strategy and bytes per segment
  *   mkv-analyze stats kv.h5 > stats.tsv         # layer x kv-head x k|v table
  *   mkv-analyze stats --outlier-factor 6 kv.h5 | awk -F'\t' '$3 == "k" && $10 > 0'
  *   mkv-analyze overlap --keep 0.25 --lengths 256,1K,4K kv.h5   # the paper's Fig. 4 statistic
@@ -18,7 +20,8 @@
  * its options and the parsing of their values into its settings, and either
  * a table of lib/analysis/tables.h (the library prints it: header, rows,
  * errors) or a function of its files (check and info, whose reports are
- * lib/io/report.h's). Nothing here computes or formats a result.
+ * lib/io/report.h's; strategies, lib/cli/strategies.h's). Nothing here
+ * computes or formats a result.
  */
 #include "config.h"
 
@@ -29,6 +32,7 @@
 
 #include "analysis/tables.h"
 #include "cli/cli.h"
+#include "cli/strategies.h"
 #include "cli/subcommand.h"
 #include "core/log.h"
 #include "core/mkv.h"
@@ -55,16 +59,49 @@ static int run_check(const mkv_subcommand *cmd, const mkv_common_opts *common, i
 
 /* ------------------------------------------------------------ info */
 
+/* The exit status of a report, after saying what went wrong. */
+static int report_status(int rc, const mkv_error *err)
+{
+    if (rc != MKV_OK)
+        mkv_report(err);
+    return mkv_exit_code(rc);
+}
+
 static int run_info(const mkv_subcommand *cmd, const mkv_common_opts *common, int n_files,
                     char **files)
 {
     (void)cmd, (void)common, (void)n_files;
     mkv_error err;
     mkv_error_clear(&err);
-    if (mkv_dump_info_report(files[0], stdout, &err) == MKV_OK)
-        return 0;
-    mkv_report(&err);
-    return mkv_exit_code(err.code);
+    return report_status(mkv_dump_info_report(files[0], stdout, &err), &err);
+}
+
+/* ------------------------------------------------------------ strategies */
+
+typedef struct {
+    const char *output;         /* -o; NULL: stdout */
+} strategies_settings;
+
+static strategies_settings strategies_conf;
+
+static const struct option strategies_longopts[] = {
+    {"output", required_argument, NULL, 'o'},
+    {NULL, 0, NULL, 0}};
+
+static void strategies_option(void *conf, int opt, const char *arg)
+{
+    if (opt == 'o')
+        ((strategies_settings *)conf)->output = arg;
+}
+
+static int run_strategies(const mkv_subcommand *cmd, const mkv_common_opts *common, int n_files,
+                          char **files)
+{
+    (void)common, (void)n_files;
+    const strategies_settings *cfg = cmd->conf;
+    mkv_error err;
+    mkv_error_clear(&err);
+    return report_status(mkv_strategies_report(files[0], cfg->output, &err), &err);
 }
 
 /* ------------------------------------------------------------ options */
@@ -277,9 +314,30 @@ static const mkv_subcommand commands[] = {
         .operands = "[options] FILE",
         .summary = "print the header, sizes and bytes stored",
         .details =
-            "Print \"key: value\" lines: format, model, source, shapes, dtype, tokens,\n"
-            "queries, dense 16-bit K+V bytes, bytes stored (after deflate) and raw.\n",
+            "Print \"key: value\" lines. A raw dump: format, model, source, shapes, dtype,\n"
+            "tokens, queries, dense 16-bit K+V bytes, bytes stored (after deflate) and raw.\n"
+            "A compressed dump: format, method and params as recorded, the source it was\n"
+            "made from, model, shapes, tokens, queries, logical and physical bytes, ratio.\n",
         .run = run_info,
+    },
+    {
+        .name = "strategies",
+        .operands = "[-o OUT] [options] FILE",
+        .summary = "per-segment strategies of a mosaic dump (TSV)",
+        .details =
+            "For a compressed dump of method mosaic or uniform2d (mkv-compress), one row per\n"
+            "layer, KV head, tensor (k or v) and segment: layer, head, tensor, segment,\n"
+            "start, length, rotate, r, g, dprime (d'), pervector, keydim and bound (block\n"
+            "keys; 0 for v), the bytes the segment stores in values_bytes, bitmap_bytes,\n"
+            "blockkey_bytes and rotation_bytes, their sum bytes, bytes_per_token, and the\n"
+            "recorded energy_loss and output_loss (\"nan\": not measured).\n",
+        .options =
+            "  -o, --output OUT        write the table to OUT (default: standard output)\n",
+        .shortopts = "o:",
+        .longopts = strategies_longopts,
+        .option = strategies_option,
+        .conf = &strategies_conf,
+        .run = run_strategies,
     },
     {
         .name = "stats",
@@ -412,10 +470,11 @@ static void usage(FILE *fp, int status)
         exit(status);
     }
     fprintf(fp, "Usage: %s COMMAND [options] FILE\n\n"
-                "Inspect KV dumps (mosaickv-dump v1, see mosaickv(5)). FILE '-' reads stdin.\n\n"
+                "Inspect KV dumps (mosaickv-dump v1, see mosaickv(5)) and what mkv-compress\n"
+                "made of them. FILE '-' reads stdin.\n\n"
                 "Commands:\n", mkv_progname());
     for (size_t i = 0; i < N_COMMANDS; i++)
-        fprintf(fp, "  %-9s %s\n", commands[i].name, commands[i].summary);
+        fprintf(fp, "  %-10s %s\n", commands[i].name, commands[i].summary);
     fprintf(fp, "\n'%s COMMAND --help' describes a command's options.\n\n"
                 "  -h, --help           show this help and exit\n"
                 "      --version        show version and build features, then exit\n\n"

@@ -95,7 +95,8 @@ void mkv_describe_bad_option(int opt, char **argv, const char *shortopts, char *
 {
     const char *arg = argv[optind - 1];
     int name_len = (int)strcspn(arg, "=");
-    int is_short = optopt > 0 && optopt < 0x100;
+    /* a long option with a short letter sets optopt to the letter too */
+    int is_short = optopt > 0 && optopt < 0x100 && strncmp(arg, "--", 2) != 0;
     if (opt == ':' && is_short)
         snprintf(buf, size, "option '-%c' needs a value", optopt);
     else if (opt == ':')

@@ -10,6 +10,14 @@
 /* Leading ':' so a missing value is told apart from an unknown option. */
 #define SHORTOPTS ":" MKV_COMMON_SHORTOPTS
 
+/* The common short options followed by the command's own. */
+static void build_shortopts(const mkv_subcommand *cmd, char *all, size_t size)
+{
+    int n = snprintf(all, size, "%s%s", SHORTOPTS, cmd->shortopts ? cmd->shortopts : "");
+    if (n < 0 || (size_t)n >= size)
+        mkv_subcommand_misuse(cmd, "internal error: too many short options");
+}
+
 void mkv_subcommand_usage(const mkv_subcommand *cmd, FILE *fp, int status)
 {
     fprintf(fp, "Usage: %s %s %s\n\n%s\n", mkv_progname(), cmd->name, cmd->operands,
@@ -46,11 +54,13 @@ int mkv_subcommand_run(const mkv_subcommand *cmd, int argc, char **argv)
 {
     struct option longopts[N_COMMON_LONGOPTS + MKV_SUBCOMMAND_MAX_OPTIONS + 1];
     build_longopts(cmd, longopts);
+    char shortopts[64];
+    build_shortopts(cmd, shortopts, sizeof shortopts);
     mkv_common_opts common;
     mkv_common_init(&common);
     opterr = 0;   /* a rejected option gets the one-line message below */
     int opt;
-    while ((opt = getopt_long(argc, argv, SHORTOPTS, longopts, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, shortopts, longopts, NULL)) != -1) {
         switch (opt) {
         case 'h':
             mkv_subcommand_usage(cmd, stdout, 0);
@@ -60,7 +70,7 @@ int mkv_subcommand_run(const mkv_subcommand *cmd, int argc, char **argv)
         case '?':
         case ':': {
             char what[300];
-            mkv_describe_bad_option(opt, argv, SHORTOPTS, what, sizeof what);
+            mkv_describe_bad_option(opt, argv, shortopts, what, sizeof what);
             mkv_subcommand_misuse(cmd, what);
         }
         default: {

@@ -20,7 +20,10 @@ struct mkv_subcommand {
     const char *summary;    /* one line for the command list */
     const char *details;    /* for the command's --help */
     const char *options;    /* the command's own options for --help, or NULL */
-    /* The command's own long options (long-only, values from
+    /* The command's own short options in getopt's spelling ("o:"), or
+     * NULL; each has its entry in longopts with the letter as its value. */
+    const char *shortopts;
+    /* The command's own long options (long-only ones with values from
      * MKV_OPT_FIRST_TOOL), {NULL} terminated, or NULL; the common ones are
      * added. */
     const struct option *longopts;

@@ -930,30 +930,52 @@ static int read_meta(mkv_cdump *c, mkv_error *err)
     return MKV_OK;
 }
 
-int mkv_cdump_open(const char *path, mkv_cdump **out, mkv_error *err)
+/* mkv_cdump_open_fid, called locked. */
+static int open_fid(hid_t fid, const char *path, mkv_cdump **out, mkv_error *err)
 {
     *out = NULL;
     mkv_cdump *c = calloc(1, sizeof *c);
     if (!c || !(c->path = strdup(strcmp(path, "-") == 0 ? "(stdin)" : path))) {
         free(c);
+        H5Fclose(fid);
         return mkv_fail(err, MKV_ENOMEM, "out of memory");
     }
-    c->fid = H5I_INVALID_HID;
-    LOCK();
-    int rc = mkv_h5_open_read(path, &c->fid, err);
-    if (!rc)
-        rc = read_meta(c, err);
+    c->fid = fid;
+    int rc = read_meta(c, err);
     if (!rc)
         rc = read_query_pos(c, err);
     if (!rc)
         rc = check_accounting(c, err);
-    UNLOCK();
     if (rc) {
-        mkv_cdump_close(c);
+        /* mkv_cdump_close would take the lock held here */
+        H5Fclose(c->fid);
+        free(c->query_pos);
+        free(c->path);
+        free(c);
         return rc;
     }
     *out = c;
     return MKV_OK;
+}
+
+int mkv_cdump_open(const char *path, mkv_cdump **out, mkv_error *err)
+{
+    *out = NULL;
+    hid_t fid;
+    LOCK();
+    int rc = mkv_h5_open_read(path, &fid, err);
+    if (!rc)
+        rc = open_fid(fid, path, out, err);
+    UNLOCK();
+    return rc;
+}
+
+int mkv_cdump_open_fid(hid_t fid, const char *path, mkv_cdump **out, mkv_error *err)
+{
+    LOCK();
+    int rc = open_fid(fid, path, out, err);
+    UNLOCK();
+    return rc;
 }
 
 const mkv_cdump_meta *mkv_cdump_meta_of(const mkv_cdump *c) { return &c->meta; }

@@ -350,17 +350,22 @@ int mkv_dump_read_model_attrs(hid_t fid, const char *path, mkv_dump_meta *m, mkv
 int mkv_dump_open(const char *path, mkv_dump **out, mkv_error *err)
 {
     *out = NULL;
+    hid_t fid;
+    int rc = mkv_h5_open_read(path, &fid, err);
+    return rc ? rc : mkv_dump_open_fid(fid, path, out, err);
+}
+
+int mkv_dump_open_fid(hid_t fid, const char *path, mkv_dump **out, mkv_error *err)
+{
+    *out = NULL;
     mkv_dump *d = calloc(1, sizeof *d);
     if (!d || !(d->path = strdup(strcmp(path, "-") == 0 ? "(stdin)" : path))) {
         free(d);
+        H5Fclose(fid);
         return mkv_fail(err, MKV_ENOMEM, "out of memory");
     }
-    int rc = mkv_h5_open_read(path, &d->fid, err);
-    if (rc) {
-        free(d->path);
-        free(d);
-        return rc;
-    }
+    d->fid = fid;
+    int rc;
     mkv_dump_meta *m = &d->meta;
     if ((rc = mkv_dump_read_meta(d->fid, d->path, m, err)))
         goto fail;

@@ -3,6 +3,7 @@
 #define MKV_DUMP_PRIV_H
 
 #include <hdf5.h>
+#include "io/cdump.h"
 #include "io/dump.h"
 
 /* "/layers/NN/k" for layer and kind. */
@@ -49,6 +50,13 @@ int mkv_dump_check_extent(hid_t dset, const char *name, int rank, const hsize_t 
  * when every value is inside (only then is out complete). */
 int mkv_dump_read_ints(hid_t dset, int64_t n, int64_t lo, int64_t hi, int32_t *out, int64_t *bad,
                        int64_t *bad_value, mkv_error *err);
+
+/* mkv_dump_open and mkv_cdump_open over a file mkv_h5_open_read opened
+ * from path (messages name "-" as "(stdin)"), so that a caller can look at
+ * the file before it knows which kind of dump it is. They take fid over,
+ * and close it on failure. */
+int mkv_dump_open_fid(hid_t fid, const char *path, mkv_dump **out, mkv_error *err);
+int mkv_cdump_open_fid(hid_t fid, const char *path, mkv_cdump **out, mkv_error *err);
 
 /* HDF5 type for IEEE binary16 (caller closes). */
 hid_t mkv_h5_f16_type(void);

@@ -7,7 +7,10 @@
 #include <string.h>
 
 #include "core/tensor.h"
+#include "io/cdump.h"
 #include "io/dump.h"
+#include "io/dump_priv.h"
+#include "io/h5file.h"
 
 /* ---- check */
 
@@ -50,16 +53,24 @@ static const char *format_bytes(uint64_t bytes, char *buf, size_t size)
     return buf;
 }
 
-int mkv_dump_info_report(const char *path, FILE *out, mkv_error *err)
+/* The shape lines both kinds of dump share, values from column width. */
+static void print_shape(FILE *out, const mkv_dump_meta *m, int width)
 {
-    mkv_dump *d = NULL;
+    fprintf(out, "%-*s%d\n", width, "layers:", m->n_layers);
+    fprintf(out, "%-*s%d\n", width, "heads:", m->n_heads);
+    fprintf(out, "%-*s%d\n", width, "kv_heads:", m->n_kv_heads);
+    fprintf(out, "%-*s%d\n", width, "head_dim:", m->head_dim);
+    fprintf(out, "%-*s%g\n", width, "rope_theta:", m->rope_theta);
+    fprintf(out, "%-*s%s\n", width, "k_rope:", m->k_rope);
+    fprintf(out, "%-*s%" PRId64 "\n", width, "tokens:", m->n_tokens);
+    fprintf(out, "%-*s%" PRId64 "\n", width, "queries:", m->n_queries);
+}
+
+static int raw_info(mkv_dump *d, const char *path, FILE *out, mkv_error *err)
+{
     uint64_t stored = 0, raw = 0;
-    if (mkv_dump_open(path, &d, err) != MKV_OK ||
-        mkv_dump_storage_bytes(d, &stored, &raw, err) != MKV_OK) {
-        if (d)
-            mkv_dump_close(d);
+    if (mkv_dump_storage_bytes(d, &stored, &raw, err) != MKV_OK)
         return err->code;
-    }
     const mkv_dump_meta *m = mkv_dump_meta_of(d);
     /* K and V at 16 bits per value: the "logical" size compression ratios
      * are quoted against (docs/DESIGN.md 7). */
@@ -72,14 +83,7 @@ int mkv_dump_info_report(const char *path, FILE *out, mkv_error *err)
     fprintf(out, "model:         %s\n", m->model);
     fprintf(out, "source:        %s\n", m->source);
     fprintf(out, "created_by:    %s\n", m->created_by);
-    fprintf(out, "layers:        %d\n", m->n_layers);
-    fprintf(out, "heads:         %d\n", m->n_heads);
-    fprintf(out, "kv_heads:      %d\n", m->n_kv_heads);
-    fprintf(out, "head_dim:      %d\n", m->head_dim);
-    fprintf(out, "rope_theta:    %g\n", m->rope_theta);
-    fprintf(out, "k_rope:        %s\n", m->k_rope);
-    fprintf(out, "tokens:        %" PRId64 "\n", m->n_tokens);
-    fprintf(out, "queries:       %" PRId64 "\n", m->n_queries);
+    print_shape(out, m, 15);
     fprintf(out, "kv_shape:      [%d,%" PRId64 ",%d] per layer\n", m->n_kv_heads, m->n_tokens,
             m->head_dim);
     fprintf(out, "q_shape:       [%d,%" PRId64 ",%d] per layer\n", m->n_heads, m->n_queries,
@@ -93,6 +97,57 @@ int mkv_dump_info_report(const char *path, FILE *out, mkv_error *err)
         fprintf(out, "deflate_ratio: %.2f\n", (double)raw / (double)stored);
     else
         fprintf(out, "deflate_ratio: -\n");
-    mkv_dump_close(d);
     return MKV_OK;
+}
+
+/* What a compressed dump records of its method, its source and its bytes;
+ * what each method stores is its own (mosaickv(5)). */
+static void compressed_info(const mkv_cdump *c, const char *path, FILE *out)
+{
+    const mkv_cdump_meta *cm = mkv_cdump_meta_of(c);
+    const mkv_dump_meta *m = &cm->raw;
+    char b1[64], b2[64];
+    fprintf(out, "file:           %s\n", path);
+    fprintf(out, "format:         %s\n", MKV_CDUMP_FORMAT);
+    fprintf(out, "version:        %d\n", MKV_CDUMP_VERSION);
+    fprintf(out, "method:         %s\n", cm->method);
+    fprintf(out, "params:         %s\n", cm->params[0] ? cm->params : "-");
+    fprintf(out, "source:         %s\n", cm->source[0] ? cm->source : "-");
+    fprintf(out, "source_digest:  %s\n", cm->source_digest[0] ? cm->source_digest : "-");
+    fprintf(out, "raw_source:     %s\n", m->source);
+    fprintf(out, "model:          %s\n", m->model);
+    fprintf(out, "created_by:     %s\n", m->created_by);
+    print_shape(out, m, 16);
+    fprintf(out, "logical_bytes:  %s\n", format_bytes(cm->logical_bytes, b1, sizeof b1));
+    fprintf(out, "physical_bytes: %s\n", format_bytes(cm->physical_bytes, b2, sizeof b2));
+    /* the open refuses a dump whose arrays hold no byte */
+    fprintf(out, "ratio:          %.3f\n", (double)cm->logical_bytes / (double)cm->physical_bytes);
+}
+
+int mkv_dump_info_report(const char *path, FILE *out, mkv_error *err)
+{
+    hid_t fid;
+    int rc = mkv_h5_open_read(path, &fid, err);
+    if (rc != MKV_OK)
+        return rc;
+    /* Anything but a readable "compressed" mkv_format goes to the raw
+     * reader, whose refusals name what is wrong. */
+    char fmt[64] = "";
+    mkv_error ignored;
+    if (mkv_h5_has_attr(fid, "mkv_format") &&
+        mkv_h5_attr_get_str(fid, "mkv_format", fmt, sizeof fmt, &ignored) == MKV_OK &&
+        strcmp(fmt, MKV_CDUMP_FORMAT) == 0) {
+        mkv_cdump *c;
+        if ((rc = mkv_cdump_open_fid(fid, path, &c, err)) != MKV_OK)
+            return rc;
+        compressed_info(c, path, out);
+        mkv_cdump_close(c);
+        return MKV_OK;
+    }
+    mkv_dump *d;
+    if ((rc = mkv_dump_open_fid(fid, path, &d, err)) != MKV_OK)
+        return rc;
+    rc = raw_info(d, path, out, err);
+    mkv_dump_close(d);
+    return rc;
 }

@@ -1,6 +1,7 @@
 /* The human-readable reports of `mkv-analyze check` and `mkv-analyze info`
- * on a raw dump (dump.h): the validator's problems one per line, and the
- * header, shapes and bytes as "key: value" lines. */
+ * of a dump: the validator's problems of a raw dump (dump.h) one per
+ * line, and the header, shapes and bytes of a raw or compressed dump
+ * (cdump.h) as "key: value" lines. */
 #ifndef MKV_IO_REPORT_H
 #define MKV_IO_REPORT_H
 
@@ -14,9 +15,11 @@
  * problems, or -1 with err set when the file cannot be read. */
 int mkv_dump_check_report(const char *path, int print_ok, FILE *out, mkv_error *err);
 
-/* Print the header of the dump at path, its shapes, its dense 16-bit
- * K+V size and its bytes raw and stored (with the deflate ratio) as
- * "key: value" lines to out. */
+/* Print the header of the dump at path as "key: value" lines to out. A
+ * raw dump: its shapes, its dense 16-bit K+V size and its bytes raw and
+ * stored (with the deflate ratio). A compressed dump (cdump.h): its
+ * method and parameters as recorded, the source it was made from, its
+ * shape, and its logical and physical bytes with their ratio. */
 int mkv_dump_info_report(const char *path, FILE *out, mkv_error *err);
 
 #endif

@@ -14,25 +14,6 @@
 #include "core/tensor.h"
 #include "methods/metrics.h"
 
-/* Rebuild the parameters the file records (every one, in canonical form):
- * a record of the run, not values given now (checks warn about given ones). */
-static int load_params(mkv_eval *s, mkv_error *err)
-{
-    mkv_params_init(&s->params, s->method->params);
-    char *copy = strdup(s->cm->params);
-    if (!copy)
-        return mkv_fail(err, MKV_ENOMEM, "out of memory");
-    int rc = MKV_OK;
-    for (char *save = NULL, *tok = strtok_r(copy, " ", &save); tok && !rc; tok = strtok_r(NULL, " ", &save))
-        if (mkv_params_parse(&s->params, tok, err)) {
-            mkv_error_prefix(err, "'%s': the recorded parameters of method '%s'", s->c_label, s->method->name);
-            rc = err->code = MKV_EFORMAT;
-        }
-    free(copy);
-    mkv_params_forget_given(&s->params);
-    return rc;
-}
-
 static int method_names(char *buf, size_t size)
 {
     size_t len = 0;
@@ -85,7 +66,7 @@ int mkv_eval_open(mkv_eval *s, const mkv_eval_inputs *a, mkv_error *err)
         return mkv_fail(err, MKV_EFORMAT, "'%s' was made with method '%s', which this build lacks (methods: %s)",
                         s->c_label, s->cm->method, names);
     }
-    if ((rc = load_params(s, err)))
+    if ((rc = mkv_params_recorded(&s->params, s->method, s->c, err)))
         return rc;
     if (a->budget) {
         if (!mkv_params_str(&s->params, "budget"))

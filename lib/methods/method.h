@@ -71,6 +71,13 @@ const char *mkv_params_str(const mkv_params *p, const char *key);
 /* Canonical text "k1=v1 k2=v2 ..." in spec order. */
 void mkv_params_format(const mkv_params *p, char *buf, size_t size);
 
+typedef struct mkv_method mkv_method;
+/* The parameters compressed dump c records (every one, in canonical form)
+ * for its method m, into p: a record of the run, not values given now, so
+ * none counts as given. MKV_EFORMAT naming the dump when one does not
+ * parse. */
+int mkv_params_recorded(mkv_params *p, const mkv_method *m, const mkv_cdump *c, mkv_error *err);
+
 /* ---- compression input: one (layer, KV head) of a raw dump ---- */
 typedef struct {
     int layer, head;
@@ -114,7 +121,7 @@ typedef struct {
     int64_t steps_waited;
 } mkv_decode_counters;
 
-typedef struct mkv_method {
+struct mkv_method {
     const char *name;
     const char *summary;                 /* one line for --help */
     const mkv_param_spec *params;        /* NULL-terminated */
@@ -143,7 +150,7 @@ typedef struct mkv_method {
      * run (every pending piece of work done and published). */
     void (*decode_counters)(const void *state, mkv_decode_counters *c);
     int (*decode_flush)(void *state, mkv_error *err);
-} mkv_method;
+};
 
 /* Registry: every method, NULL-terminated; lookup by name. */
 extern const mkv_method *const mkv_methods[];

@@ -267,6 +267,23 @@ int mkv_params_parse_list(mkv_params *p, const char *list, mkv_error *err)
     return n;
 }
 
+int mkv_params_recorded(mkv_params *p, const mkv_method *m, const mkv_cdump *c, mkv_error *err)
+{
+    mkv_params_init(p, m->params);
+    char *copy = strdup(mkv_cdump_meta_of(c)->params);
+    if (!copy)
+        return mkv_fail(err, MKV_ENOMEM, "out of memory");
+    int rc = MKV_OK;
+    for (char *save = NULL, *tok = strtok_r(copy, " ", &save); tok && !rc; tok = strtok_r(NULL, " ", &save))
+        if (mkv_params_parse(p, tok, err)) {
+            mkv_error_prefix(err, "'%s': the recorded parameters of method '%s'", mkv_cdump_path(c), m->name);
+            rc = err->code = MKV_EFORMAT;
+        }
+    free(copy);
+    mkv_params_forget_given(p);
+    return rc;
+}
+
 int64_t mkv_params_int(const mkv_params *p, const char *key)
 {
     int i = find(p, key);

@@ -9,6 +9,12 @@
 # without h5py, by mkv-capture; its first half is a truncated file
 % if [ "$have_h5py" = 1 ]; then fixture valid good.h5 --layers 2 --heads 4 --kv-heads 2 --head-dim 32 --tokens 40 --queries 3; else mkv-capture --synthetic --layers 2 --heads 4 --kv-heads 2 --head-dim 32 --tokens 40 --queries 3 -o good.h5; fi
 % head -c $(($(wc -c <good.h5) / 2)) good.h5 >cut.h5
+# compressed dumps of a synthetic dump (the same with or without h5py); at
+# 40 tokens mosaic keeps every token dense (sink 4 + recent 64): no segment
+% mkv-capture --synthetic --layers 2 --heads 4 --kv-heads 2 --head-dim 32 --tokens 40 --queries 3 -o syn.h5
+% mkv-compress syn.h5 -m full -o full.h5 -q
+% mkv-compress syn.h5 -m kivi -o kivi.h5 -q
+% mkv-compress syn.h5 -m mosaic -o dense.h5 -q
 
 # ---------------------------------------------------------------- unreadable files
 
@@ -66,6 +72,35 @@ $ mkv-analyze info cut.h5
 ! mkv-analyze: 'cut.h5' is truncated or damaged
 [1]
 $ mkv-analyze info -
+< cut.h5
+! mkv-analyze: standard input is a truncated or damaged HDF5 file
+[1]
+
+# strategies
+$ mkv-analyze strategies nope.h5
+! mkv-analyze: cannot open 'nope.h5': No such file or directory
+[1]
+$ mkv-analyze strategies .
+! mkv-analyze: cannot open '.': Is a directory
+[1]
+$ mkv-analyze strategies empty.h5
+! mkv-analyze: 'empty.h5' is empty
+[1]
+$ mkv-analyze strategies notes.txt
+! mkv-analyze: 'notes.txt' is not an HDF5 file
+[1]
+$ mkv-analyze strategies -
+< empty.h5
+! mkv-analyze: standard input is empty
+[1]
+$ mkv-analyze strategies -
+< notes.txt
+! mkv-analyze: standard input is not an HDF5 file
+[1]
+$ mkv-analyze strategies cut.h5
+! mkv-analyze: 'cut.h5' is truncated or damaged
+[1]
+$ mkv-analyze strategies -
 < cut.h5
 ! mkv-analyze: standard input is a truncated or damaged HDF5 file
 [1]
@@ -246,7 +281,7 @@ $ mkv-analyze channels -
 
 # ---------------------------------------------------------------- usage errors: one line, exit 2
 $ mkv-analyze
-! mkv-analyze: expected a command (check, info, stats, overlap, segments, spectrum, sparsity or channels); try 'mkv-analyze --help'
+! mkv-analyze: expected a command (check, info, strategies, stats, overlap, segments, spectrum, sparsity or channels); try 'mkv-analyze --help'
 [2]
 $ mkv-analyze frob good.h5
 ! mkv-analyze: unknown command 'frob'; try 'mkv-analyze --help'
@@ -301,6 +336,30 @@ $ mkv-analyze info --device cpu good.h5
 $ mkv-analyze info -h
 | *
 $ mkv-analyze info good.h5 --help
+| *
+
+# strategies: unknown options, flags given a value, --help anywhere
+$ mkv-analyze strategies
+! mkv-analyze: missing FILE; try 'mkv-analyze strategies --help'
+[2]
+$ mkv-analyze strategies --bogus good.h5
+! mkv-analyze: unknown option '--bogus'; try 'mkv-analyze strategies --help'
+[2]
+$ mkv-analyze strategies -x good.h5
+! mkv-analyze: unknown option '-x'; try 'mkv-analyze strategies --help'
+[2]
+$ mkv-analyze strategies --quiet=1 good.h5
+! mkv-analyze: option '--quiet' takes no value; try 'mkv-analyze strategies --help'
+[2]
+$ mkv-analyze strategies --threads 2 good.h5
+! mkv-analyze: unknown option '--threads'; try 'mkv-analyze strategies --help'
+[2]
+$ mkv-analyze strategies --device cpu good.h5
+! mkv-analyze: unknown option '--device'; try 'mkv-analyze strategies --help'
+[2]
+$ mkv-analyze strategies -h
+| *
+$ mkv-analyze strategies good.h5 --help
 | *
 
 # stats: unknown options, flags given a value, --help anywhere
@@ -451,6 +510,9 @@ $ mkv-analyze channels good.h5 --help
 $ mkv-analyze info good.h5 good.h5
 ! mkv-analyze: too many operands ('good.h5' after FILE); try 'mkv-analyze info --help'
 [2]
+$ mkv-analyze strategies good.h5 good.h5
+! mkv-analyze: too many operands ('good.h5' after FILE); try 'mkv-analyze strategies --help'
+[2]
 $ mkv-analyze stats good.h5 good.h5
 ! mkv-analyze: too many operands ('good.h5' after FILE); try 'mkv-analyze stats --help'
 [2]
@@ -537,6 +599,65 @@ $ mkv-analyze sparsity --fractions 0.1,x good.h5
 $ mkv-analyze channels --shares 0 good.h5
 ! mkv-analyze: invalid value '0' for --shares: must be in (0, 1]
 [2]
+
+$ mkv-analyze strategies dense.h5 -o
+! mkv-analyze: option '-o' needs a value; try 'mkv-analyze strategies --help'
+[2]
+$ mkv-analyze strategies dense.h5 --output
+! mkv-analyze: option '--output' needs a value; try 'mkv-analyze strategies --help'
+[2]
+$ mkv-analyze info -o x.tsv full.h5
+! mkv-analyze: unknown option '-o'; try 'mkv-analyze info --help'
+[2]
+$ mkv-analyze strategies -o dense.h5 dense.h5
+! mkv-analyze: output 'dense.h5' would overwrite the input
+[2]
+
+# ---------------------------------------------------------------- compressed dumps
+# info: what the file records. full stores K and V at 16 bits, so its
+# physical bytes are the logical 2 layers x 2 KV heads x 2 x 40 tokens x 32
+# channels x 2 bytes = 20480 (the digest and the writer's version are
+# compared with h5py's reading in tests/cli_analyze_ref.sh)
+$ mkv-analyze info full.h5 | sed '/^source_digest:/d; /^created_by:/d'
+| file:           full.h5
+| format:         mosaickv-compressed
+| version:        1
+| method:         full
+| params:         -
+| source:         syn.h5
+| raw_source:     synthetic
+| model:          synthetic
+| layers:         2
+| heads:          4
+| kv_heads:       2
+| head_dim:       32
+| rope_theta:     10000
+| k_rope:         post
+| tokens:         40
+| queries:        3
+| logical_bytes:  20480 (20.0 KiB)
+| physical_bytes: 20480 (20.0 KiB)
+| ratio:          1.000
+$ mkv-analyze info - | sed -n '1p; /^method:/p'
+< full.h5
+| file:           -
+| method:         full
+
+# strategies: mosaic and uniform2d only; a dump without segments is a header
+$ mkv-analyze strategies kivi.h5
+! mkv-analyze: strategies: 'kivi.h5' was compressed with 'kivi'; per-segment strategies exist for mosaic and uniform2d only
+[1]
+$ mkv-analyze strategies -
+< kivi.h5
+! mkv-analyze: strategies: '(stdin)' was compressed with 'kivi'; per-segment strategies exist for mosaic and uniform2d only
+[1]
+$ mkv-analyze strategies -o x.tsv kivi.h5; test ! -e x.tsv
+! mkv-analyze: strategies: 'kivi.h5' was compressed with 'kivi'; per-segment strategies exist for mosaic and uniform2d only
+$ mkv-analyze strategies good.h5
+! mkv-analyze: 'good.h5' is a raw KV dump; mkv-analyze needs a compressed dump (mkv-compress)
+[1]
+$ mkv-analyze strategies dense.h5
+| layer	head	tensor	segment	start	length	rotate	r	g	dprime	pervector	keydim	bound	values_bytes	bitmap_bytes	blockkey_bytes	rotation_bytes	bytes	bytes_per_token	energy_loss	output_loss
 
 # help and version
 $ mkv-analyze -h

@@ -52,6 +52,9 @@ $ mkv-compress --bogus raw.h5
 $ mkv-compress raw.h5 -m full -o
 ! mkv-compress: option '-o' needs a value; try 'mkv-compress --help'
 [2]
+$ mkv-compress raw.h5 -m full --output
+! mkv-compress: option '--output' needs a value; try 'mkv-compress --help'
+[2]
 $ mkv-compress raw.h5 -o c.h5 -m full --threads 0
 ! mkv-compress: invalid value '0' for --threads: must be in 1..1024
 [2]

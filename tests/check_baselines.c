@@ -481,7 +481,7 @@ END_TEST
 
 /* ------------------------------------------------------------ KIVI */
 
-START_TEST(kivi_pack_by_hand)
+START_TEST(codes_pack_by_hand)
 {
     const uint8_t c2[5] = {1, 2, 3, 0, 3}, c4[3] = {0xA, 0x5, 0xF};
     uint8_t out[2];
@@ -493,7 +493,18 @@ START_TEST(kivi_pack_by_hand)
     mkv_bl_pack(c4, 3, 4, out);
     ck_assert_uint_eq(out[0], 0x5A);
     ck_assert_uint_eq(out[1], 0x0F);
-    for (int bits = 2; bits <= 4; bits += 2) {
+    /* 3 bits: codes 5 6 7 are the stream 101 011 111, the second straddling */
+    const uint8_t c3[3] = {5, 6, 7};
+    ck_assert_uint_eq(mkv_bl_packed_bytes(3, 3), 2);
+    mkv_bl_pack(c3, 3, 3, out);
+    ck_assert_uint_eq(out[0], 5 | 6 << 3 | (7 & 3) << 6);
+    ck_assert_uint_eq(out[1], 7 >> 2);
+    const uint8_t c1[9] = {1, 0, 1, 1, 0, 0, 0, 1, 1};
+    ck_assert_uint_eq(mkv_bl_packed_bytes(9, 1), 2);
+    mkv_bl_pack(c1, 9, 1, out);
+    ck_assert_uint_eq(out[0], 0x8D);
+    ck_assert_uint_eq(out[1], 1);
+    for (int bits = 1; bits <= 8; bits++) {
         uint8_t codes[1001], packed[1001];
         uint64_t s = (uint64_t)bits;
         for (int i = 0; i < 1001; i++)
@@ -1169,7 +1180,7 @@ static Suite *baselines_suite(void)
     tcase_add_test(tc, quest_bound_holds);
     tcase_add_test(tc, quest_selects_like_reference);
     tcase_add_test(tc, full_budget_is_exact);
-    tcase_add_test(tc, kivi_pack_by_hand);
+    tcase_add_test(tc, codes_pack_by_hand);
     tcase_add_test(tc, kivi_two_bit_by_hand);
     tcase_add_test(tc, kivi_decodes_within_half_scale);
     tcase_add_test(tc, think_keeps_top_channels);

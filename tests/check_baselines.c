@@ -1,5 +1,5 @@
-/* Tests of the baseline methods: Quest, ThinK, KIVI, SnapKV, StreamingLLM
- * and naive 2-D.
+/* Tests of the baseline methods: Quest, ThinK, KIVI, SnapKV, StreamingLLM,
+ * naive 2-D and TurboQuant.
  *
  * Each method runs end to end (compress into a real compressed dump, read it
  * back, attend), and what it stores and returns is checked against
@@ -23,12 +23,13 @@
 #include "io/dump.h"
 #include "core/half.h"
 #include "methods/method.h"
+#include "methods/turboquant_priv.h"
 #include "io/synthetic.h"
 #include "core/tensor.h"
 #include "testutil.h"
 
 extern const mkv_method mkv_method_quest, mkv_method_think, mkv_method_kivi, mkv_method_snapkv,
-    mkv_method_streaming, mkv_method_naive2d;
+    mkv_method_streaming, mkv_method_naive2d, mkv_method_turboquant;
 
 #define TOL_SAME 1e-5
 #define TOL_F16 2e-3
@@ -481,7 +482,7 @@ END_TEST
 
 /* ------------------------------------------------------------ KIVI */
 
-START_TEST(kivi_pack_by_hand)
+START_TEST(codes_pack_by_hand)
 {
     const uint8_t c2[5] = {1, 2, 3, 0, 3}, c4[3] = {0xA, 0x5, 0xF};
     uint8_t out[2];
@@ -493,7 +494,18 @@ START_TEST(kivi_pack_by_hand)
     mkv_bl_pack(c4, 3, 4, out);
     ck_assert_uint_eq(out[0], 0x5A);
     ck_assert_uint_eq(out[1], 0x0F);
-    for (int bits = 2; bits <= 4; bits += 2) {
+    /* 3 bits: codes 5 6 7 are the stream 101 011 111, the second straddling */
+    const uint8_t c3[3] = {5, 6, 7};
+    ck_assert_uint_eq(mkv_bl_packed_bytes(3, 3), 2);
+    mkv_bl_pack(c3, 3, 3, out);
+    ck_assert_uint_eq(out[0], 5 | 6 << 3 | (7 & 3) << 6);
+    ck_assert_uint_eq(out[1], 7 >> 2);
+    const uint8_t c1[9] = {1, 0, 1, 1, 0, 0, 0, 1, 1};
+    ck_assert_uint_eq(mkv_bl_packed_bytes(9, 1), 2);
+    mkv_bl_pack(c1, 9, 1, out);
+    ck_assert_uint_eq(out[0], 0x8D);
+    ck_assert_uint_eq(out[1], 1);
+    for (int bits = 1; bits <= 8; bits++) {
         uint8_t codes[1001], packed[1001];
         uint64_t s = (uint64_t)bits;
         for (int i = 0; i < 1001; i++)
@@ -558,10 +570,16 @@ START_TEST(kivi_two_bit_by_hand)
 }
 END_TEST
 
+/* Code i of a packed stream, read bit by bit: bit k of code i is bit
+ * i bits + k of the stream, bit k mod 8 of byte k / 8. */
 static unsigned code_at(const uint8_t *packed, size_t i, int bits)
 {
-    size_t per = 8 / (size_t)bits;
-    return (packed[i / per] >> (bits * (int)(i % per))) & ((1u << bits) - 1);
+    unsigned c = 0;
+    for (int k = 0; k < bits; k++) {
+        size_t at = i * (size_t)bits + (size_t)k;
+        c |= (unsigned)(packed[at / 8] >> (at % 8) & 1) << k;
+    }
+    return c;
 }
 
 /* Decode KIVI's arrays here, check the error bound, the covering range,
@@ -656,6 +674,298 @@ START_TEST(kivi_decodes_within_half_scale)
     kivi_case(4, 32, 40);
     kivi_case(2, 8, 40);
     kivi_case(4, 6, 0);    /* 6 does not divide 16: value groups 6, 6, 4 */
+}
+END_TEST
+
+/* ------------------------------------------------------------ TurboQuant */
+
+/* Rows of x [n][d] in rotated coordinates y rotated back: rot^T y. */
+static void unrotate(const mkv_tq_quantizer *q, const float *y, double *x)
+{
+    for (int j = 0; j < q->d; j++) {
+        x[j] = 0;
+        for (int i = 0; i < q->d; i++)
+            x[j] += q->rotation[(size_t)i * q->d + j] * y[i];
+    }
+}
+
+/* A coordinate of a random unit vector in 3 dimensions is uniform on
+ * [-1, 1] (Archimedes): its Lloyd-Max quantizer is the uniform one, by
+ * hand, with distortion 4^-b of the unit vector's squared norm. In 2
+ * dimensions, at 1 bit, the centroids are +-E|cos| = +-2/pi. */
+START_TEST(turboquant_codebook_by_hand)
+{
+    for (int b = 1; b <= 4; b++) {
+        mkv_tq_codebook cb;
+        mkv_tq_codebook_make(3, b, &cb);
+        int L = 1 << b;
+        ck_assert_int_eq(cb.levels, L);
+        for (int i = 0; i < L; i++)
+            ck_assert_msg(fabs(cb.centroid[i] - (2.0 * i + 1 - L) / L) < 1e-12, "b %d centroid %d: %.15g", b, i,
+                          cb.centroid[i]);
+        for (int i = 0; i + 1 < L; i++)
+            ck_assert(fabs(cb.boundary[i] - (2.0 * (i + 1) - L) / L) < 1e-12);
+        ck_assert_msg(fabs(cb.distortion - pow(4, -b)) < 1e-12, "b %d: distortion %.15g", b, cb.distortion);
+    }
+    mkv_tq_codebook cb;
+    mkv_tq_codebook_make(2, 1, &cb);
+    ck_assert(fabs(cb.centroid[1] - 2 / 3.141592653589793) < 1e-13 && fabs(cb.centroid[0] + cb.centroid[1]) < 1e-15);
+    mkv_tq_codebook_make(64, 0, &cb);
+    ck_assert(cb.levels == 1 && cb.centroid[0] == 0 && cb.distortion == 1);
+    /* the cell rule: boundaries below x, ties to the lower cell */
+    mkv_tq_codebook_make(3, 2, &cb);
+    ck_assert_uint_eq(mkv_tq_cell(&cb, -0.9), 0);
+    ck_assert_uint_eq(mkv_tq_cell(&cb, -0.5), 0);
+    ck_assert_uint_eq(mkv_tq_cell(&cb, 0.0), 1);
+    ck_assert_uint_eq(mkv_tq_cell(&cb, 0.2), 2);
+    ck_assert_uint_eq(mkv_tq_cell(&cb, 0.99), 3);
+}
+END_TEST
+
+static void random_unit(uint64_t *s, int d, float *x)
+{
+    double n = 0;
+    for (int j = 0; j < d; j++) {
+        x[j] = (float)gauss(s);
+        n += (double)x[j] * x[j];
+    }
+    for (int j = 0; j < d; j++)
+        x[j] = (float)(x[j] / sqrt(n));
+}
+
+/* TurboQuant_mse on random unit vectors at d = 128: the mean squared error
+ * per vector against the paper's figures (about 0.36, 0.117, 0.03, 0.009
+ * for b = 1..4, printed to one or two digits: within 15%), against Max's
+ * (1960) Lloyd-Max errors for the Gaussian, the large-d limit (0.3634,
+ * 0.1175, 0.03454, 0.009497: within 3%, the finite-d density being a
+ * little narrower), and against the codebook's own expectation (within 2%:
+ * 2000 vectors of 128 coordinates leave a sampling error below 0.5%). */
+START_TEST(turboquant_mse_distortion_as_published)
+{
+    static const double paper[4] = {0.36, 0.117, 0.03, 0.009}, max1960[4] = {0.3634, 0.1175, 0.03454, 0.009497};
+    enum { D = 128, N = 2000 };
+    for (int b = 1; b <= 4; b++) {
+        mkv_tq_quantizer q;
+        mkv_error err = {0};
+        ck_assert_int_eq(mkv_tq_quantizer_init(&q, D, b, 0, 7, 0, 0, 0, &err), MKV_OK);
+        uint64_t s = 100 + (uint64_t)b;
+        float x[D], y[D], norm;
+        uint8_t codes[D];
+        double work[2 * D], back[D], sum = 0;
+        for (int n = 0; n < N; n++) {
+            random_unit(&s, D, x);
+            ck_assert_int_eq(mkv_tq_encode(&q, x, &norm, codes, NULL, NULL, work, "x", &err), MKV_OK);
+            ck_assert_float_eq(norm, 1.0f);
+            mkv_tq_decode(&q, norm, codes, NULL, 0, y);
+            unrotate(&q, y, back);
+            for (int j = 0; j < D; j++)
+                sum += (back[j] - x[j]) * (back[j] - x[j]);
+        }
+        double mse = sum / N;
+        if (getenv("MKV_TEST_VERBOSE"))
+            fprintf(stderr, "turboquant_mse b=%d d=%d: mse %.5f, codebook %.5f\n", b, D, mse, q.cb.distortion);
+        ck_assert_msg(fabs(mse - paper[b - 1]) <= 0.15 * paper[b - 1], "b %d: mse %.5g, paper %g", b, mse, paper[b - 1]);
+        ck_assert_msg(fabs(mse - max1960[b - 1]) <= 0.03 * max1960[b - 1], "b %d: mse %.5g, Gaussian %g", b, mse,
+                      max1960[b - 1]);
+        ck_assert_msg(fabs(mse - q.cb.distortion) <= 0.02 * q.cb.distortion, "b %d: mse %.5g, codebook %.5g", b, mse,
+                      q.cb.distortion);
+        mkv_tq_quantizer_free(&q);
+    }
+}
+END_TEST
+
+/* The error of the estimate of q.k over N independent quantizers (the
+ * seed's streams differ by layer): its mean and standard error. */
+static void inner_product_error(int d, int bits, int sketch, const float *q, const float *k, int N, double *mean,
+                                double *se)
+{
+    double exact = 0, sum = 0, sum2 = 0;
+    for (int j = 0; j < d; j++)
+        exact += (double)q[j] * k[j];
+    float *y = malloc(sizeof(float) * (size_t)d), norm, rnorm;
+    uint8_t *codes = malloc((size_t)d), *signs = malloc((size_t)d);
+    double *work = malloc(sizeof(double) * 2 * (size_t)d), *back = malloc(sizeof(double) * (size_t)d);
+    ck_assert(y && codes && signs && work && back);
+    for (int n = 0; n < N; n++) {
+        mkv_tq_quantizer qz;
+        mkv_error err = {0};
+        ck_assert_int_eq(mkv_tq_quantizer_init(&qz, d, bits, sketch, 3, n, 0, 0, &err), MKV_OK);
+        ck_assert_int_eq(mkv_tq_encode(&qz, k, &norm, codes, signs, &rnorm, work, "k", &err), MKV_OK);
+        mkv_tq_decode(&qz, norm, codes, signs, rnorm, y);
+        unrotate(&qz, y, back);
+        double est = 0;
+        for (int j = 0; j < d; j++)
+            est += (double)q[j] * back[j];
+        sum += est - exact;
+        sum2 += (est - exact) * (est - exact);
+        mkv_tq_quantizer_free(&qz);
+    }
+    *mean = sum / N;
+    *se = sqrt((sum2 / N - *mean * *mean) / (N - 1));
+    free(y);
+    free(codes);
+    free(signs);
+    free(work);
+    free(back);
+}
+
+/* TurboQuant_prod's estimate of q.k is unbiased: over 2000 quantizers
+ * (rotation and sketch drawn anew) the mean error for one pair, q close to
+ * k, is within 4 standard errors of 0 and below 1% of |q| |k| at 1, 2 and 3
+ * bits. TurboQuant_mse at the same bits is biased (it shrinks q.k by about
+ * its distortion): the same test fails for it, by more than 8 standard
+ * errors. */
+START_TEST(turboquant_prod_unbiased)
+{
+    enum { D = 32, N = 2000 };
+    float k[D], q[D];
+    uint64_t s = 5;
+    random_unit(&s, D, k);
+    double qn = 0;
+    for (int j = 0; j < D; j++) {
+        k[j] *= 3;
+        q[j] = (float)(0.4 * k[j] + 0.3 * gauss(&s));
+        qn += (double)q[j] * q[j];
+    }
+    qn = sqrt(qn);
+    for (int b = 1; b <= 3; b++) {
+        double mean, se;
+        inner_product_error(D, b - 1, 1, q, k, N, &mean, &se);
+        if (getenv("MKV_TEST_VERBOSE"))
+            fprintf(stderr, "turboquant_prod b=%d: mean error %.4g, se %.3g\n", b, mean, se);
+        ck_assert_msg(fabs(mean) <= 4 * se && fabs(mean) <= 0.01 * qn * 3, "prod at %d bits: mean error %.4g, se %.3g",
+                      b, mean, se);
+        inner_product_error(D, b, 0, q, k, N, &mean, &se);
+        if (getenv("MKV_TEST_VERBOSE"))
+            fprintf(stderr, "turboquant_mse b=%d: mean error %.4g, se %.3g\n", b, mean, se);
+        ck_assert_msg(fabs(mean) > 8 * se, "mse at %d bits: mean error %.4g, se %.3g", b, mean, se);
+    }
+}
+END_TEST
+
+/* Bytes counted by hand, codes read back against an encoder run here, and
+ * attention over the reconstruction decoded from the stored arrays. */
+static void turboquant_case(int key_bits, int value_bits, int prod)
+{
+    head_data h;
+    make_head(&h, 37, 16, 2, 2, 61 + (uint64_t)key_bits);
+    char params[128];
+    snprintf(params, sizeof params, "key_bits=%d value_bits=%d prod=%s seed=9", key_bits, value_bits,
+             prod ? "on" : "off");
+    compressed cp;
+    compress_head(&mkv_method_turboquant, params, &h, "turboquant.h5", &cp);
+    int d = h.d, bk = key_bits - prod;
+    int64_t T = h.T;
+    size_t nd = (size_t)(T * d), kbytes = (nd * (size_t)bk + 7) / 8, vbytes = (nd * (size_t)value_bits + 7) / 8;
+    /* codes, norms, and for prod signs (one bit a coordinate) and residual norms */
+    uint64_t phys = kbytes + vbytes + 2 * (uint64_t)T * 2 + (prod ? (nd + 7) / 8 + (uint64_t)T * 2 : 0);
+    ck_assert_uint_eq(mkv_cdump_meta_of(cp.c)->physical_bytes, phys);
+    ck_assert_int_eq(mkv_cdump_has(cp.c, 0, 0, "k_codes"), bk > 0);
+    ck_assert_int_eq(mkv_cdump_has(cp.c, 0, 0, "k_signs"), prod);
+    ck_assert_int_eq(mkv_cdump_has(cp.c, 0, 0, "k_rnorm"), prod);
+    mkv_tq_quantizer kq, vq;
+    mkv_error err = {0};
+    ck_assert_int_eq(mkv_tq_quantizer_init(&kq, d, bk, prod, 9, 0, 0, 0, &err), MKV_OK);
+    ck_assert_int_eq(mkv_tq_quantizer_init(&vq, d, value_bits, 0, 9, 0, 0, 1, &err), MKV_OK);
+    uint8_t *kc = malloc(kbytes + 1), *vc = malloc(vbytes), *ks = malloc(nd / 8 + 1);
+    ck_assert(kc && vc && ks);
+    if (bk)
+        read_u8(&cp, "k_codes", kc, kbytes);
+    read_u8(&cp, "v_codes", vc, vbytes);
+    if (prod)
+        read_u8(&cp, "k_signs", ks, (nd + 7) / 8);
+    float *kn = read_f(&cp, "k_norm", (size_t)T), *vn = read_f(&cp, "v_norm", (size_t)T);
+    float *kr = prod ? read_f(&cp, "k_rnorm", (size_t)T) : NULL;
+    double *K = malloc(sizeof(double) * nd), *V = malloc(sizeof(double) * nd);
+    ck_assert(K && V);
+    for (int64_t t = 0; t < T; t++) {
+        float y[16], norm, rnorm;
+        uint8_t codes[16], signs[16], got[16], got_signs[16];
+        double work[32];
+        size_t at = (size_t)t * (size_t)d;
+        ck_assert_int_eq(mkv_tq_encode(&kq, h.k + at, &norm, codes, signs, &rnorm, work, "k", &err), MKV_OK);
+        ck_assert_float_eq(kn[t], norm);
+        ck_assert(fabs(kn[t] - sqrt(mkv_bl_dot(h.k + at, h.k + at, d))) <= 0x1p-11 * kn[t]);
+        for (int j = 0; j < d; j++) {
+            got[j] = (uint8_t)code_at(kc, at + (size_t)j, bk);
+            ck_assert_uint_eq(got[j], codes[j]);
+            got_signs[j] = prod ? (uint8_t)code_at(ks, at + (size_t)j, 1) : 0;
+            ck_assert_uint_eq(got_signs[j], prod ? signs[j] : 0);
+        }
+        if (prod)
+            ck_assert_float_eq(kr[t], rnorm);
+        mkv_tq_decode(&kq, kn[t], got, got_signs, prod ? kr[t] : 0, y);
+        unrotate(&kq, y, K + at);
+        ck_assert_int_eq(mkv_tq_encode(&vq, h.v + at, &norm, codes, NULL, NULL, work, "v", &err), MKV_OK);
+        ck_assert_float_eq(vn[t], norm);
+        for (int j = 0; j < d; j++)
+            ck_assert_uint_eq(code_at(vc, at + (size_t)j, value_bits), codes[j]);
+        mkv_tq_decode(&vq, vn[t], codes, NULL, 0, y);
+        unrotate(&vq, y, V + at);
+    }
+    float q[32], out[32];
+    double want[32];
+    uint8_t att[64];
+    const int64_t positions[] = {0, 5, 20, 36};
+    for (size_t i = 0; i < sizeof positions / sizeof *positions; i++) {
+        uint64_t bytes;
+        int64_t n = positions[i] + 1;
+        query_of(&h, (int64_t)i % h.W, q);
+        attend(&cp, &h, q, positions[i], out, att, &bytes);
+        for (int64_t t = 0; t < T; t++)
+            ck_assert_int_eq(att[t], t <= positions[i]);
+        ref_attend(q, h.G, d, K, V, positions[i], NULL, want);
+        ck_assert_msg(rel_err(out, want, 32) <= TOL_SAME, "%s pos %lld: error %g", params, (long long)positions[i],
+                      rel_err(out, want, 32));
+        size_t m = (size_t)(n * d);
+        ck_assert_uint_eq(bytes, (m * (size_t)bk + 7) / 8 + (m * (size_t)value_bits + 7) / 8 + 4 * (uint64_t)n +
+                                     (prod ? (m + 7) / 8 + 2 * (uint64_t)n : 0));
+    }
+    mkv_tq_quantizer_free(&kq);
+    mkv_tq_quantizer_free(&vq);
+    free(kc);
+    free(vc);
+    free(ks);
+    free(kn);
+    free(vn);
+    free(kr);
+    free(K);
+    free(V);
+    release(&cp);
+    free_head(&h);
+}
+
+START_TEST(turboquant_stores_and_attends)
+{
+    turboquant_case(3, 2, 0);
+    turboquant_case(4, 1, 0);
+    turboquant_case(3, 3, 1);
+    turboquant_case(1, 4, 1);   /* no codebook bits for keys: the sketch alone */
+}
+END_TEST
+
+/* A norm beyond float16 and a head_dim outside 2..1024 are refused in one
+ * line. */
+START_TEST(turboquant_refuses_what_it_cannot_store)
+{
+    head_data h;
+    make_head(&h, 8, 4, 1, 1, 3);
+    for (int j = 0; j < 4; j++)
+        h.k[5 * 4 + j] = 40000;
+    mkv_params p;
+    set_params(&mkv_method_turboquant, &p, "");
+    mkv_head_kv in = {1, 0, h.T, h.d, h.G, h.k, h.v, h.W, h.q, h.qpos, 1};
+    mkv_error err = {0};
+    ck_assert_int_eq(mkv_method_turboquant.compress(&p, &in, NULL, &err), MKV_EFORMAT);
+    ck_assert_str_eq(err.msg, "layer 1, head 0, token 5: the key has norm 80000, which does not fit float16 (<= 65504)");
+    mkv_dump_meta m;
+    raw_meta(&m, 8, 1, 1, 1);
+    ck_assert_int_eq(mkv_method_turboquant.check(&p, &m, &err), MKV_EUSAGE);
+    ck_assert_str_eq(err.msg, "turboquant takes head_dim 2..1024 (the dump has 1)");
+    raw_meta(&m, 8, 1025, 1, 1);
+    ck_assert_int_eq(mkv_method_turboquant.check(&p, &m, &err), MKV_EUSAGE);
+    ck_assert_str_eq(err.msg, "turboquant takes head_dim 2..1024 (the dump has 1025)");
+    free_head(&h);
 }
 END_TEST
 
@@ -1094,6 +1404,11 @@ START_TEST(parameter_ranges_refused_when_set)
         {&mkv_method_snapkv, "kernel=0", "invalid value '0' for parameter 'kernel': must be in 1..1000000, odd"},
         {&mkv_method_snapkv, "kernel=4", "invalid value '4' for parameter 'kernel': must be in 1..1000000, odd"},
         {&mkv_method_streaming, "sink=-1", "invalid value '-1' for parameter 'sink': must be in 0..1000000000"},
+        {&mkv_method_turboquant, "key_bits=0", "invalid value '0' for parameter 'key_bits': must be in 1..4"},
+        {&mkv_method_turboquant, "value_bits=5", "invalid value '5' for parameter 'value_bits': must be in 1..4"},
+        {&mkv_method_turboquant, "value_bits=2.5", "invalid value '2.5' for parameter 'value_bits': not an integer"},
+        {&mkv_method_turboquant, "prod=yes", "invalid value 'yes' for parameter 'prod': must be one of off|on"},
+        {&mkv_method_turboquant, "seed=-1", "invalid value '-1' for parameter 'seed': must be in 0..4294967295"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         mkv_params p;
@@ -1116,8 +1431,8 @@ END_TEST
 START_TEST(defaults_pass_and_queries_required_at_compress)
 {
     const mkv_method *all[] = {&mkv_method_quest, &mkv_method_think, &mkv_method_kivi, &mkv_method_snapkv,
-                               &mkv_method_streaming, &mkv_method_naive2d};
-    for (size_t i = 0; i < 6; i++) {
+                               &mkv_method_streaming, &mkv_method_naive2d, &mkv_method_turboquant};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) {
         mkv_params p;
         mkv_params_init(&p, all[i]->params);
         mkv_dump_meta meta;
@@ -1169,9 +1484,14 @@ static Suite *baselines_suite(void)
     tcase_add_test(tc, quest_bound_holds);
     tcase_add_test(tc, quest_selects_like_reference);
     tcase_add_test(tc, full_budget_is_exact);
-    tcase_add_test(tc, kivi_pack_by_hand);
+    tcase_add_test(tc, codes_pack_by_hand);
     tcase_add_test(tc, kivi_two_bit_by_hand);
     tcase_add_test(tc, kivi_decodes_within_half_scale);
+    tcase_add_test(tc, turboquant_codebook_by_hand);
+    tcase_add_test(tc, turboquant_mse_distortion_as_published);
+    tcase_add_test(tc, turboquant_prod_unbiased);
+    tcase_add_test(tc, turboquant_stores_and_attends);
+    tcase_add_test(tc, turboquant_refuses_what_it_cannot_store);
     tcase_add_test(tc, think_keeps_top_channels);
     tcase_add_test(tc, snapkv_selects_like_reference);
     tcase_add_test(tc, snapkv_keeps_planted_targets);

@@ -165,19 +165,29 @@ END_TEST
 /* Settings at which each method keeps and attends everything, decoded
  * tokens included: StreamingLLM's window has the size compression kept
  * and evicts as tokens come, so it keeps everything only while every
- * token is one of its sinks (sink >= C + N). */
+ * token is one of its sinks (sink >= C + N). Lossless settings are held
+ * to float16 rounding (LOSSLESS_TOL, below); a method that always
+ * quantizes has its finest setting with a bound of its own. */
+#define LOSSLESS_TOL 0x1p-9
 static const struct {
     const char *method, *params;
+    double tol;          /* on max |logit difference| / max |logit| */
 } LOSSLESS[] = {
-    {"full", ""},
-    {"quest", "budget=1"},
-    {"mosaic", "strategy=fixed keep=1 energy=1 budget=1"},
-    {"uniform2d", "keep=1 budget=1"},
-    {"think", "keep=1"},
-    {"kivi", "bits=4 residual=150"},
-    {"snapkv", "keep=1"},
-    {"streaming", "keep=1 sink=170"},
-    {"naive2d", "keep=1 budget=1"},
+    {"full", "", LOSSLESS_TOL},
+    {"quest", "budget=1", LOSSLESS_TOL},
+    {"mosaic", "strategy=fixed keep=1 energy=1 budget=1", LOSSLESS_TOL},
+    {"uniform2d", "keep=1 budget=1", LOSSLESS_TOL},
+    {"think", "keep=1", LOSSLESS_TOL},
+    {"kivi", "bits=4 residual=150", LOSSLESS_TOL},
+    {"snapkv", "keep=1", LOSSLESS_TOL},
+    {"streaming", "keep=1 sink=170", LOSSLESS_TOL},
+    {"naive2d", "keep=1 budget=1", LOSSLESS_TOL},
+    /* 4-bit codes of every key and value, decoded tokens included: a
+     * relative error of about 0.09 per vector at head_dim 16, which this
+     * random model's logits amplify (0.43 of the largest measured; KIVI
+     * at 4 bits without its float16 window gives 0.27, TurboQuant at 2
+     * bits 1.2) */
+    {"turboquant", "key_bits=4 value_bits=4", 0.6},
 };
 
 static double max_abs_diff(const float *a, const float *b, int n)
@@ -193,7 +203,8 @@ static double max_abs_diff(const float *a, const float *b, int n)
  * logits stay within float16 rounding of the full cache's at every step:
  * K and V rounded to float16 (relative error 2^-11 each) move the logits
  * by a few units of that relative to their size; 2^-9 of the largest
- * logit bounds it. */
+ * logit bounds it (LOSSLESS_TOL). A quantizing method's finest setting is
+ * held to its own bound, which the table states. */
 START_TEST(lossless_methods_equal_full)
 {
     mkv_model_config c;
@@ -235,9 +246,9 @@ START_TEST(lossless_methods_equal_full)
             if (e > worst)
                 worst = e;
         }
-        ck_assert_msg(worst <= 0x1p-9, "%s (%s): logits differ from the full cache's by %.3g of their largest",
-                      meth->name,
-                      LOSSLESS[j].params, worst);
+        ck_assert_msg(worst <= LOSSLESS[j].tol,
+                      "%s (%s): logits differ from the full cache's by %.3g of their largest, more than %.3g",
+                      meth->name, LOSSLESS[j].params, worst, LOSSLESS[j].tol);
         if (getenv("MKV_TEST_VERBOSE"))
             fprintf(stderr, "%-10s %-42s max |logit diff| / max |logit| %.3g\n", meth->name, LOSSLESS[j].params,
                     worst);
@@ -489,6 +500,13 @@ static uint64_t append_hand_bytes(const append_state *s, int64_t T, int64_t kept
         /* channel list, pruned keys, recent keys, values */
         return kk * 2 + (uint64_t)(T - rec) * kk * 2 + (uint64_t)rec * d * 2 + (uint64_t)T * d * 2;
     }
+    if (strcmp(m, "turboquant") == 0) {
+        int prod = strcmp(mkv_params_str(p, "prod"), "on") == 0;
+        uint64_t kb = (uint64_t)(mkv_params_int(p, "key_bits") - prod), vb = (uint64_t)mkv_params_int(p, "value_bits");
+        uint64_t n = (uint64_t)T * d;
+        /* K and V codes and norms; with prod the key signs and residual norms */
+        return (n * kb + 7) / 8 + (n * vb + 7) / 8 + (uint64_t)T * 2 * 2 + (prod ? (n + 7) / 8 + (uint64_t)T * 2 : 0);
+    }
     ck_assert_str_eq(m, "kivi");
     int64_t g = mkv_params_int(p, "group"), r = mkv_params_int(p, "residual"), bits = mkv_params_int(p, "bits");
     uint64_t nq = T > r ? (uint64_t)((T - r) / g * g) : 0, gv = (uint64_t)((AD + g - 1) / g);
@@ -518,6 +536,9 @@ static const struct {
     {"kivi", "bits=2 group=8 residual=16", SAME},
     {"kivi", "bits=2 group=32 residual=7", SAME},
     {"kivi", "bits=4 group=5 residual=0", SAME},
+    {"turboquant", "key_bits=3 value_bits=2", SAME},
+    {"turboquant", "key_bits=2 value_bits=4 prod=on seed=77", SAME},
+    {"turboquant", "key_bits=1 value_bits=1 prod=on", SAME},
     {"streaming", "sink=4 keep=30", SAME | WINDOW},
     {"streaming", "sink=4 keep=0.25", WINDOW},
     {"streaming", "sink=8 keep=5", WINDOW},

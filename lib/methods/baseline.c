@@ -228,22 +228,29 @@ unsigned mkv_bl_quant_code(float x, float scale, float zero, int bits)
 
 size_t mkv_bl_packed_bytes(size_t n, int bits)
 {
-    size_t per = 8 / (size_t)bits;
-    return (n + per - 1) / per;
+    return (n * (size_t)bits + 7) / 8;
 }
 
 void mkv_bl_pack(const uint8_t *codes, size_t n, int bits, uint8_t *out)
 {
-    size_t per = 8 / (size_t)bits;
+    unsigned mask = (1u << bits) - 1;
     memset(out, 0, mkv_bl_packed_bytes(n, bits));
-    for (size_t i = 0; i < n; i++)
-        out[i / per] |= (uint8_t)(codes[i] << ((i % per) * (size_t)bits));
+    for (size_t i = 0; i < n; i++) {
+        size_t at = i * (size_t)bits, shift = at % 8;
+        unsigned c = codes[i] & mask;
+        out[at / 8] |= (uint8_t)(c << shift);
+        if (shift + (size_t)bits > 8)   /* the code runs into the next byte */
+            out[at / 8 + 1] |= (uint8_t)(c >> (8 - shift));
+    }
 }
 
 unsigned mkv_bl_unpack(const uint8_t *packed, size_t i, int bits)
 {
-    size_t per = 8 / (size_t)bits;
-    return (packed[i / per] >> ((i % per) * (size_t)bits)) & ((1u << bits) - 1);
+    size_t at = i * (size_t)bits, shift = at % 8;
+    unsigned w = packed[at / 8] >> shift;
+    if (shift + (size_t)bits > 8)
+        w |= (unsigned)packed[at / 8 + 1] << (8 - shift);
+    return w & ((1u << bits) - 1);
 }
 
 /* ---------------------------------------------------------------- decode-time growth */

@@ -1,9 +1,9 @@
 /* Pieces the baseline methods share (lib/methods/quest.c, think.c,
- * kivi.c, snapkv.c, streaming.c, naive2d.c):
+ * kivi.c, snapkv.c, streaming.c, naive2d.c, turboquant.c):
  * parameter checks worded alike, the Quest page score and
  * the token-selection rule every selecting method follows, KIVI's
- * asymmetric quantizer and code packing, and the growth of stored arrays
- * by decode-time appends.
+ * asymmetric quantizer, the packing of codes of 1 to 8 bits, and the
+ * growth of stored arrays by decode-time appends.
  *
  * Token selection (Quest, naive 2-D), the same for every method that selects
  * tokens so that comparisons are fair:
@@ -81,10 +81,13 @@ int64_t mkv_bl_select(const mkv_bl_selection *s, const double *score, int64_t T,
  * dequantizes within scale / 2. */
 void mkv_bl_quant_range(float mn, float mx, int bits, float *scale, float *zero);
 unsigned mkv_bl_quant_code(float x, float scale, float zero, int bits);
-/* Bytes holding n codes of `bits` (2 or 4) bits. */
+/* Bytes holding n codes of `bits` (1..8) bits: ceil(n bits / 8). */
 size_t mkv_bl_packed_bytes(size_t n, int bits);
-/* Code i sits at bits (i mod (8/bits)) * bits of byte i / (8/bits): the
- * first code in the low bits. out must hold mkv_bl_packed_bytes(n, bits). */
+/* Codes form one little-endian bit stream: code i holds bits i*bits to
+ * i*bits + bits - 1, bit k of the stream being bit k mod 8 of byte k / 8
+ * (so with 2 or 4 bits, 8/bits codes to a byte, the first in the low bits;
+ * with 3 bits a code may straddle two bytes). out must hold
+ * mkv_bl_packed_bytes(n, bits). */
 void mkv_bl_pack(const uint8_t *codes, size_t n, int bits, uint8_t *out);
 unsigned mkv_bl_unpack(const uint8_t *packed, size_t i, int bits);
 

@@ -15,6 +15,7 @@
     X(snapkv)              \
     X(streaming)           \
     X(naive2d)             \
+    X(turboquant)          \
     /* end of the list */
 
 #define DECLARE(name) extern const mkv_method mkv_method_##name;

@@ -96,6 +96,7 @@ static const char *param_set(const char *method, unsigned pick)
         {"kivi", {"group=8 residual=8", "bits=4 group=4 residual=4", "bits=2 group=16 residual=0"}},
         {"snapkv", {"window=2 kernel=3", "keep=20 window=4 kernel=1 sink=0", NULL}},
         {"streaming", {"sink=2 keep=0.3", "sink=0 keep=10", NULL}},
+        {"turboquant", {"key_bits=3 value_bits=2", "key_bits=2 value_bits=4 prod=on", "key_bits=1 value_bits=1 prod=on"}},
     };
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
         if (strcmp(table[i].method, method) == 0) {

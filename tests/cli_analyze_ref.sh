@@ -112,6 +112,9 @@ q.h5 mosaic strategy=fixed,segment=300,group=2
 q.h5 mosaic strategy=dynamic,rotate=off,segment=256
 q.h5 uniform2d segment=400
 noq.h5 mosaic segment=256,sink=0,recent=0
+q.h5 mosaic segment=400,quantize=on,ratio=6
+q.h5 mosaic strategy=fixed,bits=4,keep=0.5,segment=300,budget=1
+q.h5 turboquant
 q.h5 kivi bits=2
 q.h5 full
 CASES

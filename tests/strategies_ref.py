@@ -27,7 +27,7 @@ import h5py
 import numpy as np
 
 COLUMNS = ["layer", "head", "tensor", "segment", "start", "length", "rotate", "r", "g", "dprime",
-           "pervector", "keydim", "bound", "values_bytes", "bitmap_bytes", "blockkey_bytes",
+           "pervector", "bits", "keydim", "bound", "values_bytes", "qparams_bytes", "bitmap_bytes", "blockkey_bytes",
            "rotation_bytes", "bytes", "bytes_per_token", "energy_loss", "output_loss"]
 
 problems = []
@@ -135,13 +135,15 @@ def check_info(path, info_path, label):
 
 
 def hand_bytes(row, keydim, bound, d, B, is_key):
-    start, length, rotate, r, g, dprime, pervector = (int(x) for x in row)
-    values = length * r * 2
+    start, length, rotate, r, g, dprime, pervector = (int(x) for x in row[:7])
+    bits = int(row[7]) if len(row) > 7 else 16
+    values = length * r * 2 if bits == 16 else length * math.ceil(r * bits / 8)
+    qparams = 0 if bits == 16 else dprime * 2 * 2
     bitmap = length * math.ceil(dprime / g / 8) if pervector and r < dprime else 0
     blockkeys = math.ceil(length / B) * (keydim + bound) * 2 if is_key else 0
     cols = max(dprime, keydim) if is_key else dprime
     rotation = d * cols * 2 if rotate else 0
-    return [values, bitmap, blockkeys, rotation, values + bitmap + blockkeys + rotation]
+    return [values, qparams, bitmap, blockkeys, rotation, values + qparams + bitmap + blockkeys + rotation]
 
 
 def float_cell(cell):
@@ -165,10 +167,10 @@ def check_strategies(path, tsv_path):
             for head in range(H):
                 grp = f["layers/%02d/%02d" % (layer, head)]
                 for x in "kv":
-                    table = table_of(grp, x + "/strategy", 7)
+                    table = table_of(grp, x + "/strategy", 8)
                     loss = table_of(grp, x + "/loss", 2)
                     dims = table_of(grp, "k/blockdims", 2) if x == "k" else np.zeros((len(table), 2), int)
-                    per_array = np.zeros(4, dtype=np.int64)
+                    per_array = np.zeros(5, dtype=np.int64)
                     for i, (srow, lrow, drow) in enumerate(zip(table, loss, dims)):
                         where = "layer %d head %d %s segment %d" % (layer, head, x, i)
                         if n >= len(rows):
@@ -182,20 +184,22 @@ def check_strategies(path, tsv_path):
                             continue
                         keydim, bound = int(drow[0]), int(drow[1])
                         sizes = hand_bytes(srow, keydim, bound, d, B, x == "k")
-                        per_array += sizes[:4]
+                        per_array += sizes[:5]
                         want = [str(layer), str(head), x, str(i)] + [str(int(v)) for v in srow] + \
                             [str(keydim), str(bound)] + [str(v) for v in sizes]
-                        if got[:18] != want:
-                            fail("%s: %s, expected %s" % (where, got[:18], want))
-                        if not math.isclose(float(got[18]), sizes[4] / int(srow[1]), rel_tol=1e-8):
-                            fail("%s: bytes_per_token %s, expected %r" % (where, got[18], sizes[4] / int(srow[1])))
-                        for col, stored in zip(got[19:], lrow):
+                        if got[:20] != want:
+                            fail("%s: %s, expected %s" % (where, got[:20], want))
+                        if not math.isclose(float(got[20]), sizes[5] / int(srow[1]), rel_tol=1e-8):
+                            fail("%s: bytes_per_token %s, expected %r" % (where, got[20], sizes[5] / int(srow[1])))
+                        for col, stored in zip(got[21:], lrow):
                             value = np.float32(float_cell(col))
                             same = (np.isnan(value) and np.isnan(stored)) or value == stored
                             if not same or (np.isnan(stored) and col != "nan"):
                                 fail("%s: loss %s, stored %r" % (where, col, float(stored)))
-                    arrays = ["values", "bitmap", "blockkeys", "rotation"]
-                    stored = [stored_bytes_of(grp, x + "/" + name) for name in arrays]
+                    # values_bytes counts fp16 values and codes alike
+                    arrays = ["qparams", "bitmap", "blockkeys", "rotation"]
+                    stored = [stored_bytes_of(grp, x + "/values") + stored_bytes_of(grp, x + "/codes")] + \
+                        [stored_bytes_of(grp, x + "/" + name) for name in arrays]
                     if list(per_array) != stored:
                         fail("layer %d head %d %s: the rows' bytes by array %s, the stored arrays %s"
                              % (layer, head, x, list(per_array), stored))

@@ -31,6 +31,7 @@ static const struct {
     {"g", FIELD_INT, offsetof(mkv_mosaic_strategy, g)},
     {"dprime", FIELD_INT, offsetof(mkv_mosaic_strategy, dprime)},
     {"pervector", FIELD_INT, offsetof(mkv_mosaic_strategy, pervector)},
+    {"bits", FIELD_INT, offsetof(mkv_mosaic_strategy, bits)},
     {"keydim", FIELD_INT, offsetof(mkv_mosaic_strategy, keydim)},
     {"bound", FIELD_INT, offsetof(mkv_mosaic_strategy, bound)},
 };
@@ -41,6 +42,7 @@ static const struct {
     size_t offset;
 } byte_columns[] = {
     {"values_bytes", offsetof(mkv_mosaic_bytes, values)},
+    {"qparams_bytes", offsetof(mkv_mosaic_bytes, qparams)},
     {"bitmap_bytes", offsetof(mkv_mosaic_bytes, bitmap)},
     {"blockkey_bytes", offsetof(mkv_mosaic_bytes, blockkeys)},
     {"rotation_bytes", offsetof(mkv_mosaic_bytes, rotation)},

@@ -1484,7 +1484,8 @@ START_TEST(cdump_round_trip_counts_bytes)
      * with the parameters set above */
     mkv_mosaic_config c = {.sink = 4, .recent = 16, .segment = 128, .block = 8, .keydim = 16, .bound = 2,
                            .dynamic = 1, .rotate = 1, .r = 8, .g = 1, .energy = 0.95, .threshold = 0.1,
-                           .ratio = 3, .pervector = 1, .bits = 16, .attn = {.budget = 0.25, .agg_sum = 0}};
+                           .ratio = 3, .pervector = 1, .bits = 16, .quantize = 1,
+                           .attn = {.budget = 0.25, .agg_sum = 0}};
     mkv_mosaic_head h;
     ck_assert_int_eq(mkv_mosaic_compress(&c, &in, &h, &err), MKV_OK);
 

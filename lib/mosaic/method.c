@@ -79,7 +79,10 @@
  * attention recall of the selection from 0.76 to 0.81, and half the
  * channels leave bytes to the values; threshold 0.1 makes the dynamic
  * rule land near 3x on those captures (less on synthetic dumps, whose
- * attention is harder to select).
+ * attention is harder to select); quantize on: on data/sample.h5 with
+ * every token attended it halves the mean attention error at 3x (0.211
+ * to 0.093) and at 6x (0.400 to 0.214), the candidates being a superset
+ * of the fp16 ones (`bits` stays 16 for fixed, the paper's 2-D form).
  *
  * ATTENTION for the G query heads of a KV head at position p (tokens
  * 0..p), the semantics the GPU kernels copy:
@@ -142,7 +145,7 @@ static const mkv_param_spec mosaic_params[] = {
      "fixed: fraction of eigen-energy the d' kept rotated channels hold", MKV_PARAM_ABOVE_MIN},
     {"bits", MKV_PARAM_INT, "16", 2, 16, "2 4 8 16",
      "fixed: bits per kept value (16: float16; 8, 4, 2: codes with a zero and step per rotated channel)"},
-    {"quantize", MKV_PARAM_STRING, "off", 0, 0, "on off",
+    {"quantize", MKV_PARAM_STRING, "on", 0, 0, "on off",
      "dynamic, ratio: candidates also keep values in 8, 4 and 2 bits"},
     {"rotate", MKV_PARAM_STRING, "on", 0, 0, "on off",
      "per-segment SVD rotation (dynamic: values may go without where it pays; off: never)"},

@@ -9,6 +9,7 @@
 
 #include "core/attn.h"
 #include "core/half.h"
+#include "core/log.h"
 #include "core/tensor.h"
 
 #define F16_MAX 65504.0f
@@ -136,6 +137,17 @@ void mkv_bl_selection_from(const mkv_params *p, mkv_bl_selection *s)
     s->sink = mkv_params_int(p, "sink");
     s->recent = mkv_params_int(p, "recent");
     s->agg_sum = strcmp(mkv_params_str(p, "agg"), "sum") == 0;
+}
+
+void mkv_bl_warn_budget(const char *method, const mkv_params *p, int64_t T)
+{
+    int64_t sink = mkv_params_int(p, "sink"), recent = mkv_params_int(p, "recent");
+    int64_t dense = sink + recent < T ? sink + recent : T;
+    int64_t k = mkv_budget_tokens(mkv_params_double(p, "budget"), T);
+    if (k < dense)
+        mkv_warn("%s: budget=%s is %lld of the %lld tokens, fewer than the sink=%lld and recent=%lld "
+                 "tokens always attended: a step attends at least %lld", method, mkv_params_str(p, "budget"),
+                 (long long)k, (long long)T, (long long)sink, (long long)recent, (long long)dense);
 }
 
 int mkv_bl_check_selection(const mkv_params *p, int64_t T, mkv_error *err)

@@ -60,6 +60,10 @@ typedef struct {
     int agg_sum;           /* 0: max over the G heads, 1: sum */
 } mkv_bl_selection;
 
+/* Warn (stderr) when the budget (parameter "budget") at the end of a
+ * context of T tokens is below the sink and recent tokens always attended
+ * (parameters "sink" and "recent"): it cannot be honoured. */
+void mkv_bl_warn_budget(const char *method, const mkv_params *p, int64_t T);
 /* Read the selection parameters page, budget, sink, recent, agg. */
 void mkv_bl_selection_from(const mkv_params *p, mkv_bl_selection *s);
 /* Check them against a context of T tokens (MKV_EUSAGE). */

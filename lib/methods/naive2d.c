@@ -66,7 +66,10 @@ static int check_params(const mkv_params *p, int64_t T, mkv_error *err)
 
 static int naive2d_check(const mkv_params *p, const mkv_dump_meta *m, mkv_error *err)
 {
-    return check_params(p, m->n_tokens, err);
+    int rc = check_params(p, m->n_tokens, err);
+    if (rc == MKV_OK)
+        mkv_bl_warn_budget("naive2d", p, m->n_tokens);
+    return rc;
 }
 
 /* The kept channels of x [T][d] by column energy, as int and int16, and

@@ -51,7 +51,10 @@ typedef struct {
 
 static int quest_check(const mkv_params *p, const mkv_dump_meta *m, mkv_error *err)
 {
-    return mkv_bl_check_selection(p, m->n_tokens, err);
+    int rc = mkv_bl_check_selection(p, m->n_tokens, err);
+    if (rc == MKV_OK)
+        mkv_bl_warn_budget("quest", p, m->n_tokens);
+    return rc;
 }
 
 static int quest_compress(const mkv_params *p, const mkv_head_kv *in, mkv_cdump_writer *w,

@@ -169,17 +169,6 @@ int mkv_mosaic_kept(double keep, int d)
     return r < 1 ? 1 : r > d ? d : r;
 }
 
-void mkv_mosaic_warn_budget(const char *method, const mkv_params *p, int64_t T)
-{
-    int64_t sink = mkv_params_int(p, "sink"), recent = mkv_params_int(p, "recent");
-    int64_t dense = sink + recent < T ? sink + recent : T;
-    int64_t k = mkv_budget_tokens(mkv_params_double(p, "budget"), T);
-    if (k < dense)
-        mkv_warn("%s: budget=%s is %lld of the %lld tokens, fewer than the sink=%lld and recent=%lld "
-                 "tokens always attended: a step attends at least %lld", method, mkv_params_str(p, "budget"),
-                 (long long)k, (long long)T, (long long)sink, (long long)recent, (long long)dense);
-}
-
 int mkv_mosaic_check_common(const mkv_params *p, const mkv_dump_meta *m, mkv_error *err)
 {
     int d = m->head_dim;
@@ -239,7 +228,7 @@ static int mosaic_check(const mkv_params *p, const mkv_dump_meta *m, mkv_error *
     int64_t g = mkv_params_int(p, "group");
     double keep = mkv_params_double(p, "keep");
     int fixed = strcmp(mkv_params_str(p, "strategy"), "fixed") == 0;
-    mkv_mosaic_warn_budget("mosaic", p, m->n_tokens);
+    mkv_bl_warn_budget("mosaic", p, m->n_tokens);
     warn_ignored(p);
     if (!fixed)
         return MKV_OK;

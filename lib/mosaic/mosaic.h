@@ -213,9 +213,6 @@ void mkv_mosaic_config_common(const mkv_params *p, int d, mkv_mosaic_config *c);
 /* Checks of sink, recent, segment, block, keydim, bound, keep, budget
  * against a dump (MKV_EUSAGE naming the parameter). */
 int mkv_mosaic_check_common(const mkv_params *p, const mkv_dump_meta *m, mkv_error *err);
-/* Warn (stderr) when the budget at the end of a context of T tokens is
- * below the sink and recent tokens always attended: it cannot be honoured. */
-void mkv_mosaic_warn_budget(const char *method, const mkv_params *p, int64_t T);
 /* The settings of "mosaic" from its parameters. */
 void mkv_mosaic_config_of(const mkv_params *p, int d, mkv_mosaic_config *c);
 

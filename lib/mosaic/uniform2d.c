@@ -9,6 +9,7 @@
  * "mosaic". */
 #include "config.h"
 #include "mosaic/mosaic.h"
+#include "methods/baseline.h"
 
 #include <string.h>
 
@@ -41,7 +42,7 @@ static int uniform2d_check(const mkv_params *p, const mkv_dump_meta *m, mkv_erro
 {
     int rc = mkv_mosaic_check_common(p, m, err);
     if (rc == MKV_OK)
-        mkv_mosaic_warn_budget("uniform2d", p, m->n_tokens);
+        mkv_bl_warn_budget("uniform2d", p, m->n_tokens);
     return rc;
 }
 

@@ -116,5 +116,11 @@ $ mkv-compress long.h5 -o c.h5 -m mosaic -P strategy=fixed,rotate=off,budget=20
 $ mkv-compress long.h5 -o c.h5 -m uniform2d -P budget=0.05
 ! mkv-compress: warning: uniform2d: budget=0.05 is 40 of the 800 tokens, fewer than the sink=4 and recent=64 tokens always attended: a step attends at least 68
 ! mkv-compress: c.h5: method uniform2d, logical 409600 bytes, physical 148256 bytes, ratio 2.763
+$ mkv-compress long.h5 -o c.h5 -m quest -P budget=0.05
+! mkv-compress: warning: quest: budget=0.05 is 40 of the 800 tokens, fewer than the sink=4 and recent=64 tokens always attended: a step attends at least 68
+! mkv-compress: c.h5: method quest, logical 409600 bytes, physical 435200 bytes, ratio 0.941
+$ mkv-compress long.h5 -o c.h5 -m naive2d -P budget=60,recent=60
+! mkv-compress: warning: naive2d: budget=60 is 60 of the 800 tokens, fewer than the sink=4 and recent=60 tokens always attended: a step attends at least 64
+! mkv-compress: c.h5: method naive2d, logical 409600 bytes, physical 217856 bytes, ratio 1.880
 # -q keeps warnings off
 $ mkv-compress -q long.h5 -o c.h5 -m mosaic -P ratio=50,keep=0.05

@@ -8,7 +8,8 @@
  * returns the attention output over tokens 0..p as the method sees them
  * (selected tokens, packed or quantized values), the set of tokens it
  * attended, and the bytes it read. Each method lives in one file,
- * lib/method_<name>.c, whose top comment documents its stored arrays. */
+ * lib/methods/<name>.c (mosaic and uniform2d: lib/mosaic/), whose top
+ * comment documents its stored arrays. */
 #ifndef MKV_METHOD_H
 #define MKV_METHOD_H
 

@@ -1,6 +1,6 @@
 /* Every compression method this build has. A method named NAME lives in
- * lib/method_NAME.c and defines `const mkv_method mkv_method_NAME`;
- * registering it is one more X(NAME) line below. The order is the order of
+ * lib/methods/NAME.c (the mosaic family in lib/mosaic/) and defines
+ * `const mkv_method mkv_method_NAME`; registering it is one more X(NAME) line below. The order is the order of
  * --list-methods and of the test sweeps. */
 #include "config.h"
 #include "methods/method.h"

@@ -29,7 +29,7 @@
 #include "testutil.h"
 
 extern const mkv_method mkv_method_quest, mkv_method_think, mkv_method_kivi, mkv_method_snapkv,
-    mkv_method_streaming, mkv_method_naive2d, mkv_method_turboquant;
+    mkv_method_streaming, mkv_method_naive2d, mkv_method_turboquant, mkv_method_cam;
 
 #define TOL_SAME 1e-5
 #define TOL_F16 2e-3
@@ -440,6 +440,7 @@ START_TEST(full_budget_is_exact)
         {&mkv_method_kivi, "residual=1000"},
         {&mkv_method_snapkv, "keep=1"},
         {&mkv_method_streaming, "keep=1"},
+        {&mkv_method_cam, "keep=1"},
     };
     head_data h;
     make_head(&h, 300, 32, 2, 6, 31);
@@ -1254,6 +1255,82 @@ START_TEST(streaming_attends_sink_and_recent)
 }
 END_TEST
 
+/* ------------------------------------------------------------ CaM */
+
+/* Five tokens of d = 2, one observation query at position 4, keep=3
+ * start=0: the window is tokens 2..4, tokens 0 and 1 leave it in turn.
+ * The query (10 sqrt 2, 0) gives logit 10 k_x; the rule worked by hand:
+ *   a. k_x = 1, -10, 1, 1, 1: scores 1/4, ~e^-110, 1/4, 1/4, 1/4.
+ *      Token 0 leaves, receivers 1..3, mean 1/6, p = 1.5 -> 1: v1..v3 +=
+ *      v0 / 3.  Token 1 leaves, receivers 2..4, p ~ 1e-48: no merge (a
+ *      draw is below it only if it is 0).  Kept values: v2 + v0/3,
+ *      v3 + v0/3, v4 = (2, -0.5), (1, 1.5), (5, 5).
+ *   b. every key alike: scores 1/5, p = 1 for both.  Token 0 merges into
+ *      1..3, then token 1, carrying v0/3, into 2..4: v2 + v0/3 + (v1 +
+ *      v0/3)/3 and so on = (2, 3), (3, 4), (0, 1).
+ *   c. as b with merge=2: token 0 into 1, 2, token 1 into 2, 3 (halves):
+ *      (2, 3), (2, 2), (-1, 0).
+ * Keys stay the tokens' own; the query at position 4 then sees three
+ * equal logits (a: all three keys are (1, 0)) and answers the mean of the
+ * kept values.  Bytes: 3 rows of float16 K and V and 3 float32 scores. */
+START_TEST(cam_merges_by_hand)
+{
+    static const struct {
+        const char *params;
+        float kx[5], v[5][2], want[3][2];
+        double score;   /* of each kept token */
+    } cases[] = {
+        {"keep=3 start=0", {1, -10, 1, 1, 1}, {{3, -1.5f}, {100, 100}, {1, 0}, {0, 2}, {5, 5}},
+         {{2, -0.5f}, {1, 1.5f}, {5, 5}}, 0.25},
+        {"keep=3 start=0", {1, 1, 1, 1, 1}, {{3, 6}, {2, 1}, {0, 0}, {1, 1}, {-1, 0}},
+         {{2, 3}, {3, 4}, {0, 1}}, 0.2},
+        {"keep=3 start=0 merge=2", {1, 1, 1, 1, 1}, {{2, 4}, {1, 0}, {0, 0}, {1, 1}, {-1, 0}},
+         {{2, 3}, {2, 2}, {-1, 0}}, 0.2},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        float k[10], v[10], q[2] = {(float)(10 * sqrt(2.0)), 0};
+        int32_t qpos[1] = {4};
+        for (int t = 0; t < 5; t++) {
+            k[2 * t] = cases[c].kx[t];
+            k[2 * t + 1] = 0;
+            v[2 * t] = cases[c].v[t][0];
+            v[2 * t + 1] = cases[c].v[t][1];
+        }
+        head_data h = {5, 1, 2, 1, k, v, q, qpos};
+        compressed cp;
+        compress_head(&mkv_method_cam, cases[c].params, &h, "cam_hand.h5", &cp);
+        ck_assert_uint_eq(mkv_cdump_meta_of(cp.c)->physical_bytes, 3 * 2 * 2 * 2 + 3 * 4);
+        float *kept_v = read_f(&cp, "v", 6), *kept_k = read_f(&cp, "k", 6), score[3];
+        mkv_error err = {0};
+        ck_assert_msg(mkv_cdump_get(cp.c, 0, 0, "score", MKV_EL_F32, score, 3, &err) == MKV_OK, "%s", err.msg);
+        for (int i = 0; i < 3; i++) {
+            ck_assert_msg(kept_v[2 * i] == cases[c].want[i][0] && kept_v[2 * i + 1] == cases[c].want[i][1],
+                          "%s: kept value %d is (%g, %g), by hand (%g, %g)", cases[c].params, i, kept_v[2 * i],
+                          kept_v[2 * i + 1], cases[c].want[i][0], cases[c].want[i][1]);
+            ck_assert(kept_k[2 * i] == cases[c].kx[2 + i] && kept_k[2 * i + 1] == 0);
+            ck_assert_msg(fabs(score[i] - cases[c].score) <= 1e-7, "%s: score %d is %g", cases[c].params, i,
+                          score[i]);
+        }
+        float out[2];
+        uint8_t att[5];
+        uint64_t bytes;
+        attend(&cp, &h, q, 4, out, att, &bytes);
+        ck_assert(!att[0] && !att[1] && att[2] && att[3] && att[4]);
+        ck_assert_uint_eq(bytes, 3 * 2 * 2 * 2 + 3 * 4);
+        for (int j = 0; j < 2; j++) {
+            double mean = (cases[c].want[0][j] + cases[c].want[1][j] + cases[c].want[2][j]) / 3;
+            ck_assert_msg(fabs(out[j] - mean) <= 1e-6, "%s: output %d is %g, by hand %g", cases[c].params, j,
+                          out[j], mean);
+        }
+        attend(&cp, &h, q, 3, out, att, &bytes);
+        ck_assert_uint_eq(bytes, 2 * 2 * 2 * 2 + 2 * 4);
+        free(kept_v);
+        free(kept_k);
+        release(&cp);
+    }
+}
+END_TEST
+
 /* ------------------------------------------------------------ naive 2-D */
 
 static void naive2d_case(const char *params, double keep, double budget, int agg_sum)
@@ -1371,10 +1448,15 @@ START_TEST(bad_parameters_refused)
     expect_refused(&mkv_method_naive2d, "budget", "2000", 16, MKV_EUSAGE, "larger than the context");
     expect_refused(&mkv_method_snapkv, "keep", "2000", 16, MKV_EUSAGE, "larger than the context");
     expect_refused(&mkv_method_streaming, "keep", "2000", 16, MKV_EUSAGE, "larger than the context");
+    expect_refused(&mkv_method_cam, "keep", "2000", 16, MKV_EUSAGE, "larger than the context");
+    expect_refused(&mkv_method_cam, "start", "1", 16, MKV_EUSAGE, "start=1 leaves no window");
+    expect_refused(&mkv_method_cam, "merge", "2.5", 16, MKV_EUSAGE, "whole number");
     /* methods that need observation queries, on a dump without them */
     expect_refused(&mkv_method_think, "keep", "0.5", 0, MKV_EFORMAT,
                    "needs observation queries (the dump has W = 0)");
     expect_refused(&mkv_method_snapkv, "keep", "0.1", 0, MKV_EFORMAT,
+                   "needs observation queries (the dump has W = 0)");
+    expect_refused(&mkv_method_cam, "keep", "0.2", 0, MKV_EFORMAT,
                    "needs observation queries (the dump has W = 0)");
 }
 END_TEST
@@ -1409,6 +1491,11 @@ START_TEST(parameter_ranges_refused_when_set)
         {&mkv_method_turboquant, "value_bits=2.5", "invalid value '2.5' for parameter 'value_bits': not an integer"},
         {&mkv_method_turboquant, "prod=yes", "invalid value 'yes' for parameter 'prod': must be one of off|on"},
         {&mkv_method_turboquant, "seed=-1", "invalid value '-1' for parameter 'seed': must be in 0..4294967295"},
+        {&mkv_method_cam, "keep=0", "invalid value '0' for parameter 'keep': must be in (0, 1e+15]"},
+        {&mkv_method_cam, "start=1.5", "invalid value '1.5' for parameter 'start': must be in 0..1"},
+        {&mkv_method_cam, "merge=0", "invalid value '0' for parameter 'merge': must be in (0, 1e+15]"},
+        {&mkv_method_cam, "window=0", "invalid value '0' for parameter 'window': must be in 1..1000000000"},
+        {&mkv_method_cam, "seed=4294967296", "invalid value '4294967296' for parameter 'seed': must be in 0..4294967295"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         mkv_params p;
@@ -1431,7 +1518,8 @@ END_TEST
 START_TEST(defaults_pass_and_queries_required_at_compress)
 {
     const mkv_method *all[] = {&mkv_method_quest, &mkv_method_think, &mkv_method_kivi, &mkv_method_snapkv,
-                               &mkv_method_streaming, &mkv_method_naive2d, &mkv_method_turboquant};
+                               &mkv_method_streaming, &mkv_method_naive2d, &mkv_method_turboquant,
+                               &mkv_method_cam};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) {
         mkv_params p;
         mkv_params_init(&p, all[i]->params);
@@ -1444,8 +1532,8 @@ START_TEST(defaults_pass_and_queries_required_at_compress)
     head_data h;
     make_head(&h, 64, 8, 2, 0, 3);
     mkv_head_kv in = {0, 0, h.T, h.d, h.G, h.k, h.v, 0, NULL, NULL, 1};
-    const mkv_method *need[] = {&mkv_method_think, &mkv_method_snapkv};
-    for (size_t i = 0; i < 2; i++) {
+    const mkv_method *need[] = {&mkv_method_think, &mkv_method_snapkv, &mkv_method_cam};
+    for (size_t i = 0; i < sizeof need / sizeof *need; i++) {
         mkv_params p;
         mkv_params_init(&p, need[i]->params);
         mkv_error err = {0};
@@ -1496,6 +1584,7 @@ static Suite *baselines_suite(void)
     tcase_add_test(tc, snapkv_selects_like_reference);
     tcase_add_test(tc, snapkv_keeps_planted_targets);
     tcase_add_test(tc, streaming_attends_sink_and_recent);
+    tcase_add_test(tc, cam_merges_by_hand);
     tcase_add_test(tc, naive2d_matches_masked_reference);
     tcase_add_test(tc, bad_parameters_refused);
     tcase_add_test(tc, parameter_ranges_refused_when_set);

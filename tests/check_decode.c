@@ -18,6 +18,7 @@
 #include "core/attn.h"
 #include "core/half.h"
 #include "core/log.h"
+#include "core/rng.h"
 #include "decode/decoder.h"
 #include "decode/needle.h"
 #include "io/cdump.h"
@@ -165,7 +166,8 @@ END_TEST
 /* Settings at which each method keeps and attends everything, decoded
  * tokens included: StreamingLLM's window has the size compression kept
  * and evicts as tokens come, so it keeps everything only while every
- * token is one of its sinks (sink >= C + N). Lossless settings are held
+ * token is one of its sinks (sink >= C + N); CaM's has no such setting.
+ * Lossless settings are held
  * to float16 rounding (LOSSLESS_TOL, below); a method that always
  * quantizes has its finest setting with a bound of its own. */
 #define LOSSLESS_TOL 0x1p-9
@@ -182,6 +184,11 @@ static const struct {
     {"snapkv", "keep=1", LOSSLESS_TOL},
     {"streaming", "keep=1 sink=170", LOSSLESS_TOL},
     {"naive2d", "keep=1 budget=1", LOSSLESS_TOL},
+    /* CaM's cache keeps the prompt's count: every decoded token evicts
+     * the window's oldest (its value merged or not), so N of the C + N
+     * tokens leave; this random model's logits move by 0.41 of the
+     * largest */
+    {"cam", "keep=1 start=0.5", 0.6},
     /* 4-bit codes of every key and value, decoded tokens included: a
      * relative error of about 0.09 per vector at head_dim 16, which this
      * random model's logits amplify (0.43 of the largest measured; KIVI
@@ -487,6 +494,10 @@ static uint64_t append_hand_bytes(const append_state *s, int64_t T, int64_t kept
         return (uint64_t)kept * 2 * d * 2;                     /* K, V */
     if (strcmp(m, "snapkv") == 0)
         return (uint64_t)kept * (2 * d * 2 + 4);               /* K, V, index */
+    if (strcmp(m, "cam") == 0) {
+        int64_t start = (int64_t)floor(mkv_params_double(p, "start") * (double)kept);
+        return (uint64_t)kept * 2 * d * 2 + (uint64_t)(kept - start) * 4;   /* K, V, window scores */
+    }
     if (strcmp(m, "quest") == 0 || strcmp(m, "naive2d") == 0) {
         uint64_t pages = (uint64_t)((T + mkv_params_int(p, "page") - 1) / mkv_params_int(p, "page"));
         uint64_t kk = strcmp(m, "quest") == 0 ? d : (uint64_t)ceil(mkv_params_double(p, "keep") * AD - 1e-9);
@@ -516,14 +527,144 @@ static uint64_t append_hand_bytes(const append_state *s, int64_t T, int64_t kept
            (T - nq) * 2 * d * 2;
 }
 
+/* CaM's rule (lib/methods/cam.c) followed here on its own: the kept
+ * positions in order (start' first tokens, then the window), every
+ * token's value as merged so far and every token's score. */
+typedef struct {
+    int64_t start, window, m, n;
+    int64_t merged_in_decode;   /* evictions that merged after the prompt */
+    uint64_t seed;
+    int64_t kept[AT + AN];
+    float v[(AT + AN) * AD];
+    double score[AT + AN];
+} merge_ref;
+
+/* Token t leaves: it merges into the positions recv [m] with probability
+ * min(1, its score / their mean score), drawn from stream (seed, 0, 0, t). */
+static void merge_ref_evict(merge_ref *r, int64_t t, const int64_t *recv)
+{
+    double mean = 0;
+    for (int64_t i = 0; i < r->m; i++)
+        mean += r->score[recv[i]];
+    mean /= (double)r->m;
+    double p = mean > 0 ? r->score[t] / mean : r->score[t] > 0;
+    mkv_rng g;
+    uint64_t keys[3] = {0, 0, (uint64_t)t};
+    mkv_rng_seed_stream(&g, r->seed, keys, 3);
+    if (!(mkv_rng_uniform(&g) < p))
+        return;
+    r->merged_in_decode += t >= AT - r->window;
+    for (int64_t i = 0; i < r->m; i++)
+        for (int j = 0; j < AD; j++)
+            r->v[recv[i] * AD + j] = f16_of((double)r->v[recv[i] * AD + j] + (double)r->v[t * AD + j] / (double)r->m);
+}
+
+/* The compressed prompt of AT tokens: observation scores, the window slid
+ * over the prompt, the window's scores as stored (float32). */
+static void merge_ref_init(merge_ref *r, const append_data *x, const mkv_params *p)
+{
+    int64_t n = mkv_budget_tokens(mkv_params_double(p, "keep"), AT);
+    r->start = (int64_t)floor(mkv_params_double(p, "start") * (double)n);
+    r->window = n - r->start;
+    r->m = mkv_budget_tokens(mkv_params_double(p, "merge"), r->window);
+    r->seed = (uint64_t)mkv_params_int(p, "seed");
+    memcpy(r->v, x->v, sizeof r->v);
+    memset(r->score, 0, sizeof r->score);
+    int64_t wq = mkv_params_int(p, "window") < AW ? mkv_params_int(p, "window") : AW;
+    for (int64_t w = AW - wq; w < AW; w++)
+        for (int g = 0; g < AG; g++) {
+            const float *q = x->q_obs + (g * AW + w) * AD;
+            double s[AT], mx = -INFINITY, l = 0;
+            for (int64_t t = 0; t <= x->qpos[w]; t++) {
+                s[t] = 0;
+                for (int j = 0; j < AD; j++)
+                    s[t] += (double)q[j] * x->k[t * AD + j];
+                s[t] /= sqrt((double)AD);
+                mx = fmax(mx, s[t]);
+            }
+            for (int64_t t = 0; t <= x->qpos[w]; t++)
+                l += exp(s[t] - mx);
+            for (int64_t t = 0; t <= x->qpos[w]; t++)
+                r->score[t] += exp(s[t] - mx) / l;
+        }
+    int64_t recv[AT + AN];
+    for (int64_t t = r->start; t < AT - r->window; t++) {
+        for (int64_t i = 0; i < r->m; i++)
+            recv[i] = t + 1 + i;
+        merge_ref_evict(r, t, recv);
+    }
+    r->n = 0;
+    r->merged_in_decode = 0;
+    for (int64_t t = 0; t < AT; t++)
+        if (t < r->start || t >= AT - r->window)
+            r->kept[r->n++] = t;
+    for (int64_t t = AT - r->window; t < AT; t++)
+        r->score[t] = (float)r->score[t];
+}
+
+/* Token t joins the window; a full window's oldest token leaves. */
+static void merge_ref_append(merge_ref *r, int64_t t)
+{
+    r->kept[r->n++] = t;
+    if (r->n - r->start <= r->window)
+        return;
+    merge_ref_evict(r, r->kept[r->start], r->kept + r->start + 1);
+    memmove(r->kept + r->start, r->kept + r->start + 1, sizeof *r->kept * (size_t)r->window);
+    r->n--;
+}
+
+/* The state's answer at pos against attention over the reference's kept
+ * tokens and merged values; both then add the query's weights to the
+ * window's scores. */
+static void merge_expect(append_state *s, merge_ref *r, const append_data *x, int64_t pos, const char *what)
+{
+    append_answer a;
+    append_attend(s, x, pos, &a);
+    uint8_t set[AT + AN] = {0};
+    int64_t rows = 0, in_window = 0;
+    for (int64_t i = 0; i < r->n && r->kept[i] <= pos; i++, rows++) {
+        set[r->kept[i]] = 1;
+        in_window += i >= r->start;
+    }
+    for (int64_t t = 0; t < AT + AN; t++)
+        ck_assert_msg(a.attended[t] == set[t], "%s at %lld: token %lld %s", what, (long long)pos, (long long)t,
+                      set[t] ? "not attended" : "attended");
+    ck_assert_msg(a.bytes_read == (uint64_t)rows * 2 * AD * 2 + (uint64_t)in_window * 4,
+                  "%s at %lld: bytes read %llu", what, (long long)pos, (unsigned long long)a.bytes_read);
+    for (int g = 0; g < AG; g++) {
+        const float *q = x->q + (pos * AG + g) * AD;
+        double sc[AT + AN], mx = -INFINITY, l = 0, out[AD] = {0};
+        for (int64_t i = 0; i < rows; i++) {
+            sc[i] = 0;
+            for (int j = 0; j < AD; j++)
+                sc[i] += (double)q[j] * x->k[r->kept[i] * AD + j];
+            sc[i] /= sqrt((double)AD);
+            mx = fmax(mx, sc[i]);
+        }
+        for (int64_t i = 0; i < rows; i++)
+            l += exp(sc[i] - mx);
+        for (int64_t i = 0; i < rows; i++) {
+            double w = exp(sc[i] - mx) / l;
+            for (int j = 0; j < AD; j++)
+                out[j] += w * r->v[r->kept[i] * AD + j];
+            if (i >= r->start)
+                r->score[r->kept[i]] += w;
+        }
+        for (int j = 0; j < AD; j++)
+            ck_assert_msg(fabs(a.out[g * AD + j] - out[j]) <= 1e-5, "%s at %lld: output %d is %.9g, reference %.9g",
+                          what, (long long)pos, g * AD + j, a.out[g * AD + j], out[j]);
+    }
+}
+
 /* Rules checked: SAME, the state after appending equals the state
  * compress makes of the longer cache in one go (answers, attended tokens,
  * bytes read and held, to the bit: the same stored numbers, the same
  * arithmetic in the same order); WINDOW, StreamingLLM's kept set (the
  * sinks and the most recent tokens, the count fixed) against the
  * reference attention; KEPT, SnapKV's, the tokens compression kept and
- * every appended one, against the reference attention. */
-enum { SAME = 1, WINDOW = 2, KEPT = 4 };
+ * every appended one, against the reference attention; MERGE, CaM's
+ * window with merged values, against merge_ref. */
+enum { SAME = 1, WINDOW = 2, KEPT = 4, MERGE = 8 };
 
 static const struct {
     const char *method, *params;
@@ -544,6 +685,9 @@ static const struct {
     {"streaming", "sink=8 keep=5", WINDOW},
     {"streaming", "sink=120 keep=1", WINDOW},
     {"snapkv", "keep=0.3 window=8 kernel=3 sink=4", KEPT},
+    {"cam", "keep=0.3 start=0.25 window=8", MERGE},
+    {"cam", "keep=12 start=0.5 merge=3 seed=9", MERGE},
+    {"cam", "keep=1 start=0", MERGE},
 };
 
 START_TEST(append_follows_each_method_rule)
@@ -567,6 +711,13 @@ START_TEST(append_follows_each_method_rule)
         int64_t n0 = 0, sinks = 0;
         for (int64_t t = 0; t < AT; t++)
             n0 += first.attended[t];
+        merge_ref mr;
+        if (rules & MERGE) {
+            /* the query just answered added to the state's scores: to the reference's too */
+            merge_ref_init(&mr, x, &grown.p);
+            append_release(&grown);
+            append_compress(method, params, x, AT, &grown);
+        }
         int64_t keep_n = 0, window = 0;
         if (rules & WINDOW) {
             keep_n = mkv_budget_tokens(mkv_params_double(&grown.p, "keep"), AT);
@@ -592,6 +743,14 @@ START_TEST(append_follows_each_method_rule)
             if (rules & KEPT)
                 for (int64_t t = 0; t < AT + AN; t++)
                     kept += set[t] = t < AT ? first.attended[t] : t < T;
+            if (rules & MERGE) {
+                merge_ref_append(&mr, T - 1);
+                kept = mr.n;
+                for (int i = 0; i < 3; i++) {
+                    snprintf(what, sizeof what, "%s (%s) after %lld tokens", method, params, (long long)T);
+                    merge_expect(&grown, &mr, x, ask[i], what);
+                }
+            }
             if (rules & (WINDOW | KEPT))
                 for (int i = 0; i < 3; i++) {
                     snprintf(what, sizeof what, "%s (%s) after %lld tokens", method, params, (long long)T);
@@ -624,6 +783,8 @@ START_TEST(append_follows_each_method_rule)
             }
             append_release(&once);
         }
+        if (rules & MERGE)
+            ck_assert_msg(mr.merged_in_decode > 0, "%s (%s): no token merged while decoding", method, params);
         append_release(&grown);
     }
     free(x);

@@ -272,6 +272,7 @@ static const struct {
     {"kivi", "bits=4 residual=0", 0.1, "4-bit quantization of keys and values"},
     {"snapkv", "keep=1", 2e-3, "float16 storage"},
     {"streaming", "keep=1", 2e-3, "float16 storage"},
+    {"cam", "keep=1", 2e-3, "float16 storage"},
     {"naive2d", "keep=1 budget=1", 2e-3, "float16 storage"},
     /* every token quantized at 4 bits a coordinate: at d = 16 the codebook
      * leaves 0.008 of a vector's squared norm, a relative error of 0.09 per

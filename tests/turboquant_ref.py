@@ -263,12 +263,18 @@ def softmax_attend(k, v, q, pos):
     return (p / p.sum()) @ v[:pos + 1]
 
 
-def cmd_attend(table, raw, path):
+def read_table(table, check):
+    """The rows of mkv-attend's table, its header checked."""
     with open(table) as fp:
         lines = [line.rstrip("\n").split("\t") for line in fp]
     header, rows = lines[0], lines[1:]
     check(header[:9] == ["query", "pos", "layer", "head", "kv_head", "rel_l2", "recall", "tokens", "bytes_read"],
           "table header %r" % header)
+    return rows
+
+
+def cmd_attend(table, raw, path):
+    rows = read_table(table, check)
     with h5py.File(raw, "r") as r, h5py.File(path, "r") as f:
         key_bits, value_bits, prod, seed = params_of(f)
         L, H, KVH, D = (int(r.attrs[k]) for k in ("n_layers", "n_heads", "n_kv_heads", "head_dim"))

@@ -360,6 +360,38 @@ double mkv_bl_dot_idx(const float *q, const int *idx, const float *k, int n)
     return s;
 }
 
+int mkv_bl_observe(const mkv_head_kv *in, int64_t wq, int64_t n, double *score, mkv_error *err)
+{
+    double scale = 1.0 / sqrt((double)in->d);
+    double *s = mkv_alloc((size_t)in->T, sizeof *s, "observation scores", err);
+    if (!s)
+        return MKV_ENOMEM;
+    memset(score, 0, sizeof(double) * (size_t)n);
+    for (int64_t w = in->W - wq; w < in->W; w++) {
+        int64_t pos = in->query_pos[w];
+        if (pos < 0 || pos >= in->T) {
+            mkv_free(s);
+            return mkv_fail(err, MKV_EFORMAT, "query %lld has position %lld outside 0..%lld",
+                            (long long)w, (long long)pos, (long long)in->T - 1);
+        }
+        for (int g = 0; g < in->G; g++) {
+            const float *q = in->q + ((size_t)g * (size_t)in->W + (size_t)w) * (size_t)in->d;
+            double m = -INFINITY, l = 0;
+            for (int64_t t = 0; t <= pos; t++) {
+                s[t] = scale * mkv_bl_dot(q, in->k + t * in->d, in->d);
+                if (s[t] > m)
+                    m = s[t];
+            }
+            for (int64_t t = 0; t <= pos; t++)
+                l += exp(s[t] - m);
+            for (int64_t t = 0; t < n && t <= pos; t++)
+                score[t] += exp(s[t] - m) / l;
+        }
+    }
+    mkv_free(s);
+    return MKV_OK;
+}
+
 int mkv_bl_attend_rows(const mkv_attend_query *q, const float *k, const float *v, int64_t n,
                        const uint8_t *mask, mkv_attend_result *res, mkv_error *err)
 {

@@ -1,6 +1,7 @@
 /* Pieces the baseline methods share (lib/methods/quest.c, think.c,
- * kivi.c, snapkv.c, streaming.c, naive2d.c, turboquant.c):
- * parameter checks worded alike, the Quest page score and
+ * kivi.c, snapkv.c, streaming.c, naive2d.c, turboquant.c, cam.c):
+ * parameter checks worded alike, the Quest page score, the observation
+ * attention that scores tokens (SnapKV, CaM) and
  * the token-selection rule every selecting method follows, KIVI's
  * asymmetric quantizer, the packing of codes of 1 to 8 bits, and the
  * growth of stored arrays by decode-time appends.
@@ -123,6 +124,12 @@ int mkv_bl_page_append(float **mn, float **mx, int64_t *cap, int64_t *pages, int
 double mkv_bl_dot(const float *q, const float *k, int n);
 /* Dot product of q restricted to channels idx[0..n) with the packed k [n]. */
 double mkv_bl_dot_idx(const float *q, const int *idx, const float *k, int n);
+/* Observation attention (SnapKV's and CaM's token score): score[t] for
+ * t < n (zeroed here) = the sum over the G query heads and the last wq
+ * queries of the dump of softmax_{0..p}(q.k / sqrt(d))_t, p the query's
+ * position, over the full-precision keys; MKV_EFORMAT for a position
+ * outside the cache. */
+int mkv_bl_observe(const mkv_head_kv *in, int64_t wq, int64_t n, double *score, mkv_error *err);
 /* Attention of the q->G heads over rows [0, n) of k, v [n][q->d] (only the
  * rows with mask[r] != 0 when mask is given), scores q.k scale, online
  * softmax in double; r->out [G][d] and r->lse when asked for. */

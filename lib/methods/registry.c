@@ -16,6 +16,7 @@
     X(streaming)           \
     X(naive2d)             \
     X(turboquant)          \
+    X(cam)                 \
     /* end of the list */
 
 #define DECLARE(name) extern const mkv_method mkv_method_##name;

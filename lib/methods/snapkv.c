@@ -67,39 +67,6 @@ static int snapkv_check(const mkv_params *p, const mkv_dump_meta *m, mkv_error *
     return rc ? rc : mkv_bl_need_queries("snapkv", m->n_queries, err);
 }
 
-/* Step 1: observation attention summed into score [prefix]. */
-static int observe(const mkv_head_kv *in, int64_t wq, int64_t prefix, double *score, mkv_error *err)
-{
-    double scale = 1.0 / sqrt((double)in->d);
-    double *s = mkv_alloc((size_t)in->T, sizeof *s, "observation scores", err);
-    if (!s)
-        return MKV_ENOMEM;
-    memset(score, 0, sizeof(double) * (size_t)prefix);
-    for (int64_t w = in->W - wq; w < in->W; w++) {
-        int64_t pos = in->query_pos[w];
-        if (pos < 0 || pos >= in->T) {
-            mkv_free(s);
-            return mkv_fail(err, MKV_EFORMAT, "query %lld has position %lld outside 0..%lld",
-                            (long long)w, (long long)pos, (long long)in->T - 1);
-        }
-        for (int g = 0; g < in->G; g++) {
-            const float *q = in->q + ((size_t)g * (size_t)in->W + (size_t)w) * (size_t)in->d;
-            double m = -INFINITY, l = 0;
-            for (int64_t t = 0; t <= pos; t++) {
-                s[t] = scale * mkv_bl_dot(q, in->k + t * in->d, in->d);
-                if (s[t] > m)
-                    m = s[t];
-            }
-            for (int64_t t = 0; t <= pos; t++)
-                l += exp(s[t] - m);
-            for (int64_t t = 0; t < prefix && t <= pos; t++)
-                score[t] += exp(s[t] - m) / l;
-        }
-    }
-    mkv_free(s);
-    return MKV_OK;
-}
-
 /* Steps 2 and 3: the kept token positions, increasing, into index; returns n. */
 static int64_t choose(const mkv_params *p, int64_t T, int64_t prefix, const double *score,
                       int32_t *index, mkv_error *err)
@@ -162,7 +129,7 @@ static int snapkv_compress(const mkv_params *p, const mkv_head_kv *in, mkv_cdump
         rc = MKV_ENOMEM;
         goto done;
     }
-    if ((rc = observe(in, wq, prefix, score, err)))
+    if ((rc = mkv_bl_observe(in, wq, prefix, score, err)))
         goto done;
     if ((n = choose(p, in->T, prefix, score, index, err)) < 0) {
         rc = err ? err->code : MKV_ENOMEM;

@@ -63,7 +63,7 @@ $ mkv-decode model.bin -p hi --window 0
 ! mkv-decode: invalid value '0' for --window: must be in 1..65536
 [2]
 $ mkv-decode model.bin -p hi -m nope
-! mkv-decode: unknown method 'nope' (methods: full, mosaic, uniform2d, quest, think, kivi, snapkv, streaming, naive2d, turboquant)
+! mkv-decode: unknown method 'nope' (methods: full, mosaic, uniform2d, quest, think, kivi, snapkv, streaming, naive2d, turboquant, cam)
 [2]
 $ mkv-decode model.bin -p hi -m quest -P budget=0
 ! mkv-decode: method 'quest': invalid value '0' for parameter 'budget': must be in (0, 1e+15]

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "decode/ccache.h"
 #include "core/attn.h"
@@ -110,9 +111,37 @@ START_TEST(full_is_the_forward_pass)
 }
 END_TEST
 
-/* The same on stories260K, where it is found: greedy decoding through the
- * decoder with the full cache gives the plain forward pass's logits at
- * every step and the published sample's text. */
+/* Greedy decoding of STEPS tokens after ids [n] through the decoder with
+ * the full cache gives, at every step, the logits of the plain forward
+ * pass bit for bit; all [n + steps] receives the prompt and the tokens. */
+static void greedy_equals_forward(const mkv_model *model, const int32_t *ids, size_t n, int steps, int32_t *all)
+{
+    int V = model->cfg.vocab_size;
+    float *got = malloc(2 * (size_t)V * sizeof *got), *want = got + V;
+    ck_assert_ptr_nonnull(got);
+    mkv_error err;
+    mkv_decoder_opts o = opts_for(NULL, NULL, steps, 2);
+    mkv_decoder *d;
+    ck_assert_msg(mkv_decoder_prefill(model, ids, (int64_t)n, &o, got, &d, &err) == MKV_OK, "%s", err.msg);
+    mkv_forward *f;
+    mkv_forward_opts fo = {.threads = 2, .chunk = 32, .max_seq_len = (int)n + steps};
+    ck_assert_int_eq(mkv_forward_create(model, &fo, &f, &err), MKV_OK);
+    ck_assert_int_eq(mkv_forward_run(f, ids, n, want, MKV_LOGITS_LAST, &err), MKV_OK);
+    memcpy(all, ids, n * sizeof *ids);
+    for (int i = 0; i < steps; i++) {
+        ck_assert_msg(memcmp(got, want, (size_t)V * sizeof *got) == 0, "step %d: logits differ", i);
+        int32_t tok = (int32_t)mkv_argmax(got, V);
+        all[n + (size_t)i] = tok;
+        ck_assert_int_eq(mkv_decoder_step(d, tok, got, &err), MKV_OK);
+        ck_assert_int_eq(mkv_forward_run(f, &tok, 1, want, MKV_LOGITS_LAST, &err), MKV_OK);
+    }
+    mkv_forward_free(f);
+    mkv_decoder_free(d);
+    free(got);
+}
+
+/* The same on stories260K, where it is found, ending in the published
+ * sample's text. */
 START_TEST(full_is_the_forward_pass_on_stories260K)
 {
     const char *stories = test_model_file("stories260K.bin");
@@ -128,26 +157,9 @@ START_TEST(full_is_the_forward_pass_on_stories260K)
     size_t n;
     ck_assert_int_eq(mkv_tokenizer_encode(lm.tok, "Once upon a time", 16, MKV_ENCODE_BOS, &ids, &n, &err), MKV_OK);
     enum { STEPS = 40 };
-    int V = lm.model->cfg.vocab_size;
-    float *got = malloc(2 * (size_t)V * sizeof *got), *want = got + V;
-    ck_assert_ptr_nonnull(got);
-    mkv_decoder_opts o = opts_for(NULL, NULL, STEPS, 2);
-    mkv_decoder *d;
-    ck_assert_msg(mkv_decoder_prefill(lm.model, ids, (int64_t)n, &o, got, &d, &err) == MKV_OK, "%s", err.msg);
-    mkv_forward *f;
-    mkv_forward_opts fo = {.threads = 2, .chunk = 32, .max_seq_len = (int)n + STEPS};
-    ck_assert_int_eq(mkv_forward_create(lm.model, &fo, &f, &err), MKV_OK);
-    ck_assert_int_eq(mkv_forward_run(f, ids, n, want, MKV_LOGITS_LAST, &err), MKV_OK);
     int32_t all[64];
     ck_assert_uint_le(n + STEPS, 64);
-    memcpy(all, ids, n * sizeof *ids);
-    for (int i = 0; i < STEPS; i++) {
-        ck_assert_msg(memcmp(got, want, (size_t)V * sizeof *got) == 0, "step %d: logits differ", i);
-        int32_t tok = (int32_t)mkv_argmax(got, V);
-        all[n + (size_t)i] = tok;
-        ck_assert_int_eq(mkv_decoder_step(d, tok, got, &err), MKV_OK);
-        ck_assert_int_eq(mkv_forward_run(f, &tok, 1, want, MKV_LOGITS_LAST, &err), MKV_OK);
-    }
+    greedy_equals_forward(lm.model, ids, n, STEPS, all);
     /* the prompt and the continuation are the published sample's start */
     char *text;
     size_t len;
@@ -155,9 +167,40 @@ START_TEST(full_is_the_forward_pass_on_stories260K)
     size_t cmp = len < strlen(TEST_PUBLISHED) ? len : strlen(TEST_PUBLISHED);
     ck_assert_msg(cmp > 40 && strncmp(text, TEST_PUBLISHED, cmp) == 0, "decoded '%s'", text);
     free(text);
-    mkv_forward_free(f);
-    mkv_decoder_free(d);
-    free(got);
+    free(ids);
+    mkv_loaded_model_free(&lm);
+}
+END_TEST
+
+/* The same on SmolLM2-135M-Instruct (GGUF) where scripts/get-models put
+ * it (MKV_SMOLLM2, else the cache directory): every step's logits those
+ * of the forward pass, bit for bit. */
+START_TEST(full_is_the_forward_pass_on_SmolLM2)
+{
+    char path[4096];
+    const char *env = getenv("MKV_SMOLLM2"), *cache = getenv("MKV_CACHE_DIR"), *home = getenv("HOME");
+    if (env)
+        snprintf(path, sizeof path, "%s", env);
+    else if (cache)
+        snprintf(path, sizeof path, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", cache);
+    else
+        snprintf(path, sizeof path, "%s/.cache/mosaickv/SmolLM2-135M-Instruct.Q4_1.gguf", home ? home : "/nonexistent");
+    if (access(path, R_OK) != 0) {
+        printf("check_decode: SmolLM2 decoding skipped: '%s' not found (scripts/get-models)\n", path);
+        return;
+    }
+    mkv_loaded_model lm;
+    mkv_model_load_opts lo = {NULL, 1};
+    mkv_error err;
+    ck_assert_msg(mkv_model_load(path, &lo, &lm, &err) == MKV_OK, "%s", err.msg);
+    int32_t *ids;
+    size_t n;
+    const char *prompt = "It is a truth universally acknowledged that";
+    ck_assert_int_eq(mkv_tokenizer_encode(lm.tok, prompt, strlen(prompt), 0, &ids, &n, &err), MKV_OK);
+    enum { STEPS = 24 };
+    int32_t all[128];
+    ck_assert_uint_le(n + STEPS, 128);
+    greedy_equals_forward(lm.model, ids, n, STEPS, all);
     free(ids);
     mkv_loaded_model_free(&lm);
 }
@@ -1001,6 +1044,7 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, full_is_the_forward_pass);
     tcase_add_test(tc, full_is_the_forward_pass_on_stories260K);
+    tcase_add_test(tc, full_is_the_forward_pass_on_SmolLM2);
     tcase_add_test(tc, lossless_methods_equal_full);
     tcase_add_test(tc, bytes_counted_by_hand);
     tcase_add_test(tc, append_follows_each_method_rule);

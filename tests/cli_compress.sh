@@ -193,13 +193,14 @@ expect "attend --device gpu" 1 '' "$A: --device gpu: ..." $ATTEND c-full.h5 --de
 no_output "mkv-attend errors"
 
 # Methods with a token budget: --budget beyond the context is refused too.
-# In 40 tokens sink and recent hold every token: mosaic's methods say that
-# half of them cannot be the budget.
+# In 40 tokens sink and recent hold every token: the methods that select
+# tokens (mosaic's, Quest, naive 2-D) say that half of them cannot be the
+# budget.
 for m in $methods; do
     if has_param $m budget && "$COMPRESS" -q raw.h5 -o c-$m.h5 -m $m; then
         expect "attend $m --budget 41" 2 '' "$A: method '$m': ..." $ATTEND c-$m.h5 --budget 41
         case $m in
-        mosaic | uniform2d) warning="$A: warning: $m: budget=0.5 is 20 of the 40 tokens, fewer than the \
+        mosaic | uniform2d | quest | naive2d) warning="$A: warning: $m: budget=0.5 is 20 of the 40 tokens, fewer than the \
 sink=4 and recent=64 tokens always attended: a step attends at least 40" ;;
         *) warning= ;;
         esac

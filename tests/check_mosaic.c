@@ -486,15 +486,16 @@ static uint64_t hand_count(const mkv_mosaic_head *h)
     const mkv_mosaic_tensor *ts[2] = {&h->k, &h->v};
     for (int which = 0; which < 2; which++) {
         const mkv_mosaic_tensor *t = ts[which];
-        /* strategy table int32 [nseg][8], losses float32 [nseg][2], keys:
+        /* strategy table int32 [nseg][9], losses float32 [nseg][2], keys:
          * block-key table int32 [nseg][2] */
-        total += (uint64_t)t->nseg * (8 * 4 + 2 * 4 + (which == 0 ? 2 * 4 : 0));
+        total += (uint64_t)t->nseg * (9 * 4 + 2 * 4 + (which == 0 ? 2 * 4 : 0));
         for (int64_t s = 0; s < t->nseg; s++) {
             const mkv_mosaic_strategy *st = &t->seg[s];
             if (st->bits == 16)
                 total += (uint64_t)st->len * st->r * 2;
-            else   /* codes packed per vector, a zero and a step (fp16) per rotated channel */
-                total += (uint64_t)st->len * (uint64_t)((st->r * st->bits + 7) / 8) + (uint64_t)st->dprime * 2 * 2;
+            else   /* codes packed per vector, a zero and a step (fp16) per rotated channel and token group */
+                total += (uint64_t)st->len * (uint64_t)((st->r * st->bits + 7) / 8) +
+                         (uint64_t)(st->qgroup ? (st->len + st->qgroup - 1) / st->qgroup : 1) * st->dprime * 2 * 2;
             total += (uint64_t)st->len * ref_bitmap_bytes(st);
             if (which == 0)
                 total += (uint64_t)((st->len + h->block - 1) / h->block) * (st->keydim + st->bound) * 2;
@@ -631,35 +632,47 @@ START_TEST(bytes_read_hand_count)
      * of 100 tokens (4..103) and one of 20 (104..123). At p = 139 with
      * budget 1 every token is read:
      *   dense 20 tokens x 32 x 2 bytes x (K, V)
-     *   per segment: its rows of both strategy tables (7 int32 each) and
+     *   per segment: its rows of both strategy tables (9 int32 each) and
      *   of the block-key table (2 int32), R_k (32 x max(d'_k, keydim) x
      *   2), R_v (32 x d'_v x 2), block keys (ceil(len/8) x (keydim +
-     *   bound) x 2), per token (r_k + r_v) x 2 + bitmap bytes of K and V. */
+     *   bound) x 2), per token (r_k + r_v) x 2 + bitmap bytes of K and V.
+     * Quantized at 4 bits with zeros and steps per 32 tokens: per token
+     * ceil(r x 4 / 8) bytes of codes instead, and per token group (the
+     * first segment 4 of them, 32, 32, 32 and 4 tokens; the second, of 20
+     * tokens, one over the segment) d' x 2 fp16 per tensor. */
     head_data hd;
     head_data_make(&hd, 5, 140, 32, 2, 0);
     mkv_head_kv in = as_input(&hd);
-    mkv_mosaic_config c = fixed_config(32, 0.25, 1, 0.8);
-    mkv_mosaic_head h;
-    mkv_error err;
-    ck_assert_int_eq(mkv_mosaic_compress(&c, &in, &h, &err), MKV_OK);
-    ck_assert_int_eq(h.k.nseg, 2);
-    uint64_t want = 20 * 32 * 2 * 2;
-    for (int s = 0; s < 2; s++) {
-        const mkv_mosaic_strategy *ks = &h.k.seg[s], *vs = &h.v.seg[s];
-        ck_assert_int_eq(ks->keydim, 16);
-        ck_assert_int_eq(ks->bound, 2);
-        want += (8 + 8 + 2) * 4 + 32 * (ks->dprime > 16 ? ks->dprime : 16) * 2 + 32 * vs->dprime * 2;
-        want += (uint64_t)((ks->len + 7) / 8) * (16 + 2) * 2;
-        want += (uint64_t)ks->len * ((ks->r + vs->r) * 2 + ref_bitmap_bytes(ks) + ref_bitmap_bytes(vs));
+    for (int quantized = 0; quantized < 2; quantized++) {
+        mkv_mosaic_config c = fixed_config(32, 0.25, 1, 0.8);
+        c.bits = quantized ? 4 : 16;
+        c.qgroup = 32;
+        mkv_mosaic_head h;
+        mkv_error err;
+        ck_assert_int_eq(mkv_mosaic_compress(&c, &in, &h, &err), MKV_OK);
+        ck_assert_int_eq(h.k.nseg, 2);
+        uint64_t want = 20 * 32 * 2 * 2;
+        for (int s = 0; s < 2; s++) {
+            const mkv_mosaic_strategy *ks = &h.k.seg[s], *vs = &h.v.seg[s];
+            ck_assert_int_eq(ks->keydim, 16);
+            ck_assert_int_eq(ks->bound, 2);
+            ck_assert_int_eq(ks->qgroup, quantized && s == 0 ? 32 : 0);
+            want += (9 + 9 + 2) * 4 + 32 * (ks->dprime > 16 ? ks->dprime : 16) * 2 + 32 * vs->dprime * 2;
+            want += (uint64_t)((ks->len + 7) / 8) * (16 + 2) * 2;
+            int per_token = quantized ? (ks->r * 4 + 7) / 8 + (vs->r * 4 + 7) / 8 : (ks->r + vs->r) * 2;
+            want += (uint64_t)ks->len * (per_token + ref_bitmap_bytes(ks) + ref_bitmap_bytes(vs));
+            if (quantized)
+                want += (uint64_t)(s == 0 ? 4 : 1) * (ks->dprime + vs->dprime) * 2 * 2;
+        }
+        float out[2 * 32];
+        double ref[2 * 32];
+        uint8_t att[140];
+        uint64_t bytes;
+        attend_both(&h, &hd, 1.0, 0, 139, out, att, ref, &bytes);
+        ck_assert_uint_eq(bytes, want);
+        ck_assert_double_le(rel_err(out, ref, 2 * 32), quantized ? 0.1 : 2e-3);
+        mkv_mosaic_head_free(&h);
     }
-    float out[2 * 32];
-    double ref[2 * 32];
-    uint8_t att[140];
-    uint64_t bytes;
-    attend_both(&h, &hd, 1.0, 0, 139, out, att, ref, &bytes);
-    ck_assert_uint_eq(bytes, want);
-    ck_assert_double_le(rel_err(out, ref, 2 * 32), 2e-3);
-    mkv_mosaic_head_free(&h);
     head_data_free(&hd);
 }
 END_TEST
@@ -1484,7 +1497,7 @@ START_TEST(cdump_round_trip_counts_bytes)
      * with the parameters set above */
     mkv_mosaic_config c = {.sink = 4, .recent = 16, .segment = 128, .block = 8, .keydim = 16, .bound = 2,
                            .dynamic = 1, .rotate = 1, .r = 8, .g = 1, .energy = 0.95, .threshold = 0.1,
-                           .ratio = 3, .pervector = 1, .bits = 16, .quantize = 1,
+                           .ratio = 3, .pervector = 1, .bits = 16, .quantize = 1, .qgroup = 64,
                            .attn = {.budget = 0.25, .agg_sum = 0}};
     mkv_mosaic_head h;
     ck_assert_int_eq(mkv_mosaic_compress(&c, &in, &h, &err), MKV_OK);
@@ -1527,6 +1540,8 @@ START_TEST(quantized_round_trip)
 {
     static const char *const cases[] = {
         "segment=128 recent=16 budget=0.25 strategy=fixed bits=4 keep=0.5",
+        "segment=128 recent=16 budget=0.25 strategy=fixed bits=4 keep=0.5 qgroup=0",
+        "segment=128 recent=16 budget=0.25 strategy=fixed bits=4 keep=0.5 qgroup=24",
         "segment=128 recent=16 budget=0.25 strategy=fixed bits=2 keep=1 energy=0.7 group=2",
         "segment=128 recent=16 budget=0.25 strategy=fixed bits=8 keep=0.25 rotate=off",
         "segment=128 recent=16 budget=0.25 quantize=on ratio=6",
@@ -1561,10 +1576,14 @@ START_TEST(quantized_round_trip)
                 if (st->bits == 16)
                     continue;
                 quantized++;
-                const float *qp = t->qparams + t->off_qparams[si];
                 const float *R = st->rotate ? t->rotation + t->off_rotation[si] : NULL;
                 int cols = mkv_mosaic_rotation_cols(st), bb = mkv_mosaic_bitmap_bytes(st), pos[32];
+                /* zeros and steps of each token's group: qgroup tokens, or the segment */
+                int64_t per = st->qgroup ? st->qgroup : st->len;
+                int64_t qend = si + 1 < t->nseg ? t->off_qparams[si + 1] : t->n_qparams;
+                ck_assert_int_eq(qend - t->off_qparams[si], 2 * st->dprime * ((st->len + per - 1) / per));
                 for (int64_t j = 0; j < st->len; j++) {
+                    const float *qp = t->qparams + t->off_qparams[si] + 2 * (j / per) * st->dprime;
                     mkv_mosaic_positions(bb ? t->bitmap + t->off_bitmap[si] + j * bb : NULL, st, pos);
                     const float *xr = raw + (st->start + j) * 32;
                     for (int e = 0; e < st->r; e++) {

@@ -99,8 +99,13 @@ def check_tensor(grp, x, X, sink_n, recent_n, block, T, d, where):
     for row, ls, bd in zip(table, loss, bdims):
         start, length, rot, r, g, dp, perv = (int(v) for v in row[:7])
         bits = int(row[7]) if len(row) > 7 else 16
+        qgroup = int(row[8]) if len(row) > 8 else 0
         if bits not in (16, 8, 4, 2):
             fail("%s %s segment at %d: bits %d" % (where, x, start, bits))
+        if qgroup < 0 or (qgroup and (bits == 16 or qgroup >= length)):
+            fail("%s %s segment at %d: qgroup %d with %d bits over %d tokens" % (where, x, start, qgroup, bits,
+                                                                                length))
+            qgroup = 0
         kd, bound = int(bd[0]), int(bd[1])
         w = "%s %s segment at %d" % (where, x, start)
         if start != nxt or length < 1:
@@ -136,14 +141,21 @@ def check_tensor(grp, x, X, sink_n, recent_n, block, T, d, where):
         else:
             vb = -(-r * bits // 8)
             codes = flat["codes"][off["codes"]:off["codes"] + length * vb].reshape(length, vb).astype(np.uint32)
-            qp = flat["qparams"][off["qparams"]:off["qparams"] + 2 * dp].astype(np.float64).reshape(dp, 2)
+            per = qgroup if qgroup else length
+            ngroups = -(-length // per)
+            qp = flat["qparams"][off["qparams"]:off["qparams"] + 2 * dp * ngroups].astype(np.float64)
+            qp = qp.reshape(ngroups, dp, 2)
             off["codes"] += length * vb
-            off["qparams"] += 2 * dp
-            zero, step = qp[:, 0], qp[:, 1]
-            lo, hi = Xt.min(0), Xt.max(0)
-            slack = 1e-9 * np.maximum(np.abs(lo), np.abs(hi)) + 1e-12
-            if (step < 0).any() or (zero > lo + slack).any() or (zero + (2 ** bits - 1) * step < hi - slack).any():
-                fail(w + ": zeros and steps do not span the rotated channels")
+            off["qparams"] += 2 * dp * ngroups
+            # each token's zero and step: those of its group of `per` tokens
+            zero, step = np.repeat(qp[:, :, 0], per, 0)[:length], np.repeat(qp[:, :, 1], per, 0)[:length]
+            for gi in range(ngroups):
+                seg = Xt[gi * per:(gi + 1) * per]
+                lo, hi = seg.min(0), seg.max(0)
+                slack = 1e-9 * np.maximum(np.abs(lo), np.abs(hi)) + 1e-12
+                z, st = qp[gi, :, 0], qp[gi, :, 1]
+                if (st < 0).any() or (z > lo + slack).any() or (z + (2 ** bits - 1) * st < hi - slack).any():
+                    fail(w + ": zeros and steps of token group %d do not span its rotated channels" % gi)
             allbits = np.unpackbits(codes.astype(np.uint8), axis=1, bitorder="little")
             if allbits[:, r * bits:].any():
                 fail(w + ": codes set pad bits")
@@ -154,13 +166,13 @@ def check_tensor(grp, x, X, sink_n, recent_n, block, T, d, where):
             if bits == 16:
                 near(vals[t], Xt[t, pos], F16_REL, w + " packed values")
             else:
-                vals[t] = (zero[pos] + code[t] * step[pos]).astype(np.float16)
+                vals[t] = (zero[t, pos] + code[t] * step[t, pos]).astype(np.float16)
                 err = np.abs(vals[t] - Xt[t, pos])
-                lim = step[pos] / 2 * (1 + 1e-6) + F16_REL * np.abs(Xt[t, pos]) + 1e-12
+                lim = step[t, pos] / 2 * (1 + 1e-6) + F16_REL * np.abs(Xt[t, pos]) + 1e-12
                 if (err > lim).any():
                     i = int(np.argmax(err - lim))
                     fail(w + ": token %d value %d reads back as %r, %r away from %r (step %r)"
-                         % (start + t, i, vals[t][i], err[i], Xt[t, pos[i]], step[pos[i]]))
+                         % (start + t, i, vals[t][i], err[i], Xt[t, pos[i]], step[t, pos[i]]))
             kept_e[0] += (Xt[t, pos] ** 2).sum() - (0 if bits == 16 else ((Xt[t, pos] - vals[t]) ** 2).sum())
             if perv and nbytes:
                 e = (Xt[t] ** 2).reshape(dp // g, g).sum(1)

@@ -27,7 +27,7 @@ import h5py
 import numpy as np
 
 COLUMNS = ["layer", "head", "tensor", "segment", "start", "length", "rotate", "r", "g", "dprime",
-           "pervector", "bits", "keydim", "bound", "values_bytes", "qparams_bytes", "bitmap_bytes", "blockkey_bytes",
+           "pervector", "bits", "qgroup", "keydim", "bound", "values_bytes", "qparams_bytes", "bitmap_bytes", "blockkey_bytes",
            "rotation_bytes", "bytes", "bytes_per_token", "energy_loss", "output_loss"]
 
 problems = []
@@ -137,8 +137,10 @@ def check_info(path, info_path, label):
 def hand_bytes(row, keydim, bound, d, B, is_key):
     start, length, rotate, r, g, dprime, pervector = (int(x) for x in row[:7])
     bits = int(row[7]) if len(row) > 7 else 16
+    qgroup = int(row[8]) if len(row) > 8 else 0
     values = length * r * 2 if bits == 16 else length * math.ceil(r * bits / 8)
-    qparams = 0 if bits == 16 else dprime * 2 * 2
+    groups = math.ceil(length / qgroup) if qgroup else 1
+    qparams = 0 if bits == 16 else groups * dprime * 2 * 2
     bitmap = length * math.ceil(dprime / g / 8) if pervector and r < dprime else 0
     blockkeys = math.ceil(length / B) * (keydim + bound) * 2 if is_key else 0
     cols = max(dprime, keydim) if is_key else dprime
@@ -167,7 +169,7 @@ def check_strategies(path, tsv_path):
             for head in range(H):
                 grp = f["layers/%02d/%02d" % (layer, head)]
                 for x in "kv":
-                    table = table_of(grp, x + "/strategy", 8)
+                    table = table_of(grp, x + "/strategy", 9)
                     loss = table_of(grp, x + "/loss", 2)
                     dims = table_of(grp, "k/blockdims", 2) if x == "k" else np.zeros((len(table), 2), int)
                     per_array = np.zeros(5, dtype=np.int64)
@@ -187,11 +189,11 @@ def check_strategies(path, tsv_path):
                         per_array += sizes[:5]
                         want = [str(layer), str(head), x, str(i)] + [str(int(v)) for v in srow] + \
                             [str(keydim), str(bound)] + [str(v) for v in sizes]
-                        if got[:20] != want:
-                            fail("%s: %s, expected %s" % (where, got[:20], want))
-                        if not math.isclose(float(got[20]), sizes[5] / int(srow[1]), rel_tol=1e-8):
-                            fail("%s: bytes_per_token %s, expected %r" % (where, got[20], sizes[5] / int(srow[1])))
-                        for col, stored in zip(got[21:], lrow):
+                        if got[:21] != want:
+                            fail("%s: %s, expected %s" % (where, got[:21], want))
+                        if not math.isclose(float(got[21]), sizes[5] / int(srow[1]), rel_tol=1e-8):
+                            fail("%s: bytes_per_token %s, expected %r" % (where, got[21], sizes[5] / int(srow[1])))
+                        for col, stored in zip(got[22:], lrow):
                             value = np.float32(float_cell(col))
                             same = (np.isnan(value) and np.isnan(stored)) or value == stored
                             if not same or (np.isnan(stored) and col != "nan"):

@@ -32,6 +32,7 @@ static const struct {
     {"dprime", FIELD_INT, offsetof(mkv_mosaic_strategy, dprime)},
     {"pervector", FIELD_INT, offsetof(mkv_mosaic_strategy, pervector)},
     {"bits", FIELD_INT, offsetof(mkv_mosaic_strategy, bits)},
+    {"qgroup", FIELD_INT, offsetof(mkv_mosaic_strategy, qgroup)},
     {"keydim", FIELD_INT, offsetof(mkv_mosaic_strategy, keydim)},
     {"bound", FIELD_INT, offsetof(mkv_mosaic_strategy, bound)},
 };

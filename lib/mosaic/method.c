@@ -35,7 +35,8 @@
  *       dynamic, ratio: the candidates of mkv_mosaic_candidates (r from
  *                d/32 to d, g 1, 2, 4, d' d/4 .. d; values also unrotated;
  *                keys of a rotated segment stay rotated; fp16 values, and
- *                with `quantize` also 8-, 4- and 2-bit codes; candidates
+ *                with `quantize` also 8-, 4- and 2-bit codes, their zeros
+ *                and steps over the segment or per `qgroup` tokens; candidates
  *                that another beats on both bytes and energy dropped), each
  *                with its bytes and its loss: with observation queries,
  *                the attention-output error it adds on them
@@ -62,8 +63,9 @@
  *  6. Per vector x~ = x R: keep the r/g groups of g adjacent channels among
  *     the first d' with the largest energy (g = 1: the r largest |x~|);
  *     values in channel order, fp16 or b-bit codes of a zero and a step
- *     per rotated channel over the segment (its minimum and maximum: no
- *     value is clamped), bitmap of d'/g bits (none when r = d').
+ *     per rotated channel over the segment or a group of `qgroup` tokens
+ *     (its minimum and maximum: no value is clamped), bitmap of d'/g bits
+ *     (none when r = d').
  *
  * STORED ARRAYS: lib/mosaic/packed.h. Every byte attention needs is one of
  * them, so physical_bytes counts it. At d = 128, keep 0.25, d' = 64,
@@ -106,10 +108,10 @@
  *     acc_s e^(m_s - m); out = acc / l. Accumulation is in double.
  *  5. Bytes read: per segment starting <= p its rows of both strategy
  *     tables and of k/blockdims, its R_k and the block keys of its blocks
- *     starting <= p; R_v and the zeros and steps (K and V) of segments
- *     with attended tokens; values or codes and bitmaps (K and V) of
- *     attended compressed tokens; dense K and V of attended sink/recent
- *     tokens. */
+ *     starting <= p; R_v of segments with attended tokens, the zeros and
+ *     steps (K and V) of token groups with attended tokens; values or
+ *     codes and bitmaps (K and V) of attended compressed tokens; dense K
+ *     and V of attended sink/recent tokens. */
 #include "config.h"
 #include "mosaic/mosaic.h"
 
@@ -147,6 +149,9 @@ static const mkv_param_spec mosaic_params[] = {
      "fixed: bits per kept value (16: float16; 8, 4, 2: codes with a zero and step per rotated channel)"},
     {"quantize", MKV_PARAM_STRING, "on", 0, 0, "on off",
      "dynamic, ratio: candidates also keep values in 8, 4 and 2 bits"},
+    {"qgroup", MKV_PARAM_INT, "64", 0, 1e9, NULL,
+     "quantized values: tokens per group with its own zeros and steps (0: one per segment; dynamic, "
+     "ratio: offered beside the segment-wide ones)"},
     {"rotate", MKV_PARAM_STRING, "on", 0, 0, "on off",
      "per-segment SVD rotation (dynamic: values may go without where it pays; off: never)"},
     {"strategy", MKV_PARAM_STRING, "ratio", 0, 0, "fixed dynamic ratio",
@@ -268,6 +273,7 @@ void mkv_mosaic_config_of(const mkv_params *p, int d, mkv_mosaic_config *c)
     c->energy = mkv_params_double(p, "energy");
     c->bits = (int)mkv_params_int(p, "bits");
     c->quantize = strcmp(mkv_params_str(p, "quantize"), "on") == 0;
+    c->qgroup = (int)mkv_params_int(p, "qgroup");
     c->threshold = mkv_params_double(p, "threshold");
     c->ratio = strcmp(mkv_params_str(p, "strategy"), "ratio") == 0 ? mkv_params_double(p, "ratio") : 0;
     c->pervector = 1;
@@ -640,6 +646,7 @@ static void fixed_strategy(const mkv_mosaic_config *c, int d, const double *eval
     s->g = c->pervector ? c->g : 1;
     s->pervector = c->pervector;
     s->bits = c->bits;
+    s->qgroup = c->bits != 16 && c->qgroup > 0 && c->qgroup < s->len ? c->qgroup : 0;
     if (!c->rotate)
         s->dprime = d;
     else if (!c->pervector)
@@ -768,7 +775,7 @@ static int segment_strategies(const mkv_mosaic_config *c, const mkv_head_kv *in,
         const double *R = rot_of(w, which, i, d);
         mkv_mosaic_search_opts o = {.d = d, .block = which ? 0 : c->block, .keydim = which ? 0 : s->keydim,
                                     .bound = which ? 0 : s->bound, .allow_rotate = c->rotate,
-                                    .quantize = c->quantize,
+                                    .quantize = c->quantize, .qgroup = c->qgroup,
                                     .obs = w->obs.nq > 0 ? &sv.v : NULL};
         mkv_mosaic_candidate one, *chosen = &one;
         if (c->dynamic) {
@@ -1106,6 +1113,7 @@ static int64_t attend_segment(const mkv_mosaic_head *h, int64_t si, const double
     for (int g = 0; g < G; g++)
         mkv_osm_init(&w->seg[g], w->sacc + (size_t)g * d, d);
     int kpos[MKV_MOSAIC_MAX_D], vpos[MKV_MOSAIC_MAX_D];
+    int64_t kgroup = -1, vgroup = -1;
     for (int64_t t = ks->start; t < end; t++) {
         if (!att[t])
             continue;
@@ -1121,13 +1129,14 @@ static int64_t attend_segment(const mkv_mosaic_head *h, int64_t si, const double
                 dot += qg[kpos[j]] * kv[j];
             mkv_osm_add_sparse(&w->seg[g], dot * q->scale, vv, vpos, vs->r);
         }
-        res->bytes_read += (uint64_t)(mkv_mosaic_vector_bytes(ks) + mkv_mosaic_vector_bytes(vs) + kbb + vbb);
+        res->bytes_read += (uint64_t)(mkv_mosaic_vector_bytes(ks) + mkv_mosaic_vector_bytes(vs) + kbb + vbb) +
+                           mkv_mosaic_qparams_read(ks, i, &kgroup) + mkv_mosaic_qparams_read(vs, i, &vgroup);
         n++;
     }
     if (n == 0)
         return 0;
     const float *Rv = vs->rotate ? h->v.rotation + h->v.off_rotation[si] : NULL;
-    res->bytes_read += mkv_mosaic_attended_segment_bytes(ks, vs, d);
+    res->bytes_read += mkv_mosaic_attended_segment_bytes(vs, d);
     for (int g = 0; g < G; g++) {
         /* o = o~ R_v^T once per segment: linear, so valid unnormalised */
         const double *a = w->seg[g].acc;

@@ -222,16 +222,26 @@ double mkv_mosaic_block_score(const double *qt, const float *row, int keydim, in
     return s;
 }
 
-void mkv_mosaic_channel_qparams(const double *xt, int64_t n, int ldx, int nc, int bits, float *qparams)
+void mkv_mosaic_channel_qparams(const double *xt, int64_t n, int ldx, int nc, int bits, int qgroup,
+                                float *qparams)
 {
-    for (int c = 0; c < nc; c++) {
-        double mn = n ? xt[c] : 0, mx = mn;
-        for (int64_t t = 1; t < n; t++) {
-            double x = xt[t * ldx + c];
-            mn = x < mn ? x : mn;
-            mx = x > mx ? x : mx;
+    int64_t per = qgroup > 0 ? qgroup : (n > 0 ? n : 1);
+    for (int64_t t0 = 0, grp = 0; t0 < n; t0 += per, grp++) {
+        int64_t t1 = t0 + per < n ? t0 + per : n;
+        float *qp = qparams + 2 * grp * nc;
+        for (int c = 0; c < nc; c++) {
+            double mn = t1 > t0 ? xt[t0 * ldx + c] : 0, mx = mn;
+            for (int64_t t = t0 + 1; t < t1; t++) {
+                double x = xt[t * ldx + c];
+                mn = x < mn ? x : mn;
+                mx = x > mx ? x : mx;
+            }
+            /* float bounds rounded outwards, so the range holds the double values */
+            float lo = (float)mn, hi = (float)mx;
+            lo = (double)lo > mn ? nextafterf(lo, -INFINITY) : lo;
+            hi = (double)hi < mx ? nextafterf(hi, INFINITY) : hi;
+            mkv_bl_quant_range(lo, hi, bits, &qp[2 * c + 1], &qp[2 * c]);
         }
-        mkv_bl_quant_range((float)mn, (float)mx, bits, &qparams[2 * c + 1], &qparams[2 * c]);
     }
 }
 
@@ -247,7 +257,8 @@ int mkv_mosaic_encode(const mkv_mosaic_strategy *s, const float *X, int d, const
         return err ? err->code : MKV_ENOMEM;
     mkv_mosaic_rotate(X, s->len, d, s->rotate ? R : NULL, d, w, xt);
     if (s->bits != 16)
-        mkv_mosaic_channel_qparams(xt, s->len, w, dp, s->bits, qparams);
+        mkv_mosaic_channel_qparams(xt, s->len, w, dp, s->bits, s->qgroup, qparams);
+    const int64_t per = s->qgroup > 0 ? s->qgroup : s->len;
     int pos[MKV_MOSAIC_MAX_D];
     uint8_t code[MKV_MOSAIC_MAX_D];
     for (int64_t t = 0; t < s->len; t++) {
@@ -263,7 +274,8 @@ int mkv_mosaic_encode(const mkv_mosaic_strategy *s, const float *X, int d, const
                 values[t * s->r + i] = (float)f16r(x[pos[i]]);
                 continue;
             }
-            const float zero = qparams[2 * pos[i]], step = qparams[2 * pos[i] + 1];
+            const float *gq = qparams + 2 * (t / per) * dp;
+            const float zero = gq[2 * pos[i]], step = gq[2 * pos[i] + 1];
             code[i] = (uint8_t)mkv_bl_quant_code((float)x[pos[i]], step, zero, s->bits);
             values[t * s->r + i] = mkv_mosaic_dequantize(code[i], zero, step);
         }
@@ -287,7 +299,10 @@ int mkv_mosaic_encode(const mkv_mosaic_strategy *s, const float *X, int d, const
 #define N_R_FRACTIONS 16
 #define N_DPRIME_FRACTIONS 4
 #define N_BIT_WIDTHS 4
-#define MAX_CANDIDATES (2 * N_GROUP_SIZES * N_DPRIME_FRACTIONS * N_R_FRACTIONS * N_BIT_WIDTHS)
+/* storage forms: each bit width with zeros and steps over the segment,
+ * then the quantized ones over token groups */
+#define N_FORMS (2 * N_BIT_WIDTHS)
+#define MAX_CANDIDATES (2 * N_GROUP_SIZES * N_DPRIME_FRACTIONS * N_R_FRACTIONS * N_FORMS)
 static const int group_sizes[N_GROUP_SIZES] = {1, 2, 4};
 static const int bit_widths[N_BIT_WIDTHS] = {16, 8, 4, 2};
 static const double r_fractions[N_R_FRACTIONS] = {1.0 / 32, 2.0 / 32,  3.0 / 32,  4.0 / 32,
@@ -312,6 +327,8 @@ static int bits_index(int bits)
     return bi;
 }
 
+static int form_index(const mkv_mosaic_strategy *s) { return bits_index(s->bits) + (s->qgroup ? N_BIT_WIDTHS : 0); }
+
 /* One segment seen in one space (rotated by R, or raw): its vectors, the
  * observation queries in that space and, per group size, the ranking of
  * every vector's groups, which every candidate of the space shares (a
@@ -326,8 +343,9 @@ typedef struct {
     int rank_d;                       /* channels the rankings cover: the widest d' of the candidates */
     uint16_t *rank[N_GROUP_SIZES];    /* [n][rank_ng] group indices, best first; on first need */
     int rank_ng[N_GROUP_SIZES];       /* groups ranked: those of the first rank_d channels */
-    double *stored[N_BIT_WIDTHS];     /* [n][d] xt as attention reads it back at each bit
-                                         width (fp16-rounded, dequantized); on first need */
+    int qgroup;                       /* tokens per zero/step group of the grouped forms */
+    double *stored[N_FORMS];          /* [n][d] xt as attention reads it back in each form
+                                         (fp16-rounded, dequantized); on first need */
     /* with observation queries: */
     int64_t nu;                       /* distinct tokens the queries attend */
     int32_t *utok;                    /* [nu] those tokens */
@@ -341,7 +359,7 @@ static void seg_space_free(seg_space *v)
     mkv_free(v->qt);
     for (int i = 0; i < N_GROUP_SIZES; i++)
         mkv_free(v->rank[i]);
-    for (int i = 0; i < N_BIT_WIDTHS; i++)
+    for (int i = 0; i < N_FORMS; i++)
         mkv_free(v->stored[i]);
     mkv_free(v->utok);
     mkv_free(v->prow);
@@ -428,35 +446,37 @@ static const uint16_t *space_rank(seg_space *v, int gi, mkv_error *err)
     return rank;
 }
 
-/* The vectors as stored at bit width index bi: fp16 values (16 bits) or
- * the dequantized codes of per-channel zeros and steps over the whole
- * segment (mkv_mosaic_encode's, channel by channel, so the same for every
- * d'). */
-static const double *space_stored(seg_space *v, int bi, mkv_error *err)
+/* The vectors as stored in form fi: fp16 values (16 bits) or the
+ * dequantized codes of per-channel zeros and steps over the whole segment
+ * or over its token groups (mkv_mosaic_encode's, channel by channel, so
+ * the same for every d'). */
+static const double *space_stored(seg_space *v, int fi, mkv_error *err)
 {
-    if (v->stored[bi])
-        return v->stored[bi];
+    if (v->stored[fi])
+        return v->stored[fi];
+    int bits = bit_widths[fi % N_BIT_WIDTHS], qgroup = fi >= N_BIT_WIDTHS ? v->qgroup : 0;
+    int64_t per = qgroup ? qgroup : v->n, ngroups = (v->n + per - 1) / per;
     size_t nd = (size_t)v->n * (size_t)v->d;
     double *x = mkv_alloc(nd, sizeof *x, "stored vectors", err);
-    float *qp = mkv_alloc(2 * (size_t)v->d, sizeof *qp, "zeros and steps", err);
+    float *qp = mkv_alloc(2 * (size_t)v->d * (size_t)ngroups, sizeof *qp, "zeros and steps", err);
     if (!x || !qp) {
         mkv_free(x);
         mkv_free(qp);
         return NULL;
     }
-    int bits = bit_widths[bi];
     if (bits == 16) {
         for (size_t i = 0; i < nd; i++)
             x[i] = f16r(v->xt[i]);
     } else {
-        mkv_mosaic_channel_qparams(v->xt, v->n, v->d, v->d, bits, qp);
+        mkv_mosaic_channel_qparams(v->xt, v->n, v->d, v->d, bits, qgroup, qp);
         for (size_t i = 0; i < nd; i++) {
-            const float zero = qp[2 * (i % (size_t)v->d)], step = qp[2 * (i % (size_t)v->d) + 1];
+            const float *gq = qp + 2 * (size_t)((int64_t)(i / (size_t)v->d) / per) * (size_t)v->d;
+            const float zero = gq[2 * (i % (size_t)v->d)], step = gq[2 * (i % (size_t)v->d) + 1];
             x[i] = mkv_mosaic_dequantize(mkv_bl_quant_code((float)v->xt[i], step, zero, bits), zero, step);
         }
     }
     mkv_free(qp);
-    v->stored[bi] = x;
+    v->stored[fi] = x;
     return x;
 }
 
@@ -486,7 +506,7 @@ static double output_loss(seg_space *v, const uint16_t *rank, const mkv_mosaic_s
     int d = v->d, r = s->r;
     double total = 0, acc[MKV_MOSAIC_MAX_D], b[MKV_MOSAIC_MAX_D];
     const int ng = v->rank_ng[group_index(s->g)];
-    const double *xs = v->stored[bits_index(s->bits)];
+    const double *xs = v->stored[form_index(s)];
     for (int64_t u = 0; u < v->nu; u++)
         kept_positions(rank, ng, s, v->utok[u], v->pcache + u * r);
     for (int64_t j = 0; j < obs->nq; j++) {
@@ -572,7 +592,7 @@ static int price_and_energy(seg_space *v, mkv_mosaic_candidate *c, int block, mk
     const int ng = v->rank_ng[group_index(c->s.g)];
     /* energy kept: sum x^2 - (x - x')^2 over the kept elements, x' as
      * stored (16 bits: the rounding to fp16 is not counted) */
-    const double *xs = c->s.bits == 16 ? NULL : space_stored(v, bits_index(c->s.bits), err);
+    const double *xs = c->s.bits == 16 ? NULL : space_stored(v, form_index(&c->s), err);
     if (c->s.bits != 16 && !xs)
         return err ? err->code : MKV_ENOMEM;
     double kept = 0;
@@ -621,6 +641,7 @@ static int evaluate_list(const mkv_mosaic_search_opts *o, const float *X, const 
             if (rc != MKV_OK)
                 break;
             sp[rot].rank_d = widest[rot];
+            sp[rot].qgroup = o->qgroup;
             have[rot] = 1;
         }
         rc = price_and_energy(&sp[rot], &c[i], o->block, err);
@@ -638,7 +659,7 @@ static int evaluate_list(const mkv_mosaic_search_opts *o, const float *X, const 
     for (int i = 0; i < *n && rc == MKV_OK && o->obs && o->obs->nq > 0; i++) {
         seg_space *v = &sp[c[i].s.rotate];
         const uint16_t *rank = space_rank(v, group_index(c[i].s.g), err);
-        if (!rank || !space_stored(v, bits_index(c[i].s.bits), err)) {
+        if (!rank || !space_stored(v, form_index(&c[i].s), err)) {
             rc = err ? err->code : MKV_ENOMEM;
             break;
         }
@@ -691,16 +712,19 @@ int mkv_mosaic_candidates(const mkv_mosaic_search_opts *o, const float *X, int64
          * there); values try both */
         if ((rot && !o->allow_rotate) || (!rot && is_key && o->allow_rotate))
             continue;
-        for (int bi = 0; bi < (o->quantize ? N_BIT_WIDTHS : 1); bi++)
+        for (int fi = 0; fi < (o->quantize ? N_FORMS : 1); fi++)
             for (int gi = 0; gi < N_GROUP_SIZES; gi++)
                 for (int di = 0; di < (rot ? ndp : 1); di++)
                     for (int ri = 0; ri < nr; ri++) {
                         int g = group_sizes[gi], dp = rot ? dps[di] : d, r = rs[ri];
-                        if (r % g || dp % g || r > dp)
+                        int bits = bit_widths[fi % N_BIT_WIDTHS], qgroup = fi >= N_BIT_WIDTHS ? o->qgroup : 0;
+                        if (r % g || dp % g || r > dp || (fi >= N_BIT_WIDTHS && (bits == 16 || qgroup <= 0 ||
+                                                                                  qgroup >= len)))
                             continue;
                         c[k++].s = (mkv_mosaic_strategy){
                             .start = start, .len = len, .rotate = rot, .r = r, .g = g, .dprime = dp,
-                            .pervector = 1, .bits = bit_widths[bi], .keydim = is_key ? (rot ? o->keydim : d) : 0,
+                            .pervector = 1, .bits = bits, .qgroup = qgroup,
+                            .keydim = is_key ? (rot ? o->keydim : d) : 0,
                             .bound = is_key && rot ? o->bound : 0};
                     }
     }

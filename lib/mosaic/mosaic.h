@@ -54,18 +54,20 @@ void mkv_mosaic_block_keys(const double *xt, int64_t n, int ldx, int keydim, int
  * segment's key space. */
 double mkv_mosaic_block_score(const double *qt, const float *row, int keydim, int bound);
 
-/* Zero and step (qparams [nc][2]) of nc channels quantized to `bits`
- * bits, from each channel's minimum and maximum over the n rotated
- * vectors xt [n][ldx] (mkv_bl_quant_range: every value inside the range,
+/* Zero and step (qparams [groups][nc][2]) of nc channels quantized to
+ * `bits` bits, per group of qgroup consecutive vectors of xt [n][ldx]
+ * (qgroup 0: one group of all n), from each channel's minimum and maximum
+ * over the group (mkv_bl_quant_range: every value inside the range,
  * clamping none; on attention a clamped key outlier costs more than the
  * finer steps a clipped range gives the rest). */
-void mkv_mosaic_channel_qparams(const double *xt, int64_t n, int ldx, int nc, int bits, float *qparams);
+void mkv_mosaic_channel_qparams(const double *xt, int64_t n, int ldx, int nc, int bits, int qgroup,
+                                float *qparams);
 
 /* Encode one segment X [s->len][d] with strategy s and rotation R (d x d,
  * fp16-rounded by mkv_mosaic_round_f16; ignored when s->rotate = 0) into
  * values [len][r] (the values attention reads), bitmap
  * [len][bitmap_bytes] (NULL when none), codes [len][vector bytes] and
- * qparams [d'][2] (quantized strategies; NULL at 16 bits), blockkeys
+ * qparams [token groups][d'][2] (quantized strategies; NULL at 16 bits), blockkeys
  * [nblocks][keydim + bound] (block > 0, keys) and rotation
  * [d][mkv_mosaic_rotation_cols] (s->rotate). */
 int mkv_mosaic_encode(const mkv_mosaic_strategy *s, const float *X, int d, const double *R, int block,
@@ -115,6 +117,8 @@ typedef struct {
     int keydim, bound;       /* keys: the segment's block keys (fixed before any choice) */
     int allow_rotate;        /* 0: only rotation-free candidates */
     int quantize;            /* 1: candidates at 16, 8, 4 and 2 bits; 0: 16 only */
+    int qgroup;              /* > 0: quantized candidates also with zeros and steps per
+                                qgroup tokens (segments longer than qgroup) */
     const mkv_mosaic_segobs *obs;   /* NULL: energy only */
 } mkv_mosaic_search_opts;
 
@@ -136,7 +140,9 @@ int mkv_mosaic_evaluate(const mkv_mosaic_search_opts *o, const float *X, const d
  *      (rounded, >= 1, distinct), g in {1, 2, 4}, g | r, g | d', r <= d';
  *   rotated (allow_rotate): d' in {1/4, 1/2, 3/4, 1} x d;
  *   unrotated (values always; keys only without allow_rotate): d' = d;
- *   each at 16 bits, and with o->quantize also at 8, 4 and 2 bits.
+ *   each at 16 bits, and with o->quantize also at 8, 4 and 2 bits, with
+ *   zeros and steps over the segment and, when 0 < o->qgroup < len, also
+ *   over groups of o->qgroup tokens.
  * Keys of a rotatable segment are always rotated: their block keys live in
  * the rotated space. Candidates that another beats on bytes and energy
  * (no more of either, less of one; ties: the earlier stays) are dropped
@@ -178,6 +184,8 @@ typedef struct {
     double energy;          /* fixed: d' by cumulative eigen-energy */
     int bits;               /* fixed: bits per kept value (16: fp16; 8, 4, 2: codes) */
     int quantize;           /* dynamic: candidates at 8, 4 and 2 bits besides 16 */
+    int qgroup;             /* quantized: tokens per zero/step group (0: the segment);
+                               dynamic: offered beside the segment-wide ones */
     double threshold;       /* dynamic: loss threshold */
     double ratio;           /* dynamic: > 0 replaces the threshold by a byte budget of
                                logical / ratio bytes per head */

@@ -26,17 +26,34 @@ int mkv_mosaic_vector_bytes(const mkv_mosaic_strategy *s)
     return s->bits == 16 ? 2 * s->r : (s->r * s->bits + 7) / 8;
 }
 
-int mkv_mosaic_qparam_count(const mkv_mosaic_strategy *s) { return s->bits == 16 ? 0 : 2 * s->dprime; }
+int64_t mkv_mosaic_qgroups(const mkv_mosaic_strategy *s)
+{
+    if (s->bits == 16)
+        return 0;
+    return s->qgroup > 0 ? (s->len + s->qgroup - 1) / s->qgroup : 1;
+}
+
+int64_t mkv_mosaic_qparam_count(const mkv_mosaic_strategy *s) { return 2 * s->dprime * mkv_mosaic_qgroups(s); }
 
 float mkv_mosaic_dequantize(unsigned code, float zero, float step)
 {
     return mkv_f16_to_f32(mkv_f32_to_f16((float)((double)zero + (double)code * step)));
 }
 
-uint64_t mkv_mosaic_attended_segment_bytes(const mkv_mosaic_strategy *ks, const mkv_mosaic_strategy *vs, int d)
+uint64_t mkv_mosaic_attended_segment_bytes(const mkv_mosaic_strategy *vs, int d)
 {
-    uint64_t rv = vs->rotate ? (uint64_t)d * (uint64_t)vs->dprime * 2 : 0;
-    return rv + (uint64_t)(mkv_mosaic_qparam_count(ks) + mkv_mosaic_qparam_count(vs)) * 2;
+    return vs->rotate ? (uint64_t)d * (uint64_t)vs->dprime * 2 : 0;
+}
+
+uint64_t mkv_mosaic_qparams_read(const mkv_mosaic_strategy *s, int64_t i, int64_t *last)
+{
+    if (s->bits == 16)
+        return 0;
+    int64_t grp = s->qgroup ? i / s->qgroup : 0;
+    if (grp == *last)
+        return 0;
+    *last = grp;
+    return (uint64_t)s->dprime * 2 * 2;
 }
 
 int64_t mkv_mosaic_nblocks(int64_t len, int B) { return (len + B - 1) / B; }
@@ -91,6 +108,8 @@ int mkv_mosaic_layout(mkv_mosaic_tensor *t, int d, int block, int64_t first, int
             bad = "pervector must be 0 or 1";
         else if (s->bits != 16 && s->bits != 8 && s->bits != 4 && s->bits != 2)
             bad = "bits must be 16, 8, 4 or 2";
+        else if (s->qgroup < 0 || (s->qgroup && (s->bits == 16 || s->qgroup >= s->len)))
+            bad = "qgroup must be 0 (the whole segment), or 1..length-1 when quantized";
         else if (s->g != 1 && s->g != 2 && s->g != 4)
             bad = "group size must be 1, 2 or 4";
         else if (s->dprime < 1 || s->dprime > d || s->dprime % s->g)
@@ -107,9 +126,9 @@ int mkv_mosaic_layout(mkv_mosaic_tensor *t, int d, int block, int64_t first, int
             bad = "values have no block keys";
         if (bad)
             return mkv_fail(err, MKV_EFORMAT, "strategy table row %lld (start %lld, length %lld, "
-                            "rotate %d, r %d, g %d, d' %d, bits %d, keydim %d, bound %d): %s", (long long)i,
-                            (long long)s->start, (long long)s->len, s->rotate, s->r, s->g, s->dprime,
-                            s->bits, s->keydim, s->bound, bad);
+                            "rotate %d, r %d, g %d, d' %d, bits %d, qgroup %d, keydim %d, bound %d): %s",
+                            (long long)i, (long long)s->start, (long long)s->len, s->rotate, s->r, s->g, s->dprime,
+                            s->bits, s->qgroup, s->keydim, s->bound, bad);
         t->off_values[i] = nv;
         t->off_bitmap[i] = nb;
         t->off_blockkeys[i] = nk;
@@ -216,7 +235,7 @@ static int store_tensor(const mkv_mosaic_tensor *t, const mkv_mosaic_head *h, ch
         for (int64_t i = 0; i < t->nseg; i++) {
             const mkv_mosaic_strategy *s = &t->seg[i];
             int32_t row[MKV_MOSAIC_TABLE_COLS] = {(int32_t)s->start, (int32_t)s->len, s->rotate, s->r,
-                                                  s->g, s->dprime, s->pervector, s->bits};
+                                                  s->g, s->dprime, s->pervector, s->bits, s->qgroup};
             memcpy(table + i * MKV_MOSAIC_TABLE_COLS, row, sizeof row);
         }
         snprintf(name, sizeof name, "%c/strategy", x);
@@ -356,10 +375,12 @@ static int load_values(mkv_cdump *c, int layer, int head, char x, mkv_mosaic_ten
             continue;
         }
         const float *qp = t->qparams + t->off_qparams[i];
-        for (int c2 = 0; c2 < s->dprime && rc == MKV_OK; c2++)
-            if (!(qp[2 * c2 + 1] >= 0))
-                rc = bad_array(c, layer, head, qname, err, "segment %lld, channel %d: negative step %g",
-                               (long long)i, c2, qp[2 * c2 + 1]);
+        const int64_t nq = mkv_mosaic_qgroups(s), per = s->qgroup ? s->qgroup : s->len;
+        for (int64_t q = 0; q < nq * s->dprime && rc == MKV_OK; q++)
+            if (!(qp[2 * q + 1] >= 0))
+                rc = bad_array(c, layer, head, qname, err, "segment %lld, token group %lld, channel %d: negative "
+                               "step %g", (long long)i, (long long)(q / s->dprime), (int)(q % s->dprime),
+                               qp[2 * q + 1]);
         const int vb = mkv_mosaic_vector_bytes(s), bb = mkv_mosaic_bitmap_bytes(s), pad = vb * 8 - s->r * s->bits;
         int pos[MKV_MOSAIC_MAX_D];
         for (int64_t j = 0; j < s->len && rc == MKV_OK; j++) {
@@ -370,9 +391,10 @@ static int load_values(mkv_cdump *c, int layer, int head, char x, mkv_mosaic_ten
                 break;
             }
             mkv_mosaic_positions(bb ? t->bitmap + t->off_bitmap[i] + j * bb : NULL, s, pos);
+            const float *gq = qp + 2 * (j / per) * s->dprime;
             for (int k = 0; k < s->r; k++)
                 out[j * s->r + k] = mkv_mosaic_dequantize(mkv_bl_unpack(code, (size_t)k, s->bits),
-                                                          qp[2 * pos[k]], qp[2 * pos[k] + 1]);
+                                                          gq[2 * pos[k]], gq[2 * pos[k] + 1]);
         }
     }
     mkv_free(f16);
@@ -391,7 +413,7 @@ static int load_tensor(mkv_cdump *c, int layer, int head, char x, mkv_mosaic_hea
     int rc = MKV_OK;
     t->nseg = rank ? dims[0] : 0;
     int cols = rank == 2 ? (int)dims[1] : 0;
-    if (rank && (rank != 2 || (cols != MKV_MOSAIC_TABLE_COLS && cols != MKV_MOSAIC_TABLE_COLS - 1) || dims[0] < 1))
+    if (rank && (rank != 2 || cols < MKV_MOSAIC_TABLE_COLS - 2 || cols > MKV_MOSAIC_TABLE_COLS || dims[0] < 1))
         return bad_array(c, layer, head, name, err, "not an [nseg][%d] table", MKV_MOSAIC_TABLE_COLS);
     t->seg = mkv_calloc((size_t)(t->nseg ? t->nseg : 1), sizeof *t->seg, "strategies", err);
     if (!t->seg)
@@ -406,7 +428,8 @@ static int load_tensor(mkv_cdump *c, int layer, int head, char x, mkv_mosaic_hea
             const int32_t *row = table + i * cols;
             t->seg[i] = (mkv_mosaic_strategy){.start = row[0], .len = row[1], .rotate = row[2],
                                               .r = row[3], .g = row[4], .dprime = row[5],
-                                              .pervector = row[6], .bits = cols > 7 ? row[7] : 16};
+                                              .pervector = row[6], .bits = cols > 7 ? row[7] : 16,
+                                              .qgroup = cols > 8 ? row[8] : 0};
         }
         mkv_free(table);
         snprintf(name, sizeof name, "%c/loss", x);
@@ -718,6 +741,7 @@ uint64_t mkv_gpu_mosaic_bytes(const mkv_mosaic_head *h, int64_t pos, const uint8
             const uint64_t per_token = (uint64_t)(mkv_mosaic_vector_bytes(ks) + mkv_mosaic_vector_bytes(vs) +
                                                   mkv_mosaic_bitmap_bytes(ks) + mkv_mosaic_bitmap_bytes(vs));
             int any = 0;
+            int64_t kgroup = -1, vgroup = -1;
             for (int64_t b = 0; b < upto; b++) {
                 if (!blocks[id + b])
                     continue;
@@ -725,10 +749,13 @@ uint64_t mkv_gpu_mosaic_bytes(const mkv_mosaic_head *h, int64_t pos, const uint8
                 t1 = t1 < ks->start + ks->len ? t1 : ks->start + ks->len;
                 t1 = t1 < pos + 1 ? t1 : pos + 1;
                 bytes += (uint64_t)(t1 - t0) * per_token;
+                for (int64_t t = t0; t < t1; t++)
+                    bytes += mkv_mosaic_qparams_read(ks, t - ks->start, &kgroup) +
+                             mkv_mosaic_qparams_read(vs, t - ks->start, &vgroup);
                 any = 1;
             }
             if (any)
-                bytes += mkv_mosaic_attended_segment_bytes(ks, vs, d);
+                bytes += mkv_mosaic_attended_segment_bytes(vs, d);
         }
         id += nb;
     }

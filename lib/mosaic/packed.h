@@ -28,10 +28,13 @@
  *     (k/g)-th set bit, offset k%g); equivalently channel c's value index is
  *     g * popcount(bits below c's group) + c%g. A strategy of 16 bits
  *     stores them as fp16. One of b = 8, 4 or 2 bits stores b-bit codes:
- *     per segment and tensor each rotated channel c < d' has a zero z_c and
- *     a step s_c (fp16; mkv_bl_quant_range over the minimum and maximum of
- *     x~_c over all the segment's vectors, kept or not, so z_c <= x~_c <=
- *     z_c + (2^b - 1) s_c), a value's code is round((x~_c - z_c) / s_c)
+ *     per segment, tensor and token group (qgroup consecutive tokens from the
+ *     segment start, the last group shorter; qgroup 0: the whole segment)
+ *     each rotated channel c < d' has a zero z_c and a step s_c (fp16;
+ *     mkv_bl_quant_range over the minimum and maximum of x~_c over all the
+ *     group's vectors, kept or not, so z_c <= x~_c <= z_c + (2^b - 1) s_c;
+ *     groups localise outlier tokens, which would widen every step of the
+ *     segment), a value's code is round((x~_c - z_c) / s_c)
  *     clamped to 0..2^b - 1, and it reads back as fp16(z_c + code s_c),
  *     within s_c / 2 of x~_c (mkv_mosaic_dequantize). The codes of one
  *     vector are packed in value order, the first in the low bits
@@ -64,17 +67,19 @@
  *   X/dense      float16 [sink_n + recent_n][d]  tokens 0..sink_n-1 then
  *                T-recent_n..T-1 (sink_n = min(sink, T), recent_n =
  *                min(recent, T - sink_n))
- *   X/strategy   int32 [nseg][8]   start, length, rotate, r, g, d',
+ *   X/strategy   int32 [nseg][9]   start, length, rotate, r, g, d',
  *                pervector (1; 0 only for uniform2d), bits (16, 8, 4 or
- *                2); a table of the first 7 columns only reads as 16
- *                bits throughout.
+ *                2), qgroup (tokens per zero/step group; 0: the whole
+ *                segment); a table of the first 8 columns reads as
+ *                qgroup 0, of the first 7 as 16 bits throughout.
  *   k/blockdims  int32 [nseg][2]   keydim, bound of the block keys
  *   X/loss       float32 [nseg][2] energy dropped, output error added (NaN:
  *                not measured; it may be < 0 where packing happens to help)
  *   X/values     float16 [sum len*r]  (16-bit segments)
  *   X/codes      uint8 [sum len*ceil(r*bits/8)]  (quantized segments)
- *   X/qparams    float16 [sum d'][2]  zero and step of each rotated
- *                channel c < d' (quantized segments)
+ *   X/qparams    float16 [sum groups*d'][2]  zero and step of each
+ *                rotated channel c < d' per token group (quantized
+ *                segments; groups = ceil(len/qgroup), 1 for qgroup 0)
  *   X/bitmap     uint8 [sum len*ceil(d'/g/8)]  (segments with a bitmap)
  *   k/blockkeys  float16 [sum ceil(len/B)*(keydim+bound)]
  *   X/rotation   float16 [sum d*cols]  (rotated segments; [d][cols] each,
@@ -90,7 +95,8 @@
  * r <= d' <= d, d' = d unrotated, keydim 0 (no block keys, bound 0) or
  * 1 <= keydim <= d and 0 <= bound <= keydim for keys, keydim = d or 0
  * and bound = 0 unrotated, bits 16, 8, 4 or
- * 2); every bitmap has exactly r/g set bits, all below d'/g; the pad bits
+ * 2, qgroup 0 at 16 bits and 0 or 1..len-1 otherwise); every bitmap has
+ * exactly r/g set bits, all below d'/g; the pad bits
  * of every vector's codes are zero, every step is >= 0; values, zeros,
  * steps, block keys, rotations and dense rows are finite (mkv_cdump_get refuses NaN and Inf, naming the
  * file and the dataset's path). */
@@ -114,15 +120,17 @@ typedef struct {
     int dprime;           /* rotated channels kept (multiple of g) */
     int pervector;        /* 1: top groups per vector (bitmap); 0: first r channels */
     int bits;             /* 16: fp16 values; 8, 4, 2: codes with per-channel zero and step */
+    int qgroup;           /* quantized: tokens sharing one zero and step per channel (1..len-1);
+                             0: the whole segment (and always at 16 bits) */
     int keydim;           /* keys: block-key channels (1..d; d when unrotated; 0: no block
                              keys, the segment attended whole); values: 0 */
     int bound;            /* keys: leading block-key channels stored as min and max
                              (0..keydim; 0 when unrotated); values: 0 */
 } mkv_mosaic_strategy;
 
-/* Columns of the stored strategy table (int32 [nseg][8]), in this order:
- * start, length, rotate, r, g, d', pervector, bits. */
-#define MKV_MOSAIC_TABLE_COLS 8
+/* Columns of the stored strategy table (int32 [nseg][9]), in this order:
+ * start, length, rotate, r, g, d', pervector, bits, qgroup. */
+#define MKV_MOSAIC_TABLE_COLS 9
 /* Columns of the stored block-key table of the keys (int32 [nseg][2]):
  * keydim, bound. */
 #define MKV_MOSAIC_BLOCKDIM_COLS 2
@@ -135,14 +143,21 @@ typedef struct {
 int mkv_mosaic_bitmap_bytes(const mkv_mosaic_strategy *s);
 /* Bytes of one vector's values: 2 r at 16 bits, else ceil(r bits / 8). */
 int mkv_mosaic_vector_bytes(const mkv_mosaic_strategy *s);
-/* fp16 elements of the segment's zeros and steps: 2 d' when quantized, else 0. */
-int mkv_mosaic_qparam_count(const mkv_mosaic_strategy *s);
+/* Token groups with their own zeros and steps: ceil(len / qgroup), 1 when
+ * qgroup is 0; 0 at 16 bits. */
+int64_t mkv_mosaic_qgroups(const mkv_mosaic_strategy *s);
+/* fp16 elements of the segment's zeros and steps: 2 d' per token group. */
+int64_t mkv_mosaic_qparam_count(const mkv_mosaic_strategy *s);
 /* The value a code reads back as: fp16(zero + code step), as a float. */
 float mkv_mosaic_dequantize(unsigned code, float zero, float step);
 /* Bytes attention reads once per segment with attended tokens, beside
- * the tokens' own: R_v (rotated values) and the zeros and steps of
- * quantized keys and values. */
-uint64_t mkv_mosaic_attended_segment_bytes(const mkv_mosaic_strategy *ks, const mkv_mosaic_strategy *vs, int d);
+ * the tokens' own: R_v (rotated values). */
+uint64_t mkv_mosaic_attended_segment_bytes(const mkv_mosaic_strategy *vs, int d);
+/* Bytes of zeros and steps attention reads for the segment's token i
+ * (tokens visited in ascending order): those of its token group when the
+ * group differs from *last (the previous token's, -1 at first), which
+ * becomes *last; 0 at 16 bits. */
+uint64_t mkv_mosaic_qparams_read(const mkv_mosaic_strategy *s, int64_t i, int64_t *last);
 /* Blocks of B tokens covering len tokens. */
 int64_t mkv_mosaic_nblocks(int64_t len, int B);
 /* Stored columns of the segment's rotation: max(d', keydim) when rotated, else 0. */
@@ -170,7 +185,7 @@ typedef struct {
     float *values;              /* concatenated per segment [len][r], the values attention
                                    reads (quantized segments: dequantized) */
     uint8_t *codes;             /* quantized segments: [len][vector bytes] */
-    float *qparams;             /* quantized segments: [d'][2] zero, step */
+    float *qparams;             /* quantized segments: [token groups][d'][2] zero, step */
     uint8_t *bitmap;            /* [len][bitmap_bytes] */
     float *blockkeys;           /* keys only: [nblocks][keydim + bound] */
     float *rotation;            /* rotated segments only: [d][mkv_mosaic_rotation_cols] */

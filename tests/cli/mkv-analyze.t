@@ -657,7 +657,7 @@ $ mkv-analyze strategies good.h5
 ! mkv-analyze: 'good.h5' is a raw KV dump; mkv-analyze needs a compressed dump (mkv-compress)
 [1]
 $ mkv-analyze strategies dense.h5
-| layer	head	tensor	segment	start	length	rotate	r	g	dprime	pervector	bits	keydim	bound	values_bytes	qparams_bytes	bitmap_bytes	blockkey_bytes	rotation_bytes	bytes	bytes_per_token	energy_loss	output_loss
+| layer	head	tensor	segment	start	length	rotate	r	g	dprime	pervector	bits	qgroup	keydim	bound	values_bytes	qparams_bytes	bitmap_bytes	blockkey_bytes	rotation_bytes	bytes	bytes_per_token	energy_loss	output_loss
 
 # help and version
 $ mkv-analyze -h

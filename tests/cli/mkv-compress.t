@@ -100,22 +100,22 @@ $ ls -A | grep -v -x -e 'got\..*' -e 'want\..*' -e setup.out -e raw.sum
 # parameters of another strategy change nothing: named
 $ mkv-compress long.h5 -o c.h5 -m mosaic -P strategy=fixed,rotate=off,ratio=5,threshold=0.2
 ! mkv-compress: warning: mosaic: strategy=fixed ignores threshold=0.2 (strategy=dynamic only), ratio=5 (strategy=ratio only)
-! mkv-compress: c.h5: method mosaic, logical 409600 bytes, physical 175840 bytes, ratio 2.329
+! mkv-compress: c.h5: method mosaic, logical 409600 bytes, physical 175872 bytes, ratio 2.329
 # a ratio the cheapest strategies cannot reach: requested and reached said,
 # the reached one recorded as compression_ratio
 $ mkv-compress long.h5 -o c.h5 -m mosaic -P ratio=50,keep=0.05
 ! mkv-compress: warning: mosaic: strategy=ratio ignores keep=0.05 (strategy=fixed only)
 ! mkv-compress: warning: mosaic: ratio=50 requested, 6.31 reached (4 of 4 heads short of it, the lowest at 6.31): the most compact strategies with the dense sink and recent tokens, block keys and rotations take more bytes
-! mkv-compress: c.h5: method mosaic, logical 409600 bytes, physical 64864 bytes, ratio 6.315
+! mkv-compress: c.h5: method mosaic, logical 409600 bytes, physical 64896 bytes, ratio 6.312
 $ "$PY" -c 'import h5py; a = h5py.File("c.h5").attrs; print("%.3f" % a["compression_ratio"], a["params"].decode())'
-| 6.315 sink=4 recent=64 segment=2048 block=8 keydim=0.5 bound=2 keep=0.05 group=1 energy=0.95 bits=16 quantize=on rotate=on strategy=ratio threshold=0.1 ratio=50 budget=0.1 agg=max
+| 6.312 sink=4 recent=64 segment=2048 block=8 keydim=0.5 bound=2 keep=0.05 group=1 energy=0.95 bits=16 quantize=on qgroup=64 rotate=on strategy=ratio threshold=0.1 ratio=50 budget=0.1 agg=max
 # a budget below the sink and recent tokens, which every step attends
 $ mkv-compress long.h5 -o c.h5 -m mosaic -P strategy=fixed,rotate=off,budget=20
 ! mkv-compress: warning: mosaic: budget=20 is 20 of the 800 tokens, fewer than the sink=4 and recent=64 tokens always attended: a step attends at least 68
-! mkv-compress: c.h5: method mosaic, logical 409600 bytes, physical 175840 bytes, ratio 2.329
+! mkv-compress: c.h5: method mosaic, logical 409600 bytes, physical 175872 bytes, ratio 2.329
 $ mkv-compress long.h5 -o c.h5 -m uniform2d -P budget=0.05
 ! mkv-compress: warning: uniform2d: budget=0.05 is 40 of the 800 tokens, fewer than the sink=4 and recent=64 tokens always attended: a step attends at least 68
-! mkv-compress: c.h5: method uniform2d, logical 409600 bytes, physical 148256 bytes, ratio 2.763
+! mkv-compress: c.h5: method uniform2d, logical 409600 bytes, physical 148288 bytes, ratio 2.762
 $ mkv-compress long.h5 -o c.h5 -m quest -P budget=0.05
 ! mkv-compress: warning: quest: budget=0.05 is 40 of the 800 tokens, fewer than the sink=4 and recent=64 tokens always attended: a step attends at least 68
 ! mkv-compress: c.h5: method quest, logical 409600 bytes, physical 435200 bytes, ratio 0.941

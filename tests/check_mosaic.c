@@ -285,6 +285,12 @@ START_TEST(dprime_by_energy_hand_count)
     ck_assert_int_eq(mkv_mosaic_dprime_for_energy(ev, 32, 0.05, 1), 8);    /* 32 >= 26.4 */
     ev[2] = 0;   /* rank 2 of 3: all energy in 2 channels, rounded to 8, capped at d */
     ck_assert_int_eq(mkv_mosaic_dprime_for_energy(ev, 3, 1.0, 1), 3);
+    /* by fraction: ceil(f d), at least r, a multiple of g, at most d */
+    ck_assert_int_eq(mkv_mosaic_dprime_of_fraction(0.5, 128, 32, 1), 64);
+    ck_assert_int_eq(mkv_mosaic_dprime_of_fraction(0.3, 32, 4, 1), 10);     /* 9.6 */
+    ck_assert_int_eq(mkv_mosaic_dprime_of_fraction(0.3, 32, 4, 4), 12);
+    ck_assert_int_eq(mkv_mosaic_dprime_of_fraction(0.1, 32, 8, 2), 8);      /* r over 3.2 */
+    ck_assert_int_eq(mkv_mosaic_dprime_of_fraction(1.0, 30, 4, 4), 30);     /* capped at d */
 }
 END_TEST
 

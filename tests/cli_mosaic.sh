@@ -54,6 +54,7 @@ mosaic strategy=fixed bits=8 group=2 keep=0.25 rotate=off
 mosaic quantize=on ratio=6 segment=400
 mosaic quantize=on ratio=6 segment=400 qgroup=50
 mosaic strategy=fixed bits=4 keep=1 qgroup=100
+mosaic strategy=fixed keep=0.25 dprime=0.5 block=8 budget=0.1
 mosaic quantize=on strategy=dynamic threshold=0.05
 mosaic budget=1 ratio=5 quantize=on
 mosaic budget=1 strategy=fixed rotate=off
@@ -74,6 +75,18 @@ for want in 2 3 5; do
             fail "ratio=$want quantize=$quantize: the file's ratio is $got"
     done
 done
+
+# the paper's 2-D form: r = head_dim/4 of d' = head_dim/2 rotated channels
+# in every segment of K and V
+"$COMPRESS" raw.h5 -o paper.h5 --method mosaic -P strategy=fixed,keep=0.25,dprime=0.5 -q ||
+    fail "mkv-compress dprime=0.5"
+"$PY" - <<'PY' || fail "dprime=0.5: r and d' are not head_dim/4 and head_dim/2"
+import sys, h5py
+with h5py.File("paper.h5", "r") as f:
+    d = int(f.attrs["head_dim"])
+    rows = [r for l in f["layers"].values() for h in l.values() for x in "kv" for r in h[x + "/strategy"][...]]
+    sys.exit(not rows or any((int(r[3]), int(r[5])) != (d // 4, d // 2) for r in rows))
+PY
 
 # nothing dropped, every token attended: exact attention up to fp16
 "$COMPRESS" raw.h5 -o full.h5 --method mosaic -P strategy=fixed,keep=1,energy=1,budget=1 -q || fail "mkv-compress keep=1"

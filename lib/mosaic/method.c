@@ -31,7 +31,10 @@
  *                vector (the baselines' rule); g = `group`; d' = the fewest
  *                leading rotated channels holding `energy` of the
  *                eigen-energy, at least r, rounded up to a multiple of 8,
- *                at most d (d' = d without rotation); values in `bits`;
+ *                at most d (d' = d without rotation), or with `dprime` > 0
+ *                ceil(dprime x d) of them (at least r, a multiple of g);
+ *                values in `bits`. The paper's 2-D form: keep 0.25,
+ *                dprime 0.5, block 8, budget 0.1, bits 16;
  *       dynamic, ratio: the candidates of mkv_mosaic_candidates (r from
  *                d/32 to d, g 1, 2, 4, d' d/4 .. d; values also unrotated;
  *                keys of a rotated segment stay rotated; fp16 values, and
@@ -57,7 +60,7 @@
  *       Observation queries: every query head of the dump at up to 64/G
  *       positions spread evenly over its queries (first and last
  *       included). `rotate=off` leaves out the rotated candidates; `keep`,
- *       `group`, `energy` and `bits` apply to fixed only (given under
+ *       `group`, `energy`, `dprime` and `bits` apply to fixed only (given under
  *       another strategy they draw a warning, as do `threshold`, `ratio`
  *       and `quantize`).
  *  6. Per vector x~ = x R: keep the r/g groups of g adjacent channels among
@@ -145,6 +148,9 @@ static const mkv_param_spec mosaic_params[] = {
      "fixed: channels per selection group g (adjacent rotated channels)"},
     {"energy", MKV_PARAM_DOUBLE, "0.95", 0, 1, NULL,
      "fixed: fraction of eigen-energy the d' kept rotated channels hold", MKV_PARAM_ABOVE_MIN},
+    {"dprime", MKV_PARAM_DOUBLE, "0", 0, 1, NULL,
+     "fixed: d' as a fraction of head_dim, ceil(dprime x head_dim) rotated channels (at least r, a multiple "
+     "of the group) instead of by energy; 0: by energy"},
     {"bits", MKV_PARAM_INT, "16", 2, 16, "2 4 8 16",
      "fixed: bits per kept value (16: float16; 8, 4, 2: codes with a zero and step per rotated channel)"},
     {"quantize", MKV_PARAM_STRING, "on", 0, 0, "on off",
@@ -201,9 +207,9 @@ static void warn_ignored(const mkv_params *p)
 {
     static const struct {
         const char *strategies[3];
-        const char *const params[5];
+        const char *const params[6];
     } own[] = {
-        {{"fixed", NULL}, {"keep", "group", "energy", "bits", NULL}},
+        {{"fixed", NULL}, {"keep", "group", "energy", "dprime", "bits", NULL}},
         {{"dynamic", NULL}, {"threshold", NULL}},
         {{"ratio", NULL}, {"ratio", NULL}},
         {{"dynamic", "ratio", NULL}, {"quantize", NULL}},
@@ -271,6 +277,7 @@ void mkv_mosaic_config_of(const mkv_params *p, int d, mkv_mosaic_config *c)
     c->r = mkv_mosaic_kept(mkv_params_double(p, "keep"), d);
     c->g = (int)mkv_params_int(p, "group");
     c->energy = mkv_params_double(p, "energy");
+    c->dprime = mkv_params_double(p, "dprime");
     c->bits = (int)mkv_params_int(p, "bits");
     c->quantize = strcmp(mkv_params_str(p, "quantize"), "on") == 0;
     c->qgroup = (int)mkv_params_int(p, "qgroup");
@@ -651,6 +658,8 @@ static void fixed_strategy(const mkv_mosaic_config *c, int d, const double *eval
         s->dprime = d;
     else if (!c->pervector)
         s->dprime = c->r;   /* uniform2d: the first r rotated channels, nothing more */
+    else if (c->dprime > 0)
+        s->dprime = mkv_mosaic_dprime_of_fraction(c->dprime, d, c->r, s->g);
     else
         s->dprime = mkv_mosaic_dprime_for_energy(evals, d, c->energy, c->r);
 }

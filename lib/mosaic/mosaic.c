@@ -69,6 +69,14 @@ int mkv_mosaic_dprime_for_energy(const double *evals, int d, double energy, int 
     return k > d ? d : k;
 }
 
+int mkv_mosaic_dprime_of_fraction(double fraction, int d, int r, int g)
+{
+    int dp = (int)ceil(fraction * d - 1e-9);
+    dp = dp < r ? r : dp;
+    dp = (dp + g - 1) / g * g;
+    return dp > d ? d : dp;
+}
+
 void mkv_mosaic_rotate(const float *X, int64_t n, int d, const double *R, int ldr, int dprime,
                        double *out)
 {

@@ -32,6 +32,9 @@ void mkv_mosaic_round_f16(double *R, size_t n);
  * 8 (whole bytes of bitmap for g = 1, 16-byte rows of block keys), at most
  * d. */
 int mkv_mosaic_dprime_for_energy(const double *evals, int d, double energy, int r);
+/* d' = ceil(fraction x d) rotated channels, raised to r and then to a
+ * multiple of g, at most d. */
+int mkv_mosaic_dprime_of_fraction(double fraction, int d, int r, int g);
 /* out [n][d'] = first d' channels of X R, in double (R = NULL: identity).
  * R is d x ldr row-major (ldr >= d'). */
 void mkv_mosaic_rotate(const float *X, int64_t n, int d, const double *R, int ldr, int dprime,
@@ -182,6 +185,7 @@ typedef struct {
     int rotate;             /* fixed: rotation on; dynamic: rotation allowed */
     int r, g;               /* fixed strategy: kept elements per vector, group */
     double energy;          /* fixed: d' by cumulative eigen-energy */
+    double dprime;          /* fixed: > 0: d' = ceil(dprime x d) instead (mkv_mosaic_dprime_of_fraction) */
     int bits;               /* fixed: bits per kept value (16: fp16; 8, 4, 2: codes) */
     int quantize;           /* dynamic: candidates at 8, 4 and 2 bits besides 16 */
     int qgroup;             /* quantized: tokens per zero/step group (0: the segment);

@@ -155,7 +155,8 @@ START_TEST(grown_equals_compressed_at_once)
     /* budget=1 stores no block keys; 0.5 grows them */
     const char *rules[] = {"strategy=fixed keep=0.25", "strategy=dynamic threshold=0.05",
                            "strategy=fixed keep=0.25 budget=0.5", "strategy=fixed keep=0.5 bits=4 budget=0.5",
-                           "strategy=dynamic threshold=0.05 quantize=on"};
+                           "strategy=fixed keep=0.5 bits=4 qgroup=16 budget=0.5",
+                           "strategy=dynamic threshold=0.05 quantize=on qgroup=16"};
     mkv_mosaic_set_sync_manager(0);
     for (int r = 0; r < (int)(sizeof rules / sizeof rules[0]); r++) {
         mkv_params p;

@@ -22,6 +22,7 @@
 #include "io/cdump.h"
 #include "methods/compress.h"
 #include "methods/evaluate.h"
+#include "methods/head_budget.h"
 #include "core/log.h"
 #include "methods/method.h"
 #include "methods/metrics.h"
@@ -762,6 +763,62 @@ START_TEST(compress_layer_names_failing_head)
 }
 END_TEST
 
+
+/* One query at position 3 over 4 tokens, d = 1, q = 1: keys ln 4, ln 2,
+ * 0, 0 give weights 4/8, 2/8, 1/8, 1/8; values 1, 0, 0, 0 an exact
+ * output of 1/2. With token 3 always attended (recent 1) the tokens taken
+ * are {3}, {3, 0}, {3, 0, 1}, all: outputs 0, 4/5, 4/7, 1/2, relative
+ * errors 1, 3/5, 1/7, 0 at ceil(f 4) = 1, 2, 3, 4 tokens. Without it: {0},
+ * {0, 1}, {0, 1, 2}, all: 1, 1/3, 1/7, 0. */
+START_TEST(head_error_curve_hand_case)
+{
+    float k[4] = {(float)log(4.0), (float)log(2.0), 0, 0}, v[4] = {1, 0, 0, 0}, q[1] = {1};
+    int32_t pos[1] = {3};
+    double c[MKV_HEAD_BUDGET_POINTS];
+    mkv_head_kv in = {.T = 4, .d = 1, .G = 1, .k = k, .v = v, .W = 1, .q = q, .query_pos = pos};
+    mkv_error err;
+    static const double with_recent[5] = {0, 1, 0.6, 1.0 / 7, 0}, by_weight[5] = {0, 1, 1.0 / 3, 1.0 / 7, 0};
+    for (int recent = 0; recent < 2; recent++) {
+        ck_assert_int_eq(mkv_head_error_curve(&in, 0, recent, c, &err), MKV_OK);
+        for (int i = 0; i < MKV_HEAD_BUDGET_POINTS; i++) {
+            int tokens = (int)ceil((i + 1) * 4.0 / MKV_HEAD_BUDGET_POINTS - 1e-9);
+            ck_assert_double_eq_tol(c[i], recent ? with_recent[tokens] : by_weight[tokens], 1e-6);
+        }
+    }
+    /* no observation query inside the cache */
+    pos[0] = 4;
+    ck_assert_int_eq(mkv_head_error_curve(&in, 0, 0, c, &err), MKV_EUSAGE);
+}
+END_TEST
+
+/* The greedy allocation on error curves built by hand: head 0 loses 0.01
+ * per step throughout, head 1 0.02 per step up to 40 steps and nothing
+ * after, head 2 nothing at all. Mean 0.1 of 200 steps over 3 heads = 60
+ * steps, floor 0.025 = 5 each: head 1 takes steps 6..40 (35), head 0 the
+ * remaining 10 (15 in all), head 2 stays at the floor. */
+START_TEST(head_budgets_hand_case)
+{
+    enum { P = MKV_HEAD_BUDGET_POINTS };
+    static double curves[3 * P];
+    for (int i = 0; i < P; i++) {
+        curves[i] = 2 - 0.01 * (i + 1);
+        curves[P + i] = 1 - 0.02 * (i < 40 ? i + 1 : 40);
+        curves[2 * P + i] = 0.5;
+    }
+    double b[3];
+    mkv_error err;
+    ck_assert_int_eq(mkv_allocate_head_budgets(curves, 3, 0.1, 0.025, b, &err), MKV_OK);
+    ck_assert_double_eq_tol(b[0], 15.0 / P, 1e-12);
+    ck_assert_double_eq_tol(b[1], 40.0 / P, 1e-12);
+    ck_assert_double_eq_tol(b[2], 5.0 / P, 1e-12);
+    ck_assert_double_eq_tol((b[0] + b[1] + b[2]) / 3, 0.1, 1e-12);
+    /* every head at the floor already spends more than the mean: the floor */
+    ck_assert_int_eq(mkv_allocate_head_budgets(curves, 3, 0.01, 0.05, b, &err), MKV_OK);
+    for (int h = 0; h < 3; h++)
+        ck_assert_double_eq_tol(b[h], 10.0 / P, 1e-12);
+}
+END_TEST
+
 static Suite *methods_suite(void)
 {
     Suite *s = suite_create("methods");
@@ -775,6 +832,10 @@ static Suite *methods_suite(void)
     tc = tcase_create("reference");
     tcase_add_test(tc, metrics_hand_values);
     tcase_add_test(tc, exact_attention_hand_case);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("head_budget");
+    tcase_add_test(tc, head_error_curve_hand_case);
+    tcase_add_test(tc, head_budgets_hand_case);
     suite_add_tcase(s, tc);
     tc = tcase_create("registry");
     tcase_set_timeout(tc, 120);

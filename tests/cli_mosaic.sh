@@ -88,6 +88,28 @@ with h5py.File("paper.h5", "r") as f:
     sys.exit(not rows or any((int(r[3]), int(r[5])) != (d // 4, d // 2) for r in rows))
 PY
 
+# per-head token budgets: the stored shares match a numpy re-planning
+# from the raw dump's queries (tests/head_budget_ref.py), every stored byte
+# is counted, a budget given as a token count plans none, and a damaged
+# share is refused at load
+"$COMPRESS" raw.h5 -o hb.h5 --method mosaic -P headbudget=on,budget=0.1 -q || fail "mkv-compress headbudget=on"
+"$PY" "$REF" raw.h5 hb.h5 >ref.out || fail "headbudget=on: $(cat ref.out)"
+"$PY" "$top_srcdir/tests/head_budget_ref.py" raw.h5 hb.h5 0.1 0.025 4 64 >hbref.out ||
+    fail "headbudget=on: $(cat hbref.out)"
+"$ATTEND" hb.h5 --summary -q >/dev/null || fail "mkv-attend on headbudget=on"
+"$COMPRESS" raw.h5 -o hbc.h5 --method mosaic -P headbudget=on,budget=200 -q || fail "mkv-compress headbudget=on budget=200"
+"$PY" - <<'PY' || fail "budget=200: per-head shares stored"
+import sys, h5py
+with h5py.File("hbc.h5", "r") as f:
+    sys.exit(any("budget_scale" in h for l in f["layers"].values() for h in l.values()))
+PY
+"$PY" -c 'import h5py; h5py.File("hb.h5", "r+")["layers/01/00/budget_scale"][0] = -2' || fail "damaging budget_scale"
+"$ATTEND" hb.h5 --summary >hb.out 2>hb.err
+status=$?
+want="mkv-attend: 'hb.h5': layer 1, KV head 0: array 'budget_scale': -2 is not a positive multiple of the budget"
+[ $status -eq 1 ] || fail "damaged budget_scale: exit $status, not 1"
+[ "$(cat hb.err)" = "$want" ] || fail "damaged budget_scale: stderr '$(cat hb.err)', expected '$want'"
+
 # nothing dropped, every token attended: exact attention up to fp16
 "$COMPRESS" raw.h5 -o full.h5 --method mosaic -P strategy=fixed,keep=1,energy=1,budget=1 -q || fail "mkv-compress keep=1"
 err=$("$ATTEND" full.h5 --summary -q | awk -F'\t' 'NR == 2 { print $8 }')

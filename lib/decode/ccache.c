@@ -98,15 +98,28 @@ static int compress_prefix(const mkv_ccache_opts *o, const mkv_dump_meta *m, con
     int rc = mkv_cdump_create_memory(&cm, obs->pos, &w, err);
     mkv_compressor comp = {.method = o->method, .params = o->params};
     size_t q_layer = (size_t)m->n_heads * (size_t)obs->W * (size_t)d;
-    for (int l = 0; l < m->n_layers && !rc; l++) {
-        for (int h = 0; h < H; h++) {
-            memcpy(k + (size_t)h * head_n, mkv_forward_k(f, l, h), head_n * sizeof(float));
-            memcpy(v + (size_t)h * head_n, mkv_forward_v(f, l, h), head_n * sizeof(float));
+    mkv_budget_plan plan;
+    if (!rc)
+        rc = mkv_budget_plan_init(&comp, m, &plan, err);
+    else
+        memset(&plan, 0, sizeof plan);
+    /* per-head budgets first, then the compression: the cache copied once more */
+    for (int pass = mkv_budget_plan_wanted(&plan) ? 0 : 1; pass < 2 && !rc; pass++) {
+        for (int l = 0; l < m->n_layers && !rc; l++) {
+            for (int h = 0; h < H; h++) {
+                memcpy(k + (size_t)h * head_n, mkv_forward_k(f, l, h), head_n * sizeof(float));
+                memcpy(v + (size_t)h * head_n, mkv_forward_v(f, l, h), head_n * sizeof(float));
+            }
+            mkv_layer_kv layer = {.layer = l, .k = k, .v = v, .q = obs->W ? obs->q + (size_t)l * q_layer : NULL,
+                                  .query_pos = obs->pos,
+                                  .budget_scale = plan.scale ? plan.scale + (size_t)l * (size_t)H : NULL};
+            rc = pass ? mkv_compress_layer(&comp, m, &layer, o->threads, w, err)
+                      : mkv_budget_plan_layer(&plan, m, &layer, o->threads, err);
         }
-        mkv_layer_kv layer = {.layer = l, .k = k, .v = v, .q = obs->W ? obs->q + (size_t)l * q_layer : NULL,
-                              .query_pos = obs->pos};
-        rc = mkv_compress_layer(&comp, m, &layer, o->threads, w, err);
+        if (!pass && !rc)
+            rc = mkv_budget_plan_finish(&plan, m, err);
     }
+    mkv_budget_plan_free(&plan);
     mkv_free(k);
     mkv_free(v);
     if (rc) {

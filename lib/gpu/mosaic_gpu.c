@@ -45,7 +45,7 @@ static int mosaic_gpu_attend(const mkv_params *pr, mkv_cdump *c, int layer, int 
     }
     float *dq = NULL, *dout = NULL;
     if ((rc = mkv_cuda_mosaic_upload(&g.l, &cache, err)) == MKV_OK) {
-        mkv_packed_params pp = {(int)q->W, 1, G, 0, mkv_params_double(pr, "budget"),
+        mkv_packed_params pp = {(int)q->W, 1, G, 0, mkv_mosaic_scaled_budget(h.budget_scale, mkv_params_double(pr, "budget")),
                                 strcmp(mkv_params_str(pr, "agg"), "sum") == 0};
         rc = mkv_cuda_mosaic_plan(cache, &pp, heads, q->pos, &plan, err);
     }

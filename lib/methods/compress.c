@@ -13,6 +13,7 @@
 #include "core/log.h"
 #include "core/tasks.h"
 #include "core/tensor.h"
+#include "methods/head_budget.h"
 
 int mkv_compress_head(const mkv_compressor *c, const mkv_head_kv *in, mkv_cdump_writer *w,
                       mkv_error *err)
@@ -53,8 +54,80 @@ static int compress_task(void *ctx, int h, mkv_error *err)
         .q = m->n_queries ? j->l->q + (size_t)h * q_group : NULL,
         .query_pos = j->l->query_pos,
         .threads = j->threads_per_head,
+        .budget_scale = j->l->budget_scale ? j->l->budget_scale[h] : 0,
     };
     return mkv_compress_head(j->c, &in, j->w, err);
+}
+
+/* ---------------------------------------------------------------- per-head budgets */
+
+int mkv_budget_plan_init(const mkv_compressor *c, const mkv_dump_meta *m, mkv_budget_plan *bp, mkv_error *err)
+{
+    memset(bp, 0, sizeof *bp);
+    if (!c->method->head_budget_rule || !c->method->head_budget_rule(c->params, &bp->rule))
+        return MKV_OK;
+    if (m->n_queries == 0) {
+        mkv_warn("%s: the dump has no observation queries to plan per-head budgets from: every head gets %g",
+                 c->method->name, bp->rule.mean);
+        return MKV_OK;
+    }
+    size_t n = (size_t)m->n_layers * (size_t)m->n_kv_heads;
+    bp->curves = mkv_alloc(n * MKV_HEAD_BUDGET_POINTS, sizeof *bp->curves, "coverage curves", err);
+    return bp->curves ? MKV_OK : (err ? err->code : MKV_ENOMEM);
+}
+
+int mkv_budget_plan_wanted(const mkv_budget_plan *bp) { return bp->curves != NULL; }
+
+typedef struct {
+    const mkv_dump_meta *m;
+    const mkv_layer_kv *l;
+    const mkv_head_budget_rule *rule;
+    double *curves;
+} curve_job;
+
+static int curve_task(void *ctx, int h, mkv_error *err)
+{
+    const curve_job *j = ctx;
+    const mkv_dump_meta *m = j->m;
+    int G = m->n_heads / m->n_kv_heads;
+    mkv_head_kv in = {
+        .layer = j->l->layer, .head = h, .T = m->n_tokens, .d = m->head_dim, .G = G,
+        .k = j->l->k + (size_t)h * (size_t)m->n_tokens * (size_t)m->head_dim,
+        .v = j->l->v + (size_t)h * (size_t)m->n_tokens * (size_t)m->head_dim,
+        .W = m->n_queries,
+        .q = j->l->q + (size_t)h * (size_t)G * (size_t)m->n_queries * (size_t)m->head_dim,
+        .query_pos = j->l->query_pos,
+    };
+    return mkv_head_error_curve(&in, j->rule->sink, j->rule->recent, j->curves + (size_t)h * MKV_HEAD_BUDGET_POINTS,
+                                err);
+}
+
+int mkv_budget_plan_layer(mkv_budget_plan *bp, const mkv_dump_meta *m, const mkv_layer_kv *l, int threads,
+                          mkv_error *err)
+{
+    curve_job j = {m, l, &bp->rule, bp->curves + (size_t)l->layer * (size_t)m->n_kv_heads * MKV_HEAD_BUDGET_POINTS};
+    int h, rc = mkv_run_tasks(m->n_kv_heads, threads, curve_task, &j, &h, err);
+    return rc && h >= 0 ? mkv_error_prefix(err, "layer %d head %d", l->layer, h) : rc;
+}
+
+int mkv_budget_plan_finish(mkv_budget_plan *bp, const mkv_dump_meta *m, mkv_error *err)
+{
+    if (!bp->curves)
+        return MKV_OK;
+    int n = m->n_layers * m->n_kv_heads;
+    if (!(bp->scale = mkv_alloc((size_t)n, sizeof *bp->scale, "per-head budgets", err)))
+        return err ? err->code : MKV_ENOMEM;
+    int rc = mkv_allocate_head_budgets(bp->curves, n, bp->rule.mean, bp->rule.floor_frac, bp->scale, err);
+    for (int i = 0; i < n && rc == MKV_OK; i++)
+        bp->scale[i] /= bp->rule.mean;
+    return rc;
+}
+
+void mkv_budget_plan_free(mkv_budget_plan *bp)
+{
+    mkv_free(bp->curves);
+    mkv_free(bp->scale);
+    memset(bp, 0, sizeof *bp);
 }
 
 int mkv_compress_layer(const mkv_compressor *c, const mkv_dump_meta *m, const mkv_layer_kv *l,
@@ -91,6 +164,7 @@ int mkv_compress_dump(const mkv_compressor *c, const char *input, const char *ou
     mkv_cdump_writer *w = NULL;
     int32_t *query_pos = NULL;
     float *k = NULL, *v = NULL, *q = NULL;
+    mkv_budget_plan plan = {0};
 
     if ((rc = c->method->check(c->params, m, err))) {
         mkv_error_prefix(err, "method '%s'", c->method->name);
@@ -127,11 +201,24 @@ int mkv_compress_dump(const mkv_compressor *c, const char *input, const char *ou
              mkv_dump_path(d), m->n_layers, m->n_kv_heads, m->n_tokens, m->head_dim, m->n_queries,
              c->method->name, cm.params[0] ? cm.params : "no parameters", threads);
     mkv_layer_kv layer = {.k = k, .v = v, .q = q, .query_pos = query_pos};
+    if ((rc = mkv_budget_plan_init(c, m, &plan, err)))
+        goto done;
+    for (int l = 0; l < m->n_layers && !rc && mkv_budget_plan_wanted(&plan); l++) {
+        layer.layer = l;
+        if ((rc = mkv_dump_read_finite(d, l, 'k', 0, m->n_kv_heads, 0, m->n_tokens, k, err)) ||
+            (rc = mkv_dump_read_finite(d, l, 'v', 0, m->n_kv_heads, 0, m->n_tokens, v, err)) ||
+            (rc = mkv_dump_read_finite(d, l, 'q', 0, m->n_heads, 0, m->n_queries, q, err)))
+            break;
+        rc = mkv_budget_plan_layer(&plan, m, &layer, threads, err);
+    }
+    if (rc || (rc = mkv_budget_plan_finish(&plan, m, err)))
+        goto done;
     uint32_t digest = 0;
     mkv_progress progress;
     mkv_progress_start(&progress, "compressing", m->n_layers);
     for (int l = 0; l < m->n_layers && !rc; l++) {
         layer.layer = l;
+        layer.budget_scale = plan.scale ? plan.scale + (size_t)l * (size_t)m->n_kv_heads : NULL;
         if ((rc = mkv_dump_read_finite(d, l, 'k', 0, m->n_kv_heads, 0, m->n_tokens, k, err)) ||
             (rc = mkv_dump_read_finite(d, l, 'v', 0, m->n_kv_heads, 0, m->n_tokens, v, err)) ||
             (rc = mkv_dump_read_finite(d, l, 'q', 0, m->n_heads, 0, m->n_queries, q, err)))
@@ -156,6 +243,7 @@ int mkv_compress_dump(const mkv_compressor *c, const char *input, const char *ou
 done:
     if (w)
         mkv_cdump_abort(w);
+    mkv_budget_plan_free(&plan);
     mkv_free(k);
     mkv_free(v);
     mkv_free(q);

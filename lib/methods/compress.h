@@ -29,7 +29,27 @@ typedef struct {
     const float *k, *v;         /* [n_kv_heads][T][head_dim] */
     const float *q;             /* [n_heads][W][head_dim] (NULL when W = 0) */
     const int32_t *query_pos;   /* [W] */
+    const double *budget_scale; /* [n_kv_heads] planned per-head budgets (mkv_budget_plan), or NULL */
 } mkv_layer_kv;
+
+/* Per-head token budgets for a method that plans them (its
+ * head_budget_rule, methods/head_budget.h): the error curves of every
+ * head, gathered layer by layer, then one allocation over all of them.
+ * scale stays NULL when the method plans none or the dump has no
+ * observation queries (a warning says so). */
+typedef struct {
+    mkv_head_budget_rule rule;
+    double *curves;             /* [n_layers][n_kv_heads][MKV_HEAD_BUDGET_POINTS] error curves */
+    double *scale;              /* [n_layers][n_kv_heads] budget / mean, after finish */
+} mkv_budget_plan;
+
+int mkv_budget_plan_init(const mkv_compressor *c, const mkv_dump_meta *m, mkv_budget_plan *bp, mkv_error *err);
+/* Whether bp gathers curves (the drivers read each layer once more for it). */
+int mkv_budget_plan_wanted(const mkv_budget_plan *bp);
+int mkv_budget_plan_layer(mkv_budget_plan *bp, const mkv_dump_meta *m, const mkv_layer_kv *l, int threads,
+                          mkv_error *err);
+int mkv_budget_plan_finish(mkv_budget_plan *bp, const mkv_dump_meta *m, mkv_error *err);
+void mkv_budget_plan_free(mkv_budget_plan *bp);
 
 /* Compress every KV head of the layer into w with up to `threads` workers
  * (threads >= 1; each head gets threads / min(threads, n_kv_heads)).  The

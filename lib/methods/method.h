@@ -73,6 +73,13 @@ const char *mkv_params_str(const mkv_params *p, const char *key);
 void mkv_params_format(const mkv_params *p, char *buf, size_t size);
 
 typedef struct mkv_method mkv_method;
+
+/* How a method wants its token budget split over the heads (its
+ * head_budget_rule). */
+typedef struct {
+    double mean, floor_frac;
+    int64_t sink, recent;
+} mkv_head_budget_rule;
 /* The parameters compressed dump c records (every one, in canonical form)
  * for its method m, into p: a record of the run, not values given now, so
  * none counts as given. MKV_EFORMAT naming the dump when one does not
@@ -90,6 +97,9 @@ typedef struct {
     const float *q;          /* [G][W][d] queries of this group, NULL when W = 0 */
     const int32_t *query_pos;/* [W] */
     int threads;
+    double budget_scale;     /* > 0: this head's token budget as a multiple of the method's
+                                `budget`, planned over every head (methods/head_budget.h);
+                                0: the method's budget as it is */
 } mkv_head_kv;
 
 /* ---- attention ---- */
@@ -130,6 +140,12 @@ struct mkv_method {
      * context, group size not dividing d', ...). */
     int (*check)(const mkv_params *p, const mkv_dump_meta *m, mkv_error *err);
     int (*compress)(const mkv_params *p, const mkv_head_kv *in, mkv_cdump_writer *w, mkv_error *err);
+    /* Optional: with these parameters, the mean token budget (a fraction
+     * < 1) the compression drivers split over the heads before compressing
+     * (methods/head_budget.h; each head's share reaches compress as
+     * budget_scale), at least floor_frac each, the method attending its
+     * first `sink` and last `recent` tokens always: 1, or 0 for none. */
+    int (*head_budget_rule)(const mkv_params *p, mkv_head_budget_rule *rule);
     /* Optional: once every head of a dump of shape m is compressed into w
      * (its bytes per head and in total), warn about a target the
      * parameters set that the result misses. */

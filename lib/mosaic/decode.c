@@ -248,6 +248,7 @@ int mkv_mosaic_state_load(const mkv_params *p, mkv_cdump *c, int layer, int head
         return rc;
     }
     config(p, s->h.d, &s->cfg);
+    s->o.budget = mkv_mosaic_scaled_budget(s->h.budget_scale, s->o.budget);
     *state = s;
     return MKV_OK;
 }
@@ -286,7 +287,7 @@ static uint64_t tensor_bytes(const mkv_mosaic_tensor *t, int d, int block)
 uint64_t mkv_mosaic_head_bytes(const mkv_mosaic_head *h)
 {
     return 2 * (uint64_t)(h->sink_n + h->recent_n) * (uint64_t)h->d * 2 + tensor_bytes(&h->k, h->d, h->block) +
-           tensor_bytes(&h->v, h->d, 0);
+           tensor_bytes(&h->v, h->d, 0) + (h->budget_scale > 0 ? sizeof(float) : 0);
 }
 
 uint64_t mkv_mosaic_method_state_bytes(const void *state)
@@ -346,6 +347,7 @@ static int set_template(mosaic_state *s, mkv_error *err)
     /* packed at once, with no segment of its own to take zeros and steps
      * from: fp16 values */
     s->tk.bits = s->tv.bits = 16;
+    s->tk.qgroup = s->tv.qgroup = 0;
     size_t dd = (size_t)d * (size_t)d;
     if (!(s->rk = mkv_calloc(dd, sizeof *s->rk, "a rotation", err)) ||
         !(s->rv = mkv_calloc(dd, sizeof *s->rv, "a rotation", err)) ||

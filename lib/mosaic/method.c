@@ -169,6 +169,9 @@ static const mkv_param_spec mosaic_params[] = {
     {"budget", MKV_PARAM_DOUBLE, "0.1", 0, 1e15, NULL,
      "tokens attended per step: fraction (<= 1) of the context or a count (> 1)", MKV_PARAM_ABOVE_MIN},
     {"agg", MKV_PARAM_STRING, "max", 0, 0, "max sum", "block score over the G query heads: max or sum"},
+    {"headbudget", MKV_PARAM_STRING, "off", 0, 0, "on off",
+     "a fractional budget < 1 split over the (layer, KV head)s by their observation queries' attention, "
+     "the mean kept, each at least a quarter of it (off: every head the same)"},
     {NULL, 0, NULL, 0, 0, NULL, NULL},
 };
 
@@ -943,6 +946,14 @@ int mkv_mosaic_compress(const mkv_mosaic_config *c, const mkv_head_kv *in, mkv_m
         c->bound < 0 || (c->rotate && c->bound > c->keydim))
         return mkv_fail(err, MKV_EUSAGE, "mosaic: block %d, segment %lld, keydim %d, bound %d do not fit "
                         "head_dim %d", c->block, (long long)c->segment, c->keydim, c->bound, d);
+    /* a planned per-head budget: the head's own share, as attention will read it back */
+    mkv_mosaic_config planned;
+    float scale = (float)in->budget_scale;
+    if (scale > 0) {
+        planned = *c;
+        planned.attn.budget = mkv_mosaic_scaled_budget(scale, c->attn.budget);
+        c = &planned;
+    }
     int rc;
     size_t n = (size_t)in->T * (size_t)d;
     if ((rc = mkv_bl_check_f16_range(in->k, n, "key", in->layer, in->head, err)) ||
@@ -970,6 +981,7 @@ int mkv_mosaic_compress(const mkv_mosaic_config *c, const mkv_head_kv *in, mkv_m
         mkv_error_prefix(err, "layer %d, KV head %d", in->layer, in->head);
         mkv_mosaic_head_free(h);
     }
+    h->budget_scale = scale > 0 ? scale : 0;
     return rc;
 }
 
@@ -1246,6 +1258,16 @@ static int mosaic_compress(const mkv_params *p, const mkv_head_kv *in, mkv_cdump
     return mkv_mosaic_compress_store(&c, in, w, err);
 }
 
+static int mosaic_head_budget_rule(const mkv_params *p, mkv_head_budget_rule *rule)
+{
+    double b = mkv_params_double(p, "budget");
+    if (strcmp(mkv_params_str(p, "headbudget"), "on") != 0 || b >= 1)
+        return 0;
+    *rule = (mkv_head_budget_rule){.mean = b, .floor_frac = b / 4, .sink = mkv_params_int(p, "sink"),
+                                   .recent = mkv_params_int(p, "recent")};
+    return 1;
+}
+
 /* strategy=ratio asks every head for `ratio`; a head whose cheapest
  * strategies, dense rows and tables cost more stays short of it. */
 static void mosaic_check_result(const mkv_params *p, const mkv_dump_meta *m, const mkv_cdump_writer *w)
@@ -1278,6 +1300,7 @@ const mkv_method mkv_method_mosaic = {
     .params = mosaic_params,
     .check = mosaic_check,
     .compress = mosaic_compress,
+    .head_budget_rule = mosaic_head_budget_rule,
     .check_result = mosaic_check_result,
     .load = mosaic_load,
     .attend = mkv_mosaic_method_attend,

@@ -58,6 +58,14 @@ uint64_t mkv_mosaic_qparams_read(const mkv_mosaic_strategy *s, int64_t i, int64_
 
 int64_t mkv_mosaic_nblocks(int64_t len, int B) { return (len + B - 1) / B; }
 
+double mkv_mosaic_scaled_budget(float scale, double budget)
+{
+    if (scale <= 0 || budget > 1)
+        return budget;
+    double b = (double)scale * budget;
+    return b < 1 ? b : 1;
+}
+
 int mkv_mosaic_rotation_cols(const mkv_mosaic_strategy *s)
 {
     if (!s->rotate)
@@ -287,7 +295,11 @@ static int store_tensor(const mkv_mosaic_tensor *t, const mkv_mosaic_head *h, ch
 int mkv_mosaic_store(const mkv_mosaic_head *h, mkv_cdump_writer *w, int layer, int head, mkv_error *err)
 {
     int rc = store_tensor(&h->k, h, 'k', w, layer, head, err);
-    return rc ? rc : store_tensor(&h->v, h, 'v', w, layer, head, err);
+    if (rc == MKV_OK)
+        rc = store_tensor(&h->v, h, 'v', w, layer, head, err);
+    if (rc == MKV_OK && h->budget_scale > 0)
+        rc = put_flat(w, layer, head, "budget_scale", MKV_EL_F32, 1, &h->budget_scale, err);
+    return rc;
 }
 
 /* MKV_EFORMAT "'file': layer L, KV head H: array 'name': ...". */
@@ -486,6 +498,16 @@ int mkv_mosaic_load(mkv_cdump *c, int layer, int head, int block, int64_t sink, 
         rc = load_tensor(c, layer, head, 'k', h, &h->k, err);
     if (rc == MKV_OK)
         rc = load_tensor(c, layer, head, 'v', h, &h->v, err);
+    if (rc == MKV_OK && mkv_cdump_has(c, layer, head, "budget_scale")) {
+        float *scale = NULL;
+        rc = get_flat(c, layer, head, "budget_scale", MKV_EL_F32, 1, (void **)&scale, err);
+        if (rc == MKV_OK && !(scale[0] > 0))
+            rc = bad_array(c, layer, head, "budget_scale", err, "%g is not a positive multiple of the budget",
+                           (double)scale[0]);
+        if (rc == MKV_OK)
+            h->budget_scale = scale[0];
+        mkv_free(scale);
+    }
     if (rc == MKV_OK && h->k.nseg != h->v.nseg)
         rc = bad_array(c, layer, head, "v/strategy", err, "%lld segments, the keys have %lld",
                        (long long)h->v.nseg, (long long)h->k.nseg);

@@ -82,6 +82,9 @@
  *                segments; groups = ceil(len/qgroup), 1 for qgroup 0)
  *   X/bitmap     uint8 [sum len*ceil(d'/g/8)]  (segments with a bitmap)
  *   k/blockkeys  float16 [sum ceil(len/B)*(keydim+bound)]
+ *   budget_scale float32 [1]  the head's token budget as a multiple of the
+ *                method's (per-head budgets planned over every head,
+ *                methods/head_budget.h; absent: the method's budget)
  *   X/rotation   float16 [sum d*cols]  (rotated segments; [d][cols] each,
  *                cols = max(d', keydim) for keys, d' for values)
  * ("sum" runs over the segments the parenthesis names, in order.)
@@ -95,7 +98,8 @@
  * r <= d' <= d, d' = d unrotated, keydim 0 (no block keys, bound 0) or
  * 1 <= keydim <= d and 0 <= bound <= keydim for keys, keydim = d or 0
  * and bound = 0 unrotated, bits 16, 8, 4 or
- * 2, qgroup 0 at 16 bits and 0 or 1..len-1 otherwise); every bitmap has
+ * 2, qgroup 0 at 16 bits and 0 or 1..len-1 otherwise); budget_scale is
+ * > 0 and finite; every bitmap has
  * exactly r/g set bits, all below d'/g; the pad bits
  * of every vector's codes are zero, every step is >= 0; values, zeros,
  * steps, block keys, rotations and dense rows are finite (mkv_cdump_get refuses NaN and Inf, naming the
@@ -199,9 +203,15 @@ typedef struct {
     int d, G, block;
     int64_t T;
     int64_t sink_n, recent_n;   /* dense tokens [0, sink_n) and [T - recent_n, T) */
+    float budget_scale;         /* > 0: the head's token budget is mkv_mosaic_scaled_budget of the
+                                   method's (stored "budget_scale"); 0: the method's */
     float *dense_k, *dense_v;   /* [sink_n + recent_n][d], fp16 values, sink first */
     mkv_mosaic_tensor k, v;
 } mkv_mosaic_head;
+
+/* A fractional budget (<= 1) scaled by a head's budget_scale, at most 1;
+ * a token count (> 1) stays as it is. */
+double mkv_mosaic_scaled_budget(float scale, double budget);
 
 /* Offsets and totals of t from its strategy table (keys: block > 0), the
  * segments tiling tokens [first, last). MKV_EFORMAT when the table is

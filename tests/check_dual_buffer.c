@@ -198,6 +198,11 @@ START_TEST(async_equals_sync)
     params_for(m, "strategy=ratio ratio=3 quantize=on budget=0.5", &p);
     mkv_mosaic_set_manager(MKV_MOSAIC_MANAGER_SYNC);
     void *sync = grown_state(m, &p, N);
+    /* each segment finalised on the decoding thread made its step wait */
+    mkv_decode_counters dc;
+    m->decode_counters(sync, &dc);
+    ck_assert_int_gt(dc.finalized, 0);
+    ck_assert_int_eq(dc.steps_waited, dc.finalized);
     mkv_mosaic_set_manager(MKV_MOSAIC_MANAGER_ASYNC);
     void *async = grown_state(m, &p, N);
     assert_same_head(mkv_mosaic_state_head(sync), mkv_mosaic_state_head(async));

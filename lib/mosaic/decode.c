@@ -174,13 +174,14 @@ void mkv_mosaic_set_close_loss(double rise)
     atomic_store(&close_loss, rise);
 }
 
-/* Queue j (or run it now when the manager is synchronous or cannot start). */
-static void submit(job *j)
+/* Queue j, or run it now when the manager is synchronous (sync) or
+ * cannot start; returns 1 when it ran on the caller's thread. */
+static int submit(job *j, int sync)
 {
-    if (atomic_load(&manager.mode) == MKV_MOSAIC_MANAGER_SYNC) {
+    if (sync) {
         run_job(j);
         atomic_store(&j->done, 1);
-        return;
+        return 1;
     }
     pthread_mutex_lock(&manager.mu);
     if (!manager.started)
@@ -189,7 +190,7 @@ static void submit(job *j)
         pthread_mutex_unlock(&manager.mu);
         run_job(j);
         atomic_store(&j->done, 1);
-        return;
+        return 1;
     }
     j->next = NULL;
     if (manager.tail)
@@ -199,6 +200,7 @@ static void submit(job *j)
     manager.tail = j;
     pthread_cond_signal(&manager.wake);
     pthread_mutex_unlock(&manager.mu);
+    return 0;
 }
 
 static void wait_job(job *j)
@@ -239,7 +241,7 @@ typedef struct {
     double *rk, *rv;                  /* [d][d] their rotations (zero beyond the stored columns) */
     float *rot_k, *rot_v;             /* [d][cols] as stored */
     double ref_loss[2];               /* K, V: the template's recorded energy loss */
-    int manager_off;                  /* no segment closes */
+    mkv_mosaic_manager_mode mode;     /* as set when growth started */
     double close_rise;                /* the running-loss rule's rise */
     /* the open segment: its raw tokens, their Gram matrices (rotating
      * configurations only) and running loss */
@@ -376,7 +378,7 @@ static int set_template(mosaic_state *s, mkv_error *err)
     int d = h->d;
     s->growing = 1;
     manager_use();
-    s->manager_off = atomic_load(&manager.mode) == MKV_MOSAIC_MANAGER_OFF;
+    s->mode = (mkv_mosaic_manager_mode)atomic_load(&manager.mode);
     s->close_rise = atomic_load(&close_loss);
     s->dense_cap = h->sink_n + h->recent_n;
     for (int x = 0; x < 2; x++) {
@@ -594,7 +596,8 @@ static int close_segment(mosaic_state *s, mkv_error *err)
                 (x ? j->gram_v : j->gram_k)[a * d + b] = s->gram[x][a <= b ? a * d + b : b * d + a];
     atomic_store(&j->done, 0);
     s->pending[s->n_pending++] = j;
-    submit(j);
+    /* finalised on this thread: the step waits for it */
+    s->stats.steps_waited += submit(j, s->mode == MKV_MOSAIC_MANAGER_SYNC);
     s->open_len = 0;
     return MKV_OK;
 }
@@ -755,7 +758,7 @@ int mkv_mosaic_method_append(void *state, const float *k, const float *v, mkv_er
         }
         if ((rc = pack_token(s, 1, err)) || (rc = pack_token(s, 0, err)))
             return rc;
-        if (!s->manager_off) {
+        if (s->mode != MKV_MOSAIC_MANAGER_OFF) {
             track_token(s, 0, s->raw_k + (s->open_len - 1) * d);
             track_token(s, 1, s->raw_v + (s->open_len - 1) * d);
         }
@@ -771,7 +774,7 @@ int mkv_mosaic_method_append(void *state, const float *k, const float *v, mkv_er
     h->T++;
     if ((rc = relayout(s, err)))
         return rc;
-    if (s->have_template && !s->manager_off && (s->open_len >= s->cfg.segment || loss_rose(s)) &&
+    if (s->have_template && s->mode != MKV_MOSAIC_MANAGER_OFF && (s->open_len >= s->cfg.segment || loss_rose(s)) &&
         (rc = close_segment(s, err)))
         return rc;
     s->stats.temp_bytes = temp_bytes(s);

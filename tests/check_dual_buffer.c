@@ -19,6 +19,7 @@
 #include "io/cdump.h"
 #include "methods/compress.h"
 #include "methods/method.h"
+#include "mosaic/finalize_priv.h"
 #include "mosaic/mosaic.h"
 #include "testutil.h"
 
@@ -158,20 +159,29 @@ static void assert_same_head(const mkv_mosaic_head *a, const mkv_mosaic_head *b)
 /* Five segments close during decoding; once published, the cache is the
  * one compressing every token at once gives (each segment is compressed
  * from its own tokens either way), for the fixed and the threshold rules,
- * with fp16 and quantized values. */
+ * with fp16 and quantized values, with and without rotation, and for
+ * uniform2d. */
 START_TEST(grown_equals_compressed_at_once)
 {
     make_tokens(3);
-    const mkv_method *m = mkv_method_find("mosaic");
     /* budget=1 stores no block keys; 0.5 grows them */
-    const char *rules[] = {"strategy=fixed keep=0.25", "strategy=dynamic threshold=0.05",
-                           "strategy=fixed keep=0.25 budget=0.5", "strategy=fixed keep=0.5 bits=4 budget=0.5",
-                           "strategy=dynamic threshold=0.05 quantize=on"};
+    const struct {
+        const char *method, *rule;
+    } runs[] = {{"mosaic", "strategy=fixed keep=0.25"},
+                {"mosaic", "strategy=dynamic threshold=0.05"},
+                {"mosaic", "strategy=fixed keep=0.25 budget=0.5"},
+                {"mosaic", "strategy=fixed keep=0.5 bits=4 budget=0.5"},
+                {"mosaic", "strategy=dynamic threshold=0.05 quantize=on"},
+                {"mosaic", "strategy=fixed keep=0.25 rotate=off budget=0.5"},
+                {"mosaic", "strategy=dynamic threshold=0.05 rotate=off budget=0.5"},
+                {"uniform2d", "keep=0.25"},
+                {"uniform2d", "keep=0.25 budget=0.5"}};
     mkv_mosaic_set_manager(MKV_MOSAIC_MANAGER_ASYNC);
     mkv_mosaic_set_close_loss(1);   /* segments close at S tokens only */
-    for (int r = 0; r < (int)(sizeof rules / sizeof rules[0]); r++) {
+    for (int r = 0; r < (int)(sizeof runs / sizeof runs[0]); r++) {
+        const mkv_method *m = mkv_method_find(runs[r].method);
         mkv_params p;
-        params_for(m, rules[r], &p);
+        params_for(m, runs[r].rule, &p);
         void *grown = grown_state(m, &p, N);
         mkv_decode_counters dc;
         m->decode_counters(grown, &dc);
@@ -184,6 +194,51 @@ START_TEST(grown_equals_compressed_at_once)
         ck_assert_uint_eq(m->state_bytes(grown), m->state_bytes(whole));
         m->free_state(grown);
         m->free_state(whole);
+    }
+}
+END_TEST
+
+/* A segment finalised from its Gram matrices (computed here in double
+ * from its tokens) is the one mkv_mosaic_compress makes of the same
+ * tokens as a head of one segment, under every rule; the ratio rule is
+ * the one the whole-sequence comparison above cannot check (it spreads
+ * one byte budget over all of a head's segments). */
+START_TEST(finalized_equals_one_segment_head)
+{
+    make_tokens(17);
+    const mkv_method *m = mkv_method_find("mosaic");
+    const char *rules[] = {"strategy=ratio ratio=3 quantize=on budget=0.5", "strategy=ratio ratio=6",
+                           "strategy=dynamic threshold=0.1 budget=0.5", "strategy=fixed keep=0.5 bits=8"};
+    enum { LEN = 2 * SEG + 5 };
+    static double gram[2][D * D];
+    for (int x = 0; x < 2; x++)
+        for (int i = 0; i < D; i++)
+            for (int j = 0; j < D; j++) {
+                double sum = 0;
+                for (int t = 0; t < LEN; t++)
+                    sum += (double)(x ? values : keys)[t][i] * (double)(x ? values : keys)[t][j];
+                gram[x][i * D + j] = sum;
+            }
+    for (int r = 0; r < (int)(sizeof rules / sizeof rules[0]); r++) {
+        mkv_params p;
+        params_for(m, rules[r], &p);
+        mkv_mosaic_config c;
+        mkv_mosaic_config_of(&p, D, &c);
+        mkv_error err;
+        mkv_mosaic_head fin, ref;
+        ck_assert_msg(mkv_mosaic_finalize_segment(&c, &keys[0][0], &values[0][0], LEN, D, 1, gram[0], gram[1], &fin,
+                                                  &err) == MKV_OK, "%s", err.msg);
+        c.sink = c.recent = 0;
+        c.segment = LEN;
+        mkv_head_kv in = {.T = LEN, .d = D, .G = 1, .k = &keys[0][0], .v = &values[0][0], .threads = 1};
+        ck_assert_msg(mkv_mosaic_compress(&c, &in, &ref, &err) == MKV_OK, "%s", err.msg);
+        assert_same_tensor(&fin.k, &ref.k, rules[r]);
+        assert_same_tensor(&fin.v, &ref.v, rules[r]);
+        for (int x = 0; x < 2; x++)
+            ck_assert(memcmp(x ? fin.v.loss : fin.k.loss, x ? ref.v.loss : ref.k.loss,
+                             MKV_MOSAIC_LOSS_COLS * sizeof(float)) == 0);
+        mkv_mosaic_head_free(&fin);
+        mkv_mosaic_head_free(&ref);
     }
 }
 END_TEST
@@ -389,6 +444,7 @@ int main(void)
     TCase *tc = tcase_create("dual_buffer");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, grown_equals_compressed_at_once);
+    tcase_add_test(tc, finalized_equals_one_segment_head);
     tcase_add_test(tc, async_equals_sync);
     tcase_add_test(tc, switch_at_step_boundaries);
     tcase_add_test(tc, gram_is_the_segments_tokens);

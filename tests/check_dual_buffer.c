@@ -371,20 +371,27 @@ static void make_shift(int change)
         }
 }
 
+/* The method and settings the shifted stream runs with. */
+static const mkv_method *shift_method(mkv_mosaic_manager_mode mode, mkv_params *p)
+{
+    const mkv_method *m = mkv_method_find("mosaic");
+    params_for(m, "strategy=fixed keep=0.25 rotate=off", p);
+    mkv_mosaic_set_manager(mode);
+    mkv_mosaic_set_close_loss(0.32);
+    return m;
+}
+
 /* The open segment starts at C - RECENT; the stream changes 6 tokens
  * into it. With m changed tokens of n the running loss is 12 m / 16 n,
- * which exceeds the recorded 0 by more than 0.3 first at m = 5 (0.75 x
+ * which exceeds the recorded 0 by more than 0.32 first at m = 5 (0.75 x
  * 5 / 11 = 0.341; m = 4 gives 0.3): the segment closes at 11 tokens.
  * Every later token drops 0.75, so each next segment closes as soon as the
  * rule looks, at SEG / 4 = 4 tokens. Without the change no segment closes
  * before SEG. */
 START_TEST(running_loss_closes_where_the_stream_changes)
 {
-    const mkv_method *m = mkv_method_find("mosaic");
     mkv_params p;
-    params_for(m, "strategy=fixed keep=0.25 rotate=off", &p);
-    mkv_mosaic_set_manager(MKV_MOSAIC_MANAGER_ASYNC);
-    mkv_mosaic_set_close_loss(0.3);
+    const mkv_method *m = shift_method(MKV_MOSAIC_MANAGER_ASYNC, &p);
     int open = C - RECENT, appended = 3 * SEG;
     for (int shift = 0; shift < 2; shift++) {
         make_shift(shift ? open + 6 : C + N);
@@ -409,6 +416,35 @@ START_TEST(running_loss_closes_where_the_stream_changes)
         ck_assert(dc.finalize_seconds > 0 && dc.manager_cpu_seconds > 0);
         m->free_state(s);
     }
+}
+END_TEST
+
+/* A segment the rule closes is published at the next step, not at once,
+ * even when the manager finalised it on the spot: until then its tokens
+ * are the temporary region's (no loss recorded yet). */
+START_TEST(early_close_published_at_the_next_step)
+{
+    mkv_params p;
+    const mkv_method *m = shift_method(MKV_MOSAIC_MANAGER_SYNC, &p);
+    make_shift(C - RECENT + 6);
+    void *s = compress_load(m, &p, C);
+    /* the 11th token to leave the window closes the segment (above) */
+    append_all(m, s, C, C + 11);
+    const mkv_mosaic_head *h = mkv_mosaic_state_head(s);
+    mkv_decode_counters dc;
+    m->decode_counters(s, &dc);
+    ck_assert_int_eq(dc.finalized, 0);
+    ck_assert_int_eq(dc.temp_tokens, 11);
+    ck_assert_int_eq(h->k.nseg, 4);
+    ck_assert(isnan(h->k.loss[3 * MKV_MOSAIC_LOSS_COLS]));
+    append_all(m, s, C + 11, C + 12);
+    m->decode_counters(s, &dc);
+    ck_assert_int_eq(dc.finalized, 1);
+    ck_assert_int_eq(h->k.nseg, 5);
+    ck_assert_int_eq(h->k.seg[3].len, 11);
+    ck_assert(isfinite(h->k.loss[3 * MKV_MOSAIC_LOSS_COLS]));
+    ck_assert_int_eq(h->k.seg[4].len, 1);
+    m->free_state(s);
 }
 END_TEST
 
@@ -449,6 +485,7 @@ int main(void)
     tcase_add_test(tc, switch_at_step_boundaries);
     tcase_add_test(tc, gram_is_the_segments_tokens);
     tcase_add_test(tc, running_loss_closes_where_the_stream_changes);
+    tcase_add_test(tc, early_close_published_at_the_next_step);
     tcase_add_test(tc, manager_off_closes_nothing);
     suite_add_tcase(s, tc);
     return test_run(s);

@@ -4,7 +4,8 @@
  * steps. The references: compressing the whole sequence at once (the same
  * segments, each compressed alone, must come out byte for byte), a
  * synchronous manager (the asynchronous run must end with the same cache),
- * and a hand count of the bytes. */
+ * the Gram matrix computed in double from the open segment's tokens, and
+ * hand-computed closing points of the running-loss rule. */
 #include "config.h"
 
 #include <check.h>
@@ -18,6 +19,7 @@
 #include "io/cdump.h"
 #include "methods/compress.h"
 #include "methods/method.h"
+#include "mosaic/finalize_priv.h"
 #include "mosaic/mosaic.h"
 #include "testutil.h"
 
@@ -101,6 +103,16 @@ static void append_all(const mkv_method *m, void *state, int from, int to)
         ck_assert_msg(m->append(state, keys[t], values[t], &err) == MKV_OK, "token %d: %s", t, err.msg);
 }
 
+/* The prefill's state grown by tokens C..C+n-1, everything published. */
+static void *grown_state(const mkv_method *m, const mkv_params *p, int n)
+{
+    void *s = compress_load(m, p, C);
+    append_all(m, s, C, C + n);
+    mkv_error err;
+    ck_assert_msg(m->decode_flush(s, &err) == MKV_OK, "%s", err.msg);
+    return s;
+}
+
 static void assert_same_tensor(const mkv_mosaic_tensor *a, const mkv_mosaic_tensor *b, const char *what)
 {
     ck_assert_int_eq(a->nseg, b->nseg);
@@ -147,24 +159,32 @@ static void assert_same_head(const mkv_mosaic_head *a, const mkv_mosaic_head *b)
 /* Five segments close during decoding; once published, the cache is the
  * one compressing every token at once gives (each segment is compressed
  * from its own tokens either way), for the fixed and the threshold rules,
- * with fp16 and quantized values. */
+ * with fp16 and quantized values, with and without rotation, and for
+ * uniform2d. */
 START_TEST(grown_equals_compressed_at_once)
 {
     make_tokens(3);
-    const mkv_method *m = mkv_method_find("mosaic");
     /* budget=1 stores no block keys; 0.5 grows them */
-    const char *rules[] = {"strategy=fixed keep=0.25", "strategy=dynamic threshold=0.05",
-                           "strategy=fixed keep=0.25 budget=0.5", "strategy=fixed keep=0.5 bits=4 budget=0.5",
-                           "strategy=fixed keep=0.5 bits=4 qgroup=16 budget=0.5",
-                           "strategy=dynamic threshold=0.05 quantize=on qgroup=16"};
-    mkv_mosaic_set_sync_manager(0);
-    for (int r = 0; r < (int)(sizeof rules / sizeof rules[0]); r++) {
+    const struct {
+        const char *method, *rule;
+    } runs[] = {{"mosaic", "strategy=fixed keep=0.25"},
+                {"mosaic", "strategy=dynamic threshold=0.05"},
+                {"mosaic", "strategy=fixed keep=0.25 budget=0.5"},
+                {"mosaic", "strategy=fixed keep=0.5 bits=4 budget=0.5"},
+                {"mosaic", "strategy=fixed keep=0.5 bits=4 qgroup=16 budget=0.5"},
+                {"mosaic", "strategy=dynamic threshold=0.05 quantize=on"},
+                {"mosaic", "strategy=dynamic threshold=0.05 quantize=on qgroup=16"},
+                {"mosaic", "strategy=fixed keep=0.25 rotate=off budget=0.5"},
+                {"mosaic", "strategy=dynamic threshold=0.05 rotate=off budget=0.5"},
+                {"uniform2d", "keep=0.25"},
+                {"uniform2d", "keep=0.25 budget=0.5"}};
+    mkv_mosaic_set_manager(MKV_MOSAIC_MANAGER_ASYNC);
+    mkv_mosaic_set_close_loss(1);   /* segments close at S tokens only */
+    for (int r = 0; r < (int)(sizeof runs / sizeof runs[0]); r++) {
+        const mkv_method *m = mkv_method_find(runs[r].method);
         mkv_params p;
-        params_for(m, rules[r], &p);
-        void *grown = compress_load(m, &p, C);
-        append_all(m, grown, C, C + N);
-        mkv_error err;
-        ck_assert_msg(m->decode_flush(grown, &err) == MKV_OK, "%s", err.msg);
+        params_for(m, runs[r].rule, &p);
+        void *grown = grown_state(m, &p, N);
         mkv_decode_counters dc;
         m->decode_counters(grown, &dc);
         ck_assert_int_eq(dc.finalized, N / SEG);
@@ -180,6 +200,51 @@ START_TEST(grown_equals_compressed_at_once)
 }
 END_TEST
 
+/* A segment finalised from its Gram matrices (computed here in double
+ * from its tokens) is the one mkv_mosaic_compress makes of the same
+ * tokens as a head of one segment, under every rule; the ratio rule is
+ * the one the whole-sequence comparison above cannot check (it spreads
+ * one byte budget over all of a head's segments). */
+START_TEST(finalized_equals_one_segment_head)
+{
+    make_tokens(17);
+    const mkv_method *m = mkv_method_find("mosaic");
+    const char *rules[] = {"strategy=ratio ratio=3 quantize=on budget=0.5", "strategy=ratio ratio=6",
+                           "strategy=dynamic threshold=0.1 budget=0.5", "strategy=fixed keep=0.5 bits=8"};
+    enum { LEN = 2 * SEG + 5 };
+    static double gram[2][D * D];
+    for (int x = 0; x < 2; x++)
+        for (int i = 0; i < D; i++)
+            for (int j = 0; j < D; j++) {
+                double sum = 0;
+                for (int t = 0; t < LEN; t++)
+                    sum += (double)(x ? values : keys)[t][i] * (double)(x ? values : keys)[t][j];
+                gram[x][i * D + j] = sum;
+            }
+    for (int r = 0; r < (int)(sizeof rules / sizeof rules[0]); r++) {
+        mkv_params p;
+        params_for(m, rules[r], &p);
+        mkv_mosaic_config c;
+        mkv_mosaic_config_of(&p, D, &c);
+        mkv_error err;
+        mkv_mosaic_head fin, ref;
+        ck_assert_msg(mkv_mosaic_finalize_segment(&c, &keys[0][0], &values[0][0], LEN, D, 1, gram[0], gram[1], &fin,
+                                                  &err) == MKV_OK, "%s", err.msg);
+        c.sink = c.recent = 0;
+        c.segment = LEN;
+        mkv_head_kv in = {.T = LEN, .d = D, .G = 1, .k = &keys[0][0], .v = &values[0][0], .threads = 1};
+        ck_assert_msg(mkv_mosaic_compress(&c, &in, &ref, &err) == MKV_OK, "%s", err.msg);
+        assert_same_tensor(&fin.k, &ref.k, rules[r]);
+        assert_same_tensor(&fin.v, &ref.v, rules[r]);
+        for (int x = 0; x < 2; x++)
+            ck_assert(memcmp(x ? fin.v.loss : fin.k.loss, x ? ref.v.loss : ref.k.loss,
+                             MKV_MOSAIC_LOSS_COLS * sizeof(float)) == 0);
+        mkv_mosaic_head_free(&fin);
+        mkv_mosaic_head_free(&ref);
+    }
+}
+END_TEST
+
 /* The manager on its own thread or on the decoding one: the same cache at
  * the end, under the ratio rule too. */
 START_TEST(async_equals_sync)
@@ -188,15 +253,15 @@ START_TEST(async_equals_sync)
     const mkv_method *m = mkv_method_find("mosaic");
     mkv_params p;
     params_for(m, "strategy=ratio ratio=3 quantize=on budget=0.5", &p);
-    mkv_error err;
-    mkv_mosaic_set_sync_manager(1);
-    void *sync = compress_load(m, &p, C);
-    append_all(m, sync, C, C + N);
-    ck_assert_int_eq(m->decode_flush(sync, &err), MKV_OK);
-    mkv_mosaic_set_sync_manager(0);
-    void *async = compress_load(m, &p, C);
-    append_all(m, async, C, C + N);
-    ck_assert_int_eq(m->decode_flush(async, &err), MKV_OK);
+    mkv_mosaic_set_manager(MKV_MOSAIC_MANAGER_SYNC);
+    void *sync = grown_state(m, &p, N);
+    /* each segment finalised on the decoding thread made its step wait */
+    mkv_decode_counters dc;
+    m->decode_counters(sync, &dc);
+    ck_assert_int_gt(dc.finalized, 0);
+    ck_assert_int_eq(dc.steps_waited, dc.finalized);
+    mkv_mosaic_set_manager(MKV_MOSAIC_MANAGER_ASYNC);
+    void *async = grown_state(m, &p, N);
     assert_same_head(mkv_mosaic_state_head(sync), mkv_mosaic_state_head(async));
     m->free_state(sync);
     m->free_state(async);
@@ -223,7 +288,8 @@ START_TEST(switch_at_step_boundaries)
     const mkv_method *m = mkv_method_find("mosaic");
     mkv_params p;
     params_for(m, "strategy=fixed keep=0.5", &p);
-    mkv_mosaic_set_sync_manager(0);
+    mkv_mosaic_set_manager(MKV_MOSAIC_MANAGER_ASYNC);
+    mkv_mosaic_set_close_loss(1);   /* the segment closes at S tokens */
     void *s = compress_load(m, &p, C);
     /* C - RECENT .. : the first token to leave the window */
     append_all(m, s, C, C + 1);
@@ -256,6 +322,159 @@ START_TEST(switch_at_step_boundaries)
 }
 END_TEST
 
+/* The Gram matrix the dual buffer accumulates token by token is X^T X of
+ * the open segment's tokens, computed here in long double from them; a
+ * closed segment's matrix starts again from zero. */
+START_TEST(gram_is_the_segments_tokens)
+{
+    make_tokens(11);
+    const mkv_method *m = mkv_method_find("mosaic");
+    mkv_params p;
+    params_for(m, "strategy=fixed keep=0.25", &p);
+    mkv_mosaic_set_manager(MKV_MOSAIC_MANAGER_SYNC);
+    mkv_mosaic_set_close_loss(1);
+    void *s = compress_load(m, &p, C);
+    /* SEG + 5 tokens leave the window: one segment closes, 5 are open */
+    int leave = SEG + 5, first_open = C - RECENT + SEG;
+    append_all(m, s, C, C + leave);
+    for (int is_key = 0; is_key < 2; is_key++) {
+        int64_t n;
+        const double *G = mkv_mosaic_state_gram(s, is_key, &n);
+        ck_assert_int_eq(n, 5);
+        ck_assert_ptr_nonnull(G);
+        float(*X)[D] = is_key ? keys : values;
+        for (int i = 0; i < D; i++)
+            for (int j = i; j < D; j++) {
+                long double want = 0;
+                for (int t = first_open; t < first_open + n; t++)
+                    want += (long double)X[t][i] * (long double)X[t][j];
+                ck_assert_msg(fabsl((long double)G[i * D + j] - want) <= 1e-12L * (1 + fabsl(want)),
+                              "%s Gram [%d][%d]: %.17g, want %.17Lg", is_key ? "key" : "value", i, j,
+                              G[i * D + j], want);
+            }
+    }
+    m->free_state(s);
+}
+END_TEST
+
+/* A hand-built stream for the running-loss rule: rotation off, 4 of 16
+ * channels kept per vector. Prefill tokens carry +-2 on channels 0..3 and
+ * nothing else, so the strategy drops none of their energy (recorded loss
+ * 0); tokens from `change` on carry +-1 on all 16 channels, the same
+ * energy (16), of which the strategy keeps 4 and drops 12. */
+static void make_shift(int change)
+{
+    for (int t = 0; t < C + N; t++)
+        for (int i = 0; i < D; i++) {
+            float sign = ((t * 7 + i * 3) % 5) < 2 ? -1.0f : 1.0f;
+            float x = t >= change ? sign : i < 4 ? 2 * sign : 0;
+            keys[t][i] = x;
+            values[t][i] = -x;
+        }
+}
+
+/* The method and settings the shifted stream runs with. */
+static const mkv_method *shift_method(mkv_mosaic_manager_mode mode, mkv_params *p)
+{
+    const mkv_method *m = mkv_method_find("mosaic");
+    params_for(m, "strategy=fixed keep=0.25 rotate=off", p);
+    mkv_mosaic_set_manager(mode);
+    mkv_mosaic_set_close_loss(0.32);
+    return m;
+}
+
+/* The open segment starts at C - RECENT; the stream changes 6 tokens
+ * into it. With m changed tokens of n the running loss is 12 m / 16 n,
+ * which exceeds the recorded 0 by more than 0.32 first at m = 5 (0.75 x
+ * 5 / 11 = 0.341; m = 4 gives 0.3): the segment closes at 11 tokens.
+ * Every later token drops 0.75, so each next segment closes as soon as the
+ * rule looks, at SEG / 4 = 4 tokens. Without the change no segment closes
+ * before SEG. */
+START_TEST(running_loss_closes_where_the_stream_changes)
+{
+    mkv_params p;
+    const mkv_method *m = shift_method(MKV_MOSAIC_MANAGER_ASYNC, &p);
+    int open = C - RECENT, appended = 3 * SEG;
+    for (int shift = 0; shift < 2; shift++) {
+        make_shift(shift ? open + 6 : C + N);
+        void *s = grown_state(m, &p, appended);
+        const mkv_mosaic_head *h = mkv_mosaic_state_head(s);
+        /* the prefill's 3 segments, then what decoding closed and the open one */
+        int want[16], nwant = 0, left = appended, closed = 0;
+        for (int len = shift ? 11 : SEG; left > 0; len = shift ? SEG / 4 : SEG) {
+            want[nwant++] = len < left ? len : left;
+            closed += len <= left;   /* else the last one is still open */
+            left -= len;
+        }
+        ck_assert_int_eq(h->k.nseg, 3 + nwant);
+        for (int i = 0; i < nwant; i++) {
+            ck_assert_int_eq(h->k.seg[3 + i].len, want[i]);
+            ck_assert_int_eq(h->v.seg[3 + i].len, want[i]);
+        }
+        ck_assert_int_eq(h->k.seg[3].start, open);
+        mkv_decode_counters dc;
+        m->decode_counters(s, &dc);
+        ck_assert_int_eq(dc.finalized, closed);
+        ck_assert(dc.finalize_seconds > 0 && dc.manager_cpu_seconds > 0);
+        m->free_state(s);
+    }
+}
+END_TEST
+
+/* A segment the rule closes is published at the next step, not at once,
+ * even when the manager finalised it on the spot: until then its tokens
+ * are the temporary region's (no loss recorded yet). */
+START_TEST(early_close_published_at_the_next_step)
+{
+    mkv_params p;
+    const mkv_method *m = shift_method(MKV_MOSAIC_MANAGER_SYNC, &p);
+    make_shift(C - RECENT + 6);
+    void *s = compress_load(m, &p, C);
+    /* the 11th token to leave the window closes the segment (above) */
+    append_all(m, s, C, C + 11);
+    const mkv_mosaic_head *h = mkv_mosaic_state_head(s);
+    mkv_decode_counters dc;
+    m->decode_counters(s, &dc);
+    ck_assert_int_eq(dc.finalized, 0);
+    ck_assert_int_eq(dc.temp_tokens, 11);
+    ck_assert_int_eq(h->k.nseg, 4);
+    ck_assert(isnan(h->k.loss[3 * MKV_MOSAIC_LOSS_COLS]));
+    append_all(m, s, C + 11, C + 12);
+    m->decode_counters(s, &dc);
+    ck_assert_int_eq(dc.finalized, 1);
+    ck_assert_int_eq(h->k.nseg, 5);
+    ck_assert_int_eq(h->k.seg[3].len, 11);
+    ck_assert(isfinite(h->k.loss[3 * MKV_MOSAIC_LOSS_COLS]));
+    ck_assert_int_eq(h->k.seg[4].len, 1);
+    m->free_state(s);
+}
+END_TEST
+
+/* With the manager off no segment closes: every token that left the
+ * window stays in one temporary segment, packed with the prefill's
+ * strategy. */
+START_TEST(manager_off_closes_nothing)
+{
+    make_tokens(13);
+    const mkv_method *m = mkv_method_find("mosaic");
+    mkv_params p;
+    params_for(m, "strategy=fixed keep=0.25 budget=0.5", &p);
+    mkv_mosaic_set_manager(MKV_MOSAIC_MANAGER_OFF);
+    void *s = grown_state(m, &p, N);
+    mkv_decode_counters dc;
+    m->decode_counters(s, &dc);
+    ck_assert_int_eq(dc.finalized, 0);
+    ck_assert_int_eq(dc.temp_tokens, N);
+    const mkv_mosaic_head *h = mkv_mosaic_state_head(s);
+    ck_assert_int_eq(h->k.nseg, 4);
+    ck_assert_int_eq(h->k.seg[3].start, C - RECENT);
+    ck_assert_int_eq(h->k.seg[3].len, N);
+    ck_assert_int_eq(h->k.seg[3].r, h->k.seg[2].r);
+    ck_assert_int_eq(h->k.seg[3].dprime, h->k.seg[2].dprime);
+    m->free_state(s);
+}
+END_TEST
+
 int main(void)
 {
     mkv_log_init("check_dual_buffer");
@@ -263,8 +482,13 @@ int main(void)
     TCase *tc = tcase_create("dual_buffer");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, grown_equals_compressed_at_once);
+    tcase_add_test(tc, finalized_equals_one_segment_head);
     tcase_add_test(tc, async_equals_sync);
     tcase_add_test(tc, switch_at_step_boundaries);
+    tcase_add_test(tc, gram_is_the_segments_tokens);
+    tcase_add_test(tc, running_loss_closes_where_the_stream_changes);
+    tcase_add_test(tc, early_close_published_at_the_next_step);
+    tcase_add_test(tc, manager_off_closes_nothing);
     suite_add_tcase(s, tc);
     return test_run(s);
 }

@@ -32,6 +32,7 @@
 #include "decode/needle.h"
 #include "methods/method.h"
 #include "model/prompt.h"
+#include "mosaic/mosaic.h"
 #include "model/run_model.h"
 #include "model/sampler.h"
 
@@ -63,6 +64,8 @@ enum {
     OPT_TRIALS,
     OPT_FILLER,
     OPT_PROMPTS,
+    OPT_MANAGER,
+    OPT_CLOSE_LOSS,
     OPT_END
 };
 
@@ -102,6 +105,8 @@ static const struct option longopts[] = {
     {"trials", required_argument, NULL, OPT_TRIALS},
     {"filler", required_argument, NULL, OPT_FILLER},
     {"prompts", required_argument, NULL, OPT_PROMPTS},
+    {"manager", required_argument, NULL, OPT_MANAGER},
+    {"close-loss", required_argument, NULL, OPT_CLOSE_LOSS},
     {NULL, 0, NULL, 0}};
 
 /* Leading ':' so a missing value is told apart from an unknown option. */
@@ -166,13 +171,19 @@ static void usage(FILE *fp, int status)
             "                       method parameters (repeatable)\n"
             "      --window W       observation queries: the last W prefill positions (default 32)\n"
             "      --list-methods   list the methods and their parameters, then exit\n"
-            "      --help-method    describe the parameters of --method NAME, then exit\n\n"
+            "      --help-method    describe the parameters of --method NAME, then exit\n"
+            "      --manager MODE   the dual buffer's manager (mosaic, uniform2d): async (a\n"
+            "                       thread of its own, the default), sync (on the decoding\n"
+            "                       thread) or off (no segment closes: its cost, by difference)\n"
+            "      --close-loss X   close a segment early once the energy its temporary\n"
+            "                       strategy drops exceeds that strategy's own loss by X\n"
+            "                       (0..1, default %.2g; 1: only at 'segment' tokens)\n\n"
             "Speed runs (random weights, never accuracy):\n"
             "      --shape NAME     a model of a published shape with seeded random weights\n"
             "      --tokens N       random prompt of N tokens (default 1K)\n"
             "      --chunk N        prefill chunk in tokens (default 512)\n\n",
             mkv_progname(), mkv_progname(), mkv_progname(), mkv_progname(), mkv_progname(), DEFAULT_GENERATE,
-            DEFAULT_SCORE);
+            DEFAULT_SCORE, MKV_MOSAIC_CLOSE_LOSS_DEFAULT);
     mkv_common_usage(fp, MKV_COMMON_THREADS);
     mkv_method_names_usage(fp);
     exit(status);
@@ -434,6 +445,22 @@ static void parse_args(int argc, char **argv, decode_args *a)
         case OPT_PROMPTS:
             a->prompts = optarg;
             break;
+        case OPT_MANAGER:
+            if (strcmp(optarg, "async") && strcmp(optarg, "sync") && strcmp(optarg, "off")) {
+                mkv_usage_error("invalid value '%s' for --manager: expected async, sync or off", optarg);
+                exit(2);
+            }
+            mkv_mosaic_set_manager(optarg[0] == 'a'   ? MKV_MOSAIC_MANAGER_ASYNC
+                                   : optarg[0] == 's' ? MKV_MOSAIC_MANAGER_SYNC
+                                                      : MKV_MOSAIC_MANAGER_OFF);
+            break;
+        case OPT_CLOSE_LOSS: {
+            double rise;
+            if (mkv_parse_double(optarg, "close-loss", 0.0, 1.0, &rise))
+                exit(2);
+            mkv_mosaic_set_close_loss(rise);
+            break;
+        }
         default: {
             int handled = mkv_common_option(&common, opt, optarg);
             if (handled < 0)
@@ -454,6 +481,9 @@ static void parse_args(int argc, char **argv, decode_args *a)
     for (int i = 0; i < n_param_args; i++)
         mkv_method_params_or_exit(a->method, &a->params, param_args[i]);
     free(param_args);
+    if ((a->given[OPT_MANAGER] || a->given[OPT_CLOSE_LOSS]) && a->method->append != mkv_mosaic_method_append)
+        mkv_warn("--%s applies to the dual buffer of mosaic and uniform2d only; method %s ignores it",
+                 option_name(a->given[OPT_MANAGER] ? OPT_MANAGER : OPT_CLOSE_LOSS), a->method->name);
 
     if (optind < argc)
         a->model_path = argv[optind++];
@@ -597,11 +627,12 @@ static int generate(const decode_args *a, mkv_run_model *rm, mkv_error *err)
         if (st.growth.finalized || st.growth.temp_bytes_peak)
             fprintf(stderr,
                     "%s: %s: during decoding %" PRId64 " segments (over all layers and heads) were finalised, "
-                    "%.1f ms each on average (at most %.1f ms), %" PRId64 " steps waited; temporary region at "
-                    "most %" PRIu64 " bytes\n",
+                    "%.1f ms each on average (at most %.1f ms), %.1f ms of manager CPU in all, %" PRId64
+                    " steps waited; temporary region at most %" PRIu64 " bytes\n",
                     mkv_progname(), a->method->name, st.growth.finalized,
                     st.growth.finalized ? 1e3 * st.growth.finalize_seconds / (double)st.growth.finalized : 0.0,
-                    1e3 * st.growth.finalize_seconds_max, st.growth.steps_waited, st.growth.temp_bytes_peak);
+                    1e3 * st.growth.finalize_seconds_max, 1e3 * st.growth.manager_cpu_seconds,
+                    st.growth.steps_waited, st.growth.temp_bytes_peak);
         fprintf(stderr,
                 "%s: %s: prompt %zu tokens, %" PRId64 " decode steps, %.2f ms per step; KV %" PRIu64
                 " bytes held (dense 16-bit %" PRIu64 ", ratio %.3f); prefill %.2f s, compression %.2f s\n",

@@ -341,6 +341,7 @@ void mkv_ccache_get_stats(const mkv_ccache *cc, mkv_ccache_stats *s)
         mkv_decode_counters *g = &s->growth;
         g->finalized += c.finalized;
         g->finalize_seconds += c.finalize_seconds;
+        g->manager_cpu_seconds += c.manager_cpu_seconds;
         if (c.finalize_seconds_max > g->finalize_seconds_max)
             g->finalize_seconds_max = c.finalize_seconds_max;
         if (c.temp_tokens > g->temp_tokens)

@@ -122,11 +122,14 @@ typedef struct {
 } mkv_attend_result;
 
 /* What a method's decode-time growth did so far (one state): segments
- * finalised by a manager and the time that took, tokens and bytes of a
- * temporary region, decode steps that had to wait for the manager. */
+ * finalised by a manager and the time that took (wall clock from start to
+ * end of each, and the CPU time of the thread that ran them), tokens and
+ * bytes of a temporary region, decode steps that had to wait for the
+ * manager. */
 typedef struct {
     int64_t finalized;
     double finalize_seconds, finalize_seconds_max;
+    double manager_cpu_seconds;
     int64_t temp_tokens;
     uint64_t temp_bytes, temp_bytes_peak;
     int64_t steps_waited;

@@ -15,19 +15,32 @@
  *     and steps span its own vectors only), so attention reads it like any
  *     packed token from the next query on. The region's raw tokens are
  *     kept beside it.
- *  3. When the open segment reaches `segment` tokens it closes: the
- *     manager compresses its raw tokens as a segment of its own (Gram
- *     matrix and rotation, the strategy by the method's rule -- fixed,
- *     dynamic or ratio on the segment's own bytes, with the energy loss:
- *     decode has no observation queries for it) on its own thread, and
- *     the next token opens a new segment. The paper also closes segments
- *     early by a running loss; here they close at `segment` tokens only.
+ *     Each token entering it is added to the open segment's Gram matrices
+ *     (C += x x^T per tensor, in double) and to its running loss: the
+ *     energy the template drops from it (|x|^2 less the energy of the
+ *     elements the template keeps of x R), summed, over the summed |x|^2
+ *     of the segment's tokens.
+ *  3. The open segment closes when it reaches `segment` tokens (S_max), or
+ *     early by the running-loss rule: once it holds at least a quarter of
+ *     `segment` tokens, as soon as the running loss of K or of V exceeds
+ *     the energy loss recorded for the template's own segment by more
+ *     than the close-loss rise (mkv_mosaic_set_close_loss; default
+ *     MKV_MOSAIC_CLOSE_LOSS_DEFAULT): the template no longer fits the
+ *     tokens. The manager then compresses the segment as one of its own
+ *     (lib/mosaic/finalize.c: the rotation from its accumulated Gram
+ *     matrix, the strategy by the method's rule -- fixed, dynamic or
+ *     ratio on the segment's own bytes, with the energy loss: decode has
+ *     no observation queries for it) on its own thread, and the next
+ *     token opens a new segment.
  *  4. At the start of a step (an append) a finished segment is published:
  *     its packed arrays replace the temporary ones in place. Decode never
  *     waits for the manager; the switch happens only between steps.
  * The final cache (every closed segment published, mkv_mosaic_state_flush)
  * does not depend on when the manager ran: temporary tokens are packed
- * with the prefill's strategy, finished segments with their own. */
+ * with the prefill's strategy, finished segments with their own, and
+ * where a segment closes depends on its tokens only. With the manager off
+ * (mkv_mosaic_set_manager) no segment closes: the temporary region takes
+ * every token, which measures what the manager costs decoding. */
 #include "config.h"
 #include "mosaic/mosaic.h"
 
@@ -40,6 +53,7 @@
 
 #include "core/half.h"
 #include "core/tensor.h"
+#include "mosaic/finalize_priv.h"
 
 /* ---------------------------------------------------------------- the manager */
 
@@ -49,10 +63,11 @@ typedef struct job {
     int64_t start, len;
     int d, G;
     float *k, *v;            /* [len][d] raw (fp16 values) */
+    double *gram_k, *gram_v; /* [d][d] their Gram matrices (rotated strategies only) */
     mkv_mosaic_head out;     /* one segment at start 0 */
     int rc;
     mkv_error err;
-    double seconds;
+    double seconds, cpu_seconds;
     atomic_int done;
     struct job *next;        /* the manager's queue */
 } job;
@@ -67,9 +82,12 @@ static struct {
     int stop;
     int users;               /* growing states */
     pthread_t tid;
-    atomic_int sync;
+    atomic_int mode;         /* mkv_mosaic_manager_mode */
 } manager = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, 0, 0, 0,
-             0, 0};
+             0, MKV_MOSAIC_MANAGER_ASYNC};
+
+/* The running-loss rule's rise; read when a state starts growing. */
+static _Atomic double close_loss = MKV_MOSAIC_CLOSE_LOSS_DEFAULT;
 
 static double now(void)
 {
@@ -78,14 +96,22 @@ static double now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* CPU time of the calling thread. */
+static double thread_cpu(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static void run_job(job *j)
 {
-    double t0 = now();
-    mkv_head_kv in = {.layer = 0, .head = 0, .T = j->len, .d = j->d, .G = j->G, .k = j->k, .v = j->v,
-                      .W = 0, .threads = 1};
+    double t0 = now(), c0 = thread_cpu();
     mkv_error_clear(&j->err);
-    j->rc = mkv_mosaic_compress(&j->c, &in, &j->out, &j->err);
+    j->rc = mkv_mosaic_finalize_segment(&j->c, j->k, j->v, j->len, j->d, j->G, j->gram_k, j->gram_v, &j->out,
+                                        &j->err);
     j->seconds = now() - t0;
+    j->cpu_seconds = thread_cpu() - c0;
 }
 
 static void *manager_main(void *arg)
@@ -138,18 +164,24 @@ static void manager_release(void)
     pthread_mutex_unlock(&manager.mu);
 }
 
-void mkv_mosaic_set_sync_manager(int sync)
+void mkv_mosaic_set_manager(mkv_mosaic_manager_mode mode)
 {
-    atomic_store(&manager.sync, sync);
+    atomic_store(&manager.mode, (int)mode);
 }
 
-/* Queue j (or run it now when the manager is synchronous or cannot start). */
-static void submit(job *j)
+void mkv_mosaic_set_close_loss(double rise)
 {
-    if (atomic_load(&manager.sync)) {
+    atomic_store(&close_loss, rise);
+}
+
+/* Queue j, or run it now when the manager is synchronous (sync) or
+ * cannot start; returns 1 when it ran on the caller's thread. */
+static int submit(job *j, int sync)
+{
+    if (sync) {
         run_job(j);
         atomic_store(&j->done, 1);
-        return;
+        return 1;
     }
     pthread_mutex_lock(&manager.mu);
     if (!manager.started)
@@ -158,7 +190,7 @@ static void submit(job *j)
         pthread_mutex_unlock(&manager.mu);
         run_job(j);
         atomic_store(&j->done, 1);
-        return;
+        return 1;
     }
     j->next = NULL;
     if (manager.tail)
@@ -168,6 +200,7 @@ static void submit(job *j)
     manager.tail = j;
     pthread_cond_signal(&manager.wake);
     pthread_mutex_unlock(&manager.mu);
+    return 0;
 }
 
 static void wait_job(job *j)
@@ -187,6 +220,8 @@ static void job_free(job *j)
     wait_job(j);
     mkv_free(j->k);
     mkv_free(j->v);
+    mkv_free(j->gram_k);
+    mkv_free(j->gram_v);
     mkv_mosaic_head_free(&j->out);
     free(j);
 }
@@ -205,9 +240,15 @@ typedef struct {
     mkv_mosaic_strategy tk, tv;
     double *rk, *rv;                  /* [d][d] their rotations (zero beyond the stored columns) */
     float *rot_k, *rot_v;             /* [d][cols] as stored */
-    /* the open segment: its raw tokens */
+    double ref_loss[2];               /* K, V: the template's recorded energy loss */
+    mkv_mosaic_manager_mode mode;     /* as set when growth started */
+    double close_rise;                /* the running-loss rule's rise */
+    /* the open segment: its raw tokens, their Gram matrices (rotating
+     * configurations only) and running loss */
     int64_t open_len, open_cap;
     float *raw_k, *raw_v;             /* [open_cap][d] */
+    double *gram[2];                  /* K, V: [d][d], the upper triangle kept */
+    double energy[2], dropped[2];     /* K, V: sum |x|^2, sum of what the template drops */
     /* closed segments waiting for the manager, oldest first */
     job *pending[MAX_PENDING];
     int n_pending;
@@ -230,6 +271,8 @@ static void state_free(mosaic_state *s)
     mkv_free(s->rot_v);
     mkv_free(s->raw_k);
     mkv_free(s->raw_v);
+    mkv_free(s->gram[0]);
+    mkv_free(s->gram[1]);
     mkv_free(s);
 }
 
@@ -268,6 +311,13 @@ void mkv_mosaic_method_free(void *state)
 const mkv_mosaic_head *mkv_mosaic_state_head(const void *state)
 {
     return &((const mosaic_state *)state)->h;
+}
+
+const double *mkv_mosaic_state_gram(const void *state, int is_key, int64_t *tokens)
+{
+    const mosaic_state *s = state;
+    *tokens = s->open_len;
+    return s->gram[!is_key];
 }
 
 /* ---------------------------------------------------------------- bytes */
@@ -329,6 +379,8 @@ static int set_template(mosaic_state *s, mkv_error *err)
     int d = h->d;
     s->growing = 1;
     manager_use();
+    s->mode = (mkv_mosaic_manager_mode)atomic_load(&manager.mode);
+    s->close_rise = atomic_load(&close_loss);
     s->dense_cap = h->sink_n + h->recent_n;
     for (int x = 0; x < 2; x++) {
         mkv_mosaic_tensor *t = x ? &h->v : &h->k;
@@ -348,11 +400,18 @@ static int set_template(mosaic_state *s, mkv_error *err)
      * from: fp16 values */
     s->tk.bits = s->tv.bits = 16;
     s->tk.qgroup = s->tv.qgroup = 0;
+    for (int x = 0; x < 2; x++) {
+        /* a dump from elsewhere may not have measured it */
+        double loss = (x ? h->v.loss : h->k.loss)[last * MKV_MOSAIC_LOSS_COLS];
+        s->ref_loss[x] = isfinite(loss) ? loss : 0;
+    }
     size_t dd = (size_t)d * (size_t)d;
     if (!(s->rk = mkv_calloc(dd, sizeof *s->rk, "a rotation", err)) ||
         !(s->rv = mkv_calloc(dd, sizeof *s->rv, "a rotation", err)) ||
         !(s->rot_k = mkv_alloc(dd, sizeof *s->rot_k, "a rotation", err)) ||
-        !(s->rot_v = mkv_alloc(dd, sizeof *s->rot_v, "a rotation", err)))
+        !(s->rot_v = mkv_alloc(dd, sizeof *s->rot_v, "a rotation", err)) ||
+        (s->cfg.rotate && (!(s->gram[0] = mkv_alloc(dd, sizeof(double), "a Gram matrix", err)) ||
+                           !(s->gram[1] = mkv_alloc(dd, sizeof(double), "a Gram matrix", err)))))
         return err ? err->code : MKV_ENOMEM;
     for (int x = 0; x < 2; x++) {
         const mkv_mosaic_tensor *t = x ? &h->v : &h->k;
@@ -409,9 +468,43 @@ static int open_segment(mosaic_state *s, int64_t start, mkv_error *err)
         if (nr)
             memcpy(t->rotation + t->n_rotation, x ? s->rot_v : s->rot_k, (size_t)nr * sizeof(float));
         t->n_rotation += nr;
+        s->energy[x] = s->dropped[x] = 0;
+        if (s->gram[x])
+            memset(s->gram[x], 0, (size_t)d * (size_t)d * sizeof(double));
     }
     s->open_len = 0;
     return MKV_OK;
+}
+
+/* Token x [d] enters the open segment of tensor `which` (0 K, 1 V): its
+ * Gram matrix gains x x^T, its running loss what the template drops of x. */
+static void track_token(mosaic_state *s, int which, const float *x)
+{
+    int d = s->h.d;
+    double *C = s->gram[which];
+    for (int i = 0; C && i < d; i++)
+        for (int j = i; j < d; j++)
+            C[i * d + j] += (double)x[i] * (double)x[j];
+    const mkv_mosaic_strategy *st = which ? &s->tv : &s->tk;
+    double xt[MKV_MOSAIC_MAX_D], e = 0;
+    int pos[MKV_MOSAIC_MAX_D];
+    mkv_mosaic_rotate(x, 1, d, st->rotate ? (which ? s->rv : s->rk) : NULL, d, st->dprime, xt);
+    for (int i = 0; i < d; i++)
+        e += (double)x[i] * (double)x[i];
+    double kept = mkv_mosaic_select(xt, st, pos, NULL);
+    s->energy[which] += e;
+    s->dropped[which] += e > kept ? e - kept : 0;
+}
+
+/* The running-loss rule (the top comment, 3). */
+static int loss_rose(const mosaic_state *s)
+{
+    if (4 * s->open_len < s->cfg.segment)
+        return 0;
+    for (int x = 0; x < 2; x++)
+        if (s->energy[x] > 0 && s->dropped[x] / s->energy[x] > s->ref_loss[x] + s->close_rise)
+            return 1;
+    return 0;
 }
 
 /* Pack token x (already the open segment's last raw row) into the open
@@ -475,6 +568,7 @@ static int close_segment(mosaic_state *s, mkv_error *err)
     job *j = calloc(1, sizeof *j);
     if (!j)
         return mkv_fail(err, MKV_ENOMEM, "out of memory for a segment to finalise");
+    atomic_init(&j->done, 1);   /* not submitted yet: nothing to wait for */
     j->c = s->cfg;
     j->c.sink = 0;
     j->c.recent = 0;
@@ -486,17 +580,26 @@ static int close_segment(mosaic_state *s, mkv_error *err)
     size_t n = (size_t)s->open_len * (size_t)d;
     j->k = mkv_alloc(n, sizeof(float), "segment keys", err);
     j->v = mkv_alloc(n, sizeof(float), "segment values", err);
-    if (!j->k || !j->v) {
-        mkv_free(j->k);
-        mkv_free(j->v);
-        free(j);
+    size_t dd = (size_t)d * (size_t)d;
+    if (s->gram[0]) {
+        j->gram_k = mkv_alloc(dd, sizeof(double), "a Gram matrix", err);
+        j->gram_v = mkv_alloc(dd, sizeof(double), "a Gram matrix", err);
+    }
+    if (!j->k || !j->v || (s->gram[0] && (!j->gram_k || !j->gram_v))) {
+        job_free(j);
         return MKV_ENOMEM;
     }
     memcpy(j->k, s->raw_k, n * sizeof(float));
     memcpy(j->v, s->raw_v, n * sizeof(float));
-    atomic_init(&j->done, 0);
+    /* the Gram matrices with both triangles, as the decomposition reads them */
+    for (int x = 0; x < 2 && s->gram[0]; x++)
+        for (int a = 0; a < d; a++)
+            for (int b = 0; b < d; b++)
+                (x ? j->gram_v : j->gram_k)[a * d + b] = s->gram[x][a <= b ? a * d + b : b * d + a];
+    atomic_store(&j->done, 0);
     s->pending[s->n_pending++] = j;
-    submit(j);
+    /* finalised on this thread: the step waits for it */
+    s->stats.steps_waited += submit(j, s->mode == MKV_MOSAIC_MANAGER_SYNC);
     s->open_len = 0;
     return MKV_OK;
 }
@@ -579,6 +682,7 @@ static int publish(mosaic_state *s, int wait, mkv_error *err)
             return rc;
         s->stats.finalized++;
         s->stats.finalize_seconds += j->seconds;
+        s->stats.manager_cpu_seconds += j->cpu_seconds;
         if (j->seconds > s->stats.finalize_seconds_max)
             s->stats.finalize_seconds_max = j->seconds;
         job_free(j);
@@ -656,6 +760,10 @@ int mkv_mosaic_method_append(void *state, const float *k, const float *v, mkv_er
         }
         if ((rc = pack_token(s, 1, err)) || (rc = pack_token(s, 0, err)))
             return rc;
+        if (s->mode != MKV_MOSAIC_MANAGER_OFF) {
+            track_token(s, 0, s->raw_k + (s->open_len - 1) * d);
+            track_token(s, 1, s->raw_v + (s->open_len - 1) * d);
+        }
     } else {
         /* no template (or the window is not full yet): the dense window grows */
         if ((rc = grow((void **)&h->dense_k, &(int64_t){s->dense_cap}, nd, nd + 1, (size_t)d * sizeof(float), err)) ||
@@ -668,7 +776,8 @@ int mkv_mosaic_method_append(void *state, const float *k, const float *v, mkv_er
     h->T++;
     if ((rc = relayout(s, err)))
         return rc;
-    if (s->have_template && s->open_len >= s->cfg.segment && (rc = close_segment(s, err)))
+    if (s->have_template && s->mode != MKV_MOSAIC_MANAGER_OFF && (s->open_len >= s->cfg.segment || loss_rose(s)) &&
+        (rc = close_segment(s, err)))
         return rc;
     s->stats.temp_bytes = temp_bytes(s);
     if (s->stats.temp_bytes > s->stats.temp_bytes_peak)

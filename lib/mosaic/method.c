@@ -649,7 +649,7 @@ static double bound_recall(const head_obs *o, const mkv_head_kv *in, const mkv_m
 }
 
 /* The fixed strategy of one segment (evals: the segment's eigenvalues). */
-static void fixed_strategy(const mkv_mosaic_config *c, int d, const double *evals, mkv_mosaic_strategy *s)
+void mkv_mosaic_fixed_strategy(const mkv_mosaic_config *c, int d, const double *evals, mkv_mosaic_strategy *s)
 {
     s->rotate = c->rotate;
     s->r = c->r;
@@ -798,7 +798,7 @@ static int segment_strategies(const mkv_mosaic_config *c, const mkv_head_kv *in,
             chosen = &w->cand[item][mkv_mosaic_pick(w->cand[item], w->ncand[item], c->threshold)];
         } else {
             one.s = *s;
-            fixed_strategy(c, d, w->evals + ((size_t)which * (size_t)w->nseg + (size_t)i) * (size_t)d, &one.s);
+            mkv_mosaic_fixed_strategy(c, d, w->evals + ((size_t)which * (size_t)w->nseg + (size_t)i) * (size_t)d, &one.s);
             rc = mkv_mosaic_evaluate(&o, X, R, &one, 1, err);
         }
         if (rc == MKV_OK) {

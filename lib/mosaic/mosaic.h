@@ -199,6 +199,10 @@ typedef struct {
 
 int mkv_mosaic_compress(const mkv_mosaic_config *c, const mkv_head_kv *in, mkv_mosaic_head *out,
                         mkv_error *err);
+/* Step 5 of lib/mosaic/method.c under the fixed rule: rotation, r, g,
+ * d' (by `dprime`, else from the eigenvalues evals [d] by `energy`), bits
+ * and qgroup of c into s (start, len and the block-key shape already set). */
+void mkv_mosaic_fixed_strategy(const mkv_mosaic_config *c, int d, const double *evals, mkv_mosaic_strategy *s);
 /* Compress one head (mkv_mosaic_compress) and store it: a method's
  * compress step. */
 int mkv_mosaic_compress_store(const mkv_mosaic_config *c, const mkv_head_kv *in, mkv_cdump_writer *w,
@@ -248,10 +252,29 @@ int mkv_mosaic_method_flush(void *state, mkv_error *err);
 const mkv_mosaic_head *mkv_mosaic_state_head(const void *state);
 /* Physical bytes of a head as mkv_mosaic_store stores it. */
 uint64_t mkv_mosaic_head_bytes(const mkv_mosaic_head *h);
-/* 1: closed segments are finalised at once on the decoding thread (for
- * tests: the cache an asynchronous run ends with must be the same);
- * 0 (default): on the manager thread. Process-wide. */
-void mkv_mosaic_set_sync_manager(int sync);
+/* Who finalises closed segments, process-wide, for states that start
+ * growing afterwards: the manager thread (default); the decoding thread at
+ * once (tests: the cache an asynchronous run ends with must be the same);
+ * nobody: no segment closes, every token stays in the temporary region
+ * (what decoding costs without the manager). */
+typedef enum {
+    MKV_MOSAIC_MANAGER_ASYNC,
+    MKV_MOSAIC_MANAGER_SYNC,
+    MKV_MOSAIC_MANAGER_OFF
+} mkv_mosaic_manager_mode;
+void mkv_mosaic_set_manager(mkv_mosaic_manager_mode mode);
+/* The running-loss rule (lib/mosaic/decode.c, 3): an open segment closes
+ * early once the fraction of its tokens' energy the temporary strategy
+ * drops exceeds that strategy's recorded loss by more than `rise` (>= 1:
+ * segments close at `segment` tokens only). Process-wide, for states that
+ * start growing afterwards. */
+#define MKV_MOSAIC_CLOSE_LOSS_DEFAULT 0.1
+void mkv_mosaic_set_close_loss(double rise);
+/* The open segment's Gram matrix of K (is_key) or V as the dual buffer
+ * accumulated it ([d][d], the upper triangle (i <= j) meaningful; NULL
+ * when the configuration does not rotate or nothing grows yet) and, in
+ * *tokens, the tokens it holds (tests compare it with X^T X). */
+const double *mkv_mosaic_state_gram(const void *state, int is_key, int64_t *tokens);
 
 extern const mkv_method mkv_method_mosaic;
 extern const mkv_method mkv_method_uniform2d;

@@ -62,6 +62,14 @@ $ mkv-decode model.bin --ppl text.txt --context 0
 $ mkv-decode model.bin -p hi --window 0
 ! mkv-decode: invalid value '0' for --window: must be in 1..65536
 [2]
+$ mkv-decode model.bin -p hi --manager later
+! mkv-decode: invalid value 'later' for --manager: expected async, sync or off
+[2]
+$ mkv-decode model.bin -p hi --close-loss 1.5
+! mkv-decode: invalid value '1.5' for --close-loss: must be in 0..1
+[2]
+$ mkv-decode model.bin --tokenizer tok.bin -p hi -n 2 -m quest --manager off 2>&1 >/dev/null | grep -e --manager
+| mkv-decode: warning: --manager applies to the dual buffer of mosaic and uniform2d only; method quest ignores it
 $ mkv-decode model.bin -p hi -m nope
 ! mkv-decode: unknown method 'nope' (methods: full, mosaic, uniform2d, quest, think, kivi, snapkv, streaming, naive2d, turboquant, cam)
 [2]

@@ -16,8 +16,8 @@
  * RMS error 5e-3, largest 2e-2; fp16 weights add their own rounding: RMS
  * 3e-2, largest 1.5e-1.  The argmax must agree at every step where the
  * CPU's top two logits are further apart than twice the largest error
- * allowed (always, with float32 weights on stories260K: the same greedy
- * text).  Perplexity: equal within 1e-3 relative. */
+ * allowed, and at every step with float32 weights on stories260K (the
+ * same greedy text).  Perplexity: equal within 1e-3 relative. */
 #include "config.h"
 
 #include <check.h>
@@ -71,16 +71,12 @@ static double top_margin(const float *x, int n)
     return a - b;
 }
 
-typedef struct {
-    double rms_rel, max_rel;   /* worst over the steps */
-    int checked, agreed;       /* steps whose argmax was checked, and agreed */
-} compare_result;
-
 /* Prefill prompt[0..n) on the CPU and on the GPU, then `steps` decode
  * steps of the CPU's greedy tokens fed to both; every logits vector
- * (the prefill's and each step's) compared. */
-static compare_result compare_decode(const mkv_model *m, const int32_t *prompt, int n, int steps, int chunk,
-                                     int f16, const char *what)
+ * (the prefill's and each step's) compared.  every_argmax: the argmax must
+ * agree at every step, whatever the margin (the same greedy text). */
+static void compare_decode(const mkv_model *m, const int32_t *prompt, int n, int steps, int chunk, int f16,
+                           int every_argmax, const char *what)
 {
     const int V = m->cfg.vocab_size;
     const double tol_rms = f16 ? F16_RMS : F32_RMS, tol_max = f16 ? F16_MAX : F32_MAX;
@@ -101,7 +97,8 @@ static compare_result compare_decode(const mkv_model *m, const int32_t *prompt, 
     for (int i = 0; i < V; i++)
         got[i] = NAN;
     ck_assert_msg(mkv_decoder_prefill(m, prompt, n, &og, got, &gpu, &err) == MKV_OK, "%s", err.msg);
-    compare_result r = {0, 0, 0, 0};
+    double worst_rms = 0, worst_max = 0;   /* relative, over the steps */
+    int checked = 0;                       /* steps whose argmax was checked */
     for (int s = 0;; s++) {
         double ss_ref = 0, ss_diff = 0, worst = 0;
         for (int i = 0; i < V; i++) {
@@ -112,15 +109,14 @@ static compare_result compare_decode(const mkv_model *m, const int32_t *prompt, 
             worst = fabs(d) > worst ? fabs(d) : worst;
         }
         const double rms = sqrt(ss_ref / V), rms_rel = sqrt(ss_diff / V) / rms, max_rel = worst / rms;
-        r.rms_rel = rms_rel > r.rms_rel ? rms_rel : r.rms_rel;
-        r.max_rel = max_rel > r.max_rel ? max_rel : r.max_rel;
+        worst_rms = rms_rel > worst_rms ? rms_rel : worst_rms;
+        worst_max = max_rel > worst_max ? max_rel : worst_max;
         ck_assert_msg(rms_rel <= tol_rms && max_rel <= tol_max,
                       "%s (%s weights): step %d: logits differ by %.3g RMS, %.3g at most (of their RMS %.3g)",
                       what, f16 ? "fp16" : "float32", s, rms_rel, max_rel, rms);
         const int token = argmax(ref, V);
-        if (top_margin(ref, V) > 2 * tol_max * rms) {
-            r.checked++;
-            r.agreed += argmax(got, V) == token;
+        if (every_argmax || top_margin(ref, V) > 2 * tol_max * rms) {
+            checked++;
             ck_assert_msg(argmax(got, V) == token, "%s: step %d: the GPU's argmax %d is not the CPU's %d", what, s,
                           argmax(got, V), token);
         }
@@ -138,12 +134,11 @@ static compare_result compare_decode(const mkv_model *m, const int32_t *prompt, 
     ck_assert_uint_eq(sg.bytes_held, sc.bytes_held);
     printf("check_gpu_decode: %s, %s weights: %d + %d tokens, logits within %.2g RMS, %.2g at most; argmax "
            "checked at %d of %d steps\n",
-           what, f16 ? "fp16" : "float32", n, steps, r.rms_rel, r.max_rel, r.checked, steps + 1);
+           what, f16 ? "fp16" : "float32", n, steps, worst_rms, worst_max, checked, steps + 1);
     mkv_decoder_free(cpu);
     mkv_decoder_free(gpu);
     free(ref);
     free(got);
-    return r;
 }
 
 
@@ -169,9 +164,8 @@ START_TEST(stories260K_on_gpu_is_the_cpu_pass)
     int32_t *ids;
     size_t n;
     ck_assert_int_eq(mkv_tokenizer_encode(lm.tok, "Once upon a time", 16, MKV_ENCODE_BOS, &ids, &n, &err), MKV_OK);
-    compare_result r = compare_decode(lm.model, ids, (int)n, 60, 0, 0, "stories260K");
-    ck_assert_int_eq(r.agreed, 61);   /* every step: the same greedy text */
-    compare_decode(lm.model, ids, (int)n, 60, 0, 1, "stories260K");
+    compare_decode(lm.model, ids, (int)n, 60, 0, 0, 1, "stories260K");
+    compare_decode(lm.model, ids, (int)n, 60, 0, 1, 0, "stories260K");
     free(ids);
     mkv_loaded_model_free(&lm);
 }
@@ -193,8 +187,8 @@ static void shape_case(const char *name, int layers, int prompt, int steps)
     int32_t *tok = test_tokens(prompt, c.vocab_size, 11);
     char what[160];
     snprintf(what, sizeof what, "%s shape, %d layers", name, layers);
-    compare_decode(m, tok, prompt, steps, 48, 0, what);
-    compare_decode(m, tok, prompt, steps, 48, 1, what);
+    compare_decode(m, tok, prompt, steps, 48, 0, 0, what);
+    compare_decode(m, tok, prompt, steps, 48, 1, 0, what);
     free(tok);
     mkv_model_free(m);
 }
@@ -216,7 +210,7 @@ START_TEST(partial_rope_on_gpu_is_the_cpu_pass)
     c.rope_dim = 8;
     mkv_model *m = random_model(&c, 5);
     int32_t *tok = test_tokens(150, c.vocab_size, 3);
-    compare_decode(m, tok, 150, 40, 64, 0, "partial RoPE model");
+    compare_decode(m, tok, 150, 40, 64, 0, 0, "partial RoPE model");
     free(tok);
     mkv_model_free(m);
 }
@@ -232,8 +226,8 @@ START_TEST(smollm2_on_gpu_is_the_cpu_pass)
     int32_t *ids;
     size_t n;
     ck_assert_int_eq(mkv_tokenizer_encode(lm.tok, prompt, strlen(prompt), 0, &ids, &n, &err), MKV_OK);
-    compare_decode(lm.model, ids, (int)n, 32, 0, 0, "SmolLM2-135M");
-    compare_decode(lm.model, ids, (int)n, 32, 0, 1, "SmolLM2-135M");
+    compare_decode(lm.model, ids, (int)n, 32, 0, 0, 0, "SmolLM2-135M");
+    compare_decode(lm.model, ids, (int)n, 32, 0, 1, 0, "SmolLM2-135M");
     free(ids);
     mkv_loaded_model_free(&lm);
 }

@@ -353,6 +353,55 @@ int mkv_cuda_mosaic_append(mkv_packed_cache *c, int head, const float *k, const 
  * cusolverDnXsyevBatched. */
 int mkv_cuda_eigh_batched(const double *gram, int d, int batch, double *R, double *evals, mkv_error *err);
 
+/* ------------------------------------ LLaMA-family forward pass (GPU)
+ * kernels/llama_forward.cu: the forward pass of lib/model/forward.c on the
+ * GPU, with its own dense KV cache.  The weights are uploaded once, as
+ * float32 or fp16 (weights_f16); projections and logits are cuBLAS GEMMs
+ * (fp32 accumulation; no TF32), the rest small kernels: embedding lookup,
+ * RMSNorm, RoPE, SwiGLU, the K/V store, attention.  The cache is fp16
+ * [layer][kv_head][max_seq_len][head_dim], keys after RoPE; a decode step
+ * attends it with the dense decode kernel above where its shapes allow
+ * (head_dim 64 or 128, 1..8 query heads per KV head), every other case
+ * (prefill rows, other shapes) with a causal kernel of this file. */
+typedef struct {
+    const float *rms_att;                  /* [dim] */
+    const float *wq, *wk, *wv, *wo;        /* row-major [out x in], as model.h */
+    const float *bq, *bk, *bv;             /* NULL unless the model has biases */
+    const float *rms_ffn;                  /* [dim] */
+    const float *w1, *w2, *w3;             /* gate, down, up */
+} mkv_cuda_llama_layer;
+
+typedef struct {
+    int dim, hidden_dim, n_layers, n_heads, n_kv_heads, head_dim, vocab_size;
+    int rope_dim;                  /* leading channels of a head RoPE rotates */
+    int rope_half;                 /* 1: pairs (j, j + rope_dim/2); 0: (2j, 2j+1) */
+    const double *rope_inv_freq;   /* [rope_dim/2]: pair j turns by pos * inv_freq[j] */
+    float rms_eps;
+    int max_seq_len;               /* positions of the cache */
+    int chunk;                     /* most tokens one pass over the layers takes */
+    int weights_f16;               /* 1: matrices and embedding in fp16 */
+    const float *tok_embedding;    /* host float32 [vocab x dim] */
+    const float *rms_final;        /* [dim] */
+    const float *classifier;       /* [vocab x dim]; may equal tok_embedding */
+    const mkv_cuda_llama_layer *layers;  /* [n_layers] */
+} mkv_cuda_llama_desc;
+
+typedef struct mkv_cuda_llama mkv_cuda_llama;
+
+/* Check the shapes, allocate, upload.  The host weights may be freed
+ * afterwards.  Shapes the kernels cannot run (head_dim above 256, odd
+ * rope_dim) are MKV_EUNSUP; no GPU is MKV_EGPU. */
+int mkv_cuda_llama_create(const mkv_cuda_llama_desc *d, mkv_cuda_llama **out, mkv_error *err);
+void mkv_cuda_llama_free(mkv_cuda_llama *g);
+/* Run n tokens at the next positions; logits (host, vocab_size floats):
+ * the last token's, or NULL for none.  Token ids outside the vocabulary
+ * or past the cache are MKV_EFORMAT, reported before any work. */
+int mkv_cuda_llama_run(mkv_cuda_llama *g, const int32_t *tokens, size_t n, float *logits, mkv_error *err);
+int mkv_cuda_llama_pos(const mkv_cuda_llama *g);
+/* Device bytes of the weights and of the cache. */
+uint64_t mkv_cuda_llama_weight_bytes(const mkv_cuda_llama *g);
+uint64_t mkv_cuda_llama_cache_bytes(const mkv_cuda_llama *g);
+
 /* ------------------------------------------------ attention benchmark (GPU)
  * Synthetic random caches of one attention shape (default LLaMA-3.1-8B: 32
  * query heads, 8 KV heads, head_dim 128, bf16) for every context x batch;

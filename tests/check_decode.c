@@ -32,33 +32,6 @@
 #include "model_testutil.h"
 #include "testutil.h"
 
-/* GQA group 2, head_dim 16, a context long enough for several pages. */
-static void decode_config(mkv_model_config *c)
-{
-    mkv_model_config_defaults(c);
-    snprintf(c->name, sizeof c->name, "decode-test");
-    c->dim = 64;
-    c->hidden_dim = 96;
-    c->n_layers = 2;
-    c->n_heads = 4;
-    c->n_kv_heads = 2;
-    c->head_dim = 16;
-    c->rope_dim = 16;
-    c->vocab_size = 64;
-    c->max_seq_len = 256;
-    c->tied_classifier = 0;
-}
-
-static int32_t *test_tokens(int n, int vocab, uint64_t seed)
-{
-    int32_t *t = malloc((size_t)n * sizeof *t);
-    ck_assert_ptr_nonnull(t);
-    for (int i = 0; i < n; i++) {
-        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-        t[i] = (int32_t)((seed >> 33) % (uint64_t)vocab);
-    }
-    return t;
-}
 
 static mkv_decoder_opts opts_for(const mkv_method *m, const mkv_params *p, int max_new, int threads)
 {
@@ -80,7 +53,7 @@ enum { C = 150, N = 20 };
 START_TEST(full_is_the_forward_pass)
 {
     mkv_model_config c;
-    decode_config(&c);
+    test_decode_config(&c);
     mkv_model *m = random_model(&c, 5);
     int32_t *tok = test_tokens(C + N, c.vocab_size, 3);
     mkv_error err;
@@ -177,16 +150,9 @@ END_TEST
  * of the forward pass, bit for bit. */
 START_TEST(full_is_the_forward_pass_on_SmolLM2)
 {
-    char path[4096];
-    const char *env = getenv("MKV_SMOLLM2"), *cache = getenv("MKV_CACHE_DIR"), *home = getenv("HOME");
-    if (env)
-        snprintf(path, sizeof path, "%s", env);
-    else if (cache)
-        snprintf(path, sizeof path, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", cache);
-    else
-        snprintf(path, sizeof path, "%s/.cache/mosaickv/SmolLM2-135M-Instruct.Q4_1.gguf", home ? home : "/nonexistent");
-    if (access(path, R_OK) != 0) {
-        printf("check_decode: SmolLM2 decoding skipped: '%s' not found (scripts/get-models)\n", path);
+    const char *path = test_smollm2_path();
+    if (!path) {
+        printf("check_decode: SmolLM2 decoding skipped: not found (scripts/get-models)\n");
         return;
     }
     mkv_loaded_model lm;
@@ -258,7 +224,7 @@ static double max_abs_diff(const float *a, const float *b, int n)
 START_TEST(lossless_methods_equal_full)
 {
     mkv_model_config c;
-    decode_config(&c);
+    test_decode_config(&c);
     mkv_model *m = random_model(&c, 11);
     int32_t *tok = test_tokens(C + N, c.vocab_size, 7);
     mkv_error err;
@@ -317,7 +283,7 @@ END_TEST
 START_TEST(bytes_counted_by_hand)
 {
     mkv_model_config c;
-    decode_config(&c);
+    test_decode_config(&c);
     mkv_model *m = random_model(&c, 13);
     int32_t *tok = test_tokens(C + 4, c.vocab_size, 9);
     const mkv_method *quest = mkv_method_find("quest");
@@ -888,7 +854,7 @@ START_TEST(ppl_matches_model_ref)
         return;
     }
     mkv_model_config c;
-    decode_config(&c);
+    test_decode_config(&c);
     mkv_model *orig = random_model(&c, 17);
     char ckpt[256];
     test_path(ckpt, sizeof ckpt, "decode-model.bin");
@@ -926,7 +892,7 @@ END_TEST
 START_TEST(misuse_refused)
 {
     mkv_model_config c;
-    decode_config(&c);
+    test_decode_config(&c);
     mkv_model *m = random_model(&c, 19);
     int32_t *tok = test_tokens(c.max_seq_len + 1, c.vocab_size, 1);
     mkv_error err;

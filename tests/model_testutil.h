@@ -6,6 +6,7 @@
 
 #include <check.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "model/model.h"
@@ -20,6 +21,36 @@ static inline void layer_tensors(const mkv_model_config *c, const mkv_layer_weig
     size_t s[9] = {dim, qd * dim, kvd * dim, kvd * dim, dim * qd, dim, hid * dim, dim * hid, hid * dim};
     memcpy(ptrs, p, sizeof p);
     memcpy(sizes, s, sizeof s);
+}
+
+/* A small decoder: GQA group 2, head_dim 16, a context long enough for
+ * several pages of 16 tokens. */
+static inline void test_decode_config(mkv_model_config *c)
+{
+    mkv_model_config_defaults(c);
+    snprintf(c->name, sizeof c->name, "decode-test");
+    c->dim = 64;
+    c->hidden_dim = 96;
+    c->n_layers = 2;
+    c->n_heads = 4;
+    c->n_kv_heads = 2;
+    c->head_dim = 16;
+    c->rope_dim = 16;
+    c->vocab_size = 64;
+    c->max_seq_len = 256;
+    c->tied_classifier = 0;
+}
+
+/* n token ids below vocab from a seeded LCG. */
+static inline int32_t *test_tokens(int n, int vocab, uint64_t seed)
+{
+    int32_t *t = malloc((size_t)n * sizeof *t);
+    ck_assert_ptr_nonnull(t);
+    for (int i = 0; i < n; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        t[i] = (int32_t)((seed >> 33) % (uint64_t)vocab);
+    }
+    return t;
 }
 
 static inline mkv_model *random_model(const mkv_model_config *c, uint64_t seed)

@@ -138,6 +138,22 @@ static inline const char *test_model_file(const char *name)
     return path[which];
 }
 
+/* SmolLM2-135M-Instruct (GGUF) where scripts/get-models put it:
+ * MKV_SMOLLM2, else MKV_CACHE_DIR, else ~/.cache/mosaickv; NULL when it
+ * is not there. */
+static inline const char *test_smollm2_path(void)
+{
+    static char path[4096];
+    const char *env = getenv("MKV_SMOLLM2"), *cache = getenv("MKV_CACHE_DIR"), *home = getenv("HOME");
+    if (env)
+        snprintf(path, sizeof path, "%s", env);
+    else if (cache)
+        snprintf(path, sizeof path, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", cache);
+    else
+        snprintf(path, sizeof path, "%s/.cache/mosaickv/SmolLM2-135M-Instruct.Q4_1.gguf", home ? home : "/nonexistent");
+    return access(path, R_OK) == 0 ? path : NULL;
+}
+
 /* stories260K's published sample: greedy decoding from BOS + "Once upon a
  * time" (../shared/models/README.md). */
 #define TEST_PUBLISHED                                                                             \

@@ -31,6 +31,7 @@
 #include "decode/decoder.h"
 #include "decode/needle.h"
 #include "methods/method.h"
+#include "mkv_cuda.h"
 #include "model/prompt.h"
 #include "mosaic/mosaic.h"
 #include "model/run_model.h"
@@ -66,12 +67,15 @@ enum {
     OPT_PROMPTS,
     OPT_MANAGER,
     OPT_CLOSE_LOSS,
+    OPT_GPU_WEIGHTS,
     OPT_END
 };
 
 static const struct option longopts[] = {
     MKV_COMMON_LONGOPTS,
     MKV_THREADS_LONGOPT,
+    MKV_DEVICE_LONGOPT,
+    {"gpu-weights", required_argument, NULL, OPT_GPU_WEIGHTS},
     {"method", required_argument, NULL, 'm'},
     {"param", required_argument, NULL, 'P'},
     {"list-methods", no_argument, NULL, OPT_LIST_METHODS},
@@ -181,7 +185,13 @@ static void usage(FILE *fp, int status)
             "Speed runs (random weights, never accuracy):\n"
             "      --shape NAME     a model of a published shape with seeded random weights\n"
             "      --tokens N       random prompt of N tokens (default 1K)\n"
-            "      --chunk N        prefill chunk in tokens (default 512)\n\n",
+            "      --chunk N        prefill chunk in tokens (default 512)\n\n"
+            "Device:\n"
+            "      --device D       gpu: the forward pass and the dense cache on the GPU\n"
+            "                       (method full only so far); cpu; auto (default): the GPU\n"
+            "                       when this build has CUDA, a GPU is there and the method\n"
+            "                       is full\n"
+            "      --gpu-weights T  the GPU's copy of the matrices: f32 (default) or f16\n\n",
             mkv_progname(), mkv_progname(), mkv_progname(), mkv_progname(), mkv_progname(), DEFAULT_GENERATE,
             DEFAULT_SCORE, MKV_MOSAIC_CLOSE_LOSS_DEFAULT);
     mkv_common_usage(fp, MKV_COMMON_THREADS);
@@ -215,6 +225,8 @@ typedef struct {
     double temperature, top_p;
     uint64_t seed;
     int threads, verbosity;
+    mkv_device device;
+    int gpu_f16_weights;
     int given[OPT_END + 128];
 } decode_args;
 
@@ -461,6 +473,13 @@ static void parse_args(int argc, char **argv, decode_args *a)
             mkv_mosaic_set_close_loss(rise);
             break;
         }
+        case OPT_GPU_WEIGHTS:
+            if (strcmp(optarg, "f16") != 0 && strcmp(optarg, "f32") != 0) {
+                mkv_usage_error("invalid value '%s' for --gpu-weights: expected f32 or f16", optarg);
+                exit(2);
+            }
+            a->gpu_f16_weights = strcmp(optarg, "f16") == 0;
+            break;
         default: {
             int handled = mkv_common_option(&common, opt, optarg);
             if (handled < 0)
@@ -472,6 +491,7 @@ static void parse_args(int argc, char **argv, decode_args *a)
     }
     a->threads = common.threads ? common.threads : mkv_ncpus();
     a->verbosity = common.verbosity;
+    a->device = common.device;
     if (help_method) {
         mkv_print_method(stdout, mkv_method_or_exit(method_name));
         exit(0);
@@ -501,6 +521,13 @@ static void parse_args(int argc, char **argv, decode_args *a)
     if (a->shape && (a->ppl || a->needle))
         misuse(a->ppl ? "--ppl needs a real model, not --shape (random weights measure speed only)"
                       : "--needle needs a real model, not --shape (random weights measure speed only)");
+    if (a->device == MKV_DEVICE_GPU && strcmp(a->method->name, "full") != 0) {
+        mkv_usage_error("method '%s' has no GPU decode path yet (only full has); use --device cpu",
+                        a->method->name);
+        exit(2);
+    }
+    if (a->given[OPT_GPU_WEIGHTS] && a->device == MKV_DEVICE_CPU)
+        misuse("--gpu-weights is an option of --device gpu or auto");
     if (a->given[OPT_TOKENS] && !a->shape)
         misuse("--tokens is an option of --shape");
     int mode = a->ppl ? MODE_PPL : a->needle ? MODE_NEEDLE : MODE_GENERATE;
@@ -542,6 +569,39 @@ static void decoder_opts(const decode_args *a, int max_new, mkv_decoder_opts *o)
     o->chunk = (int)a->chunk;
     o->window = (int)a->window;
     o->max_new = max_new;
+    o->gpu = a->device == MKV_DEVICE_GPU;
+    o->gpu_f16_weights = a->gpu_f16_weights;
+}
+
+/* --device: gpu must find a usable GPU; auto takes one when the method can
+ * use it (the CPU otherwise, saying why at -v). */
+static int resolve_device(decode_args *a, mkv_error *err)
+{
+    if (a->device == MKV_DEVICE_CPU)
+        return MKV_OK;
+    const char *why = NULL;
+    mkv_gpu_info info[1];
+    int count = 0;
+    if (strcmp(a->method->name, "full") != 0)
+        why = "the method has no GPU decode path yet";
+    else if (!mkv_cuda_built())
+        why = "built without CUDA";
+    else if (mkv_cuda_devices(info, 1, &count, err) != MKV_OK)
+        return err->code;
+    else if (count == 0)
+        why = "no GPU found";
+    else if (!info[0].usable)
+        why = "GPU 0 is not a target of this build";
+    if (!why) {
+        a->device = MKV_DEVICE_GPU;
+        mkv_info("decoding on GPU 0, %s", info[0].name);
+        return MKV_OK;
+    }
+    if (a->device == MKV_DEVICE_GPU)
+        return mkv_fail(err, MKV_EUNSUP, "--device gpu: %s (use --device cpu or auto)", why);
+    mkv_info("%s; decoding on the CPU", why);
+    a->device = MKV_DEVICE_CPU;
+    return MKV_OK;
 }
 
 /* ---------------------------------------------------------- generation */
@@ -634,9 +694,9 @@ static int generate(const decode_args *a, mkv_run_model *rm, mkv_error *err)
                     1e3 * st.growth.finalize_seconds_max, 1e3 * st.growth.manager_cpu_seconds,
                     st.growth.steps_waited, st.growth.temp_bytes_peak);
         fprintf(stderr,
-                "%s: %s: prompt %zu tokens, %" PRId64 " decode steps, %.2f ms per step; KV %" PRIu64
+                "%s: %s%s: prompt %zu tokens, %" PRId64 " decode steps, %.2f ms per step; KV %" PRIu64
                 " bytes held (dense 16-bit %" PRIu64 ", ratio %.3f); prefill %.2f s, compression %.2f s\n",
-                mkv_progname(), a->method->name, p->n, done, done ? 1e3 * steps_seconds / (double)done : 0.0,
+                mkv_progname(), a->method->name, o.gpu ? " on the GPU" : "", p->n, done, done ? 1e3 * steps_seconds / (double)done : 0.0,
                 st.bytes_held, st.logical_bytes, (double)st.logical_bytes / (double)st.bytes_held,
                 st.prefill_seconds, st.compress_seconds);
     }
@@ -875,6 +935,8 @@ int main(int argc, char **argv)
     parse_args(argc, argv, &a);
     mkv_error err;
     mkv_error_clear(&err);
+    if (resolve_device(&a, &err))
+        fail(&err);
 
     if (a.needle) {
         if (needle(&a, &err))

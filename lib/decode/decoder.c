@@ -12,12 +12,14 @@
 #include "decode/ccache.h"
 #include "decode/decoder.h"
 #include "model/forward.h"
+#include "mkv_cuda.h"
 
 #define DEFAULT_CHUNK 512
 
 struct mkv_decoder {
     const mkv_model *model;
-    mkv_forward *f;
+    mkv_forward *f;            /* NULL when the pass runs on the GPU */
+    mkv_cuda_llama *gpu;       /* the GPU forward pass and its dense cache */
     mkv_ccache *cc;            /* NULL: the forward pass's own cache */
     int64_t prefilled;         /* tokens of the prefill */
     int stepped;               /* decode steps run */
@@ -53,6 +55,7 @@ void mkv_decoder_free(mkv_decoder *d)
         return;
     mkv_ccache_free(d->cc);
     mkv_forward_free(d->f);
+    mkv_cuda_llama_free(d->gpu);
     free(d->obs_pos);
     mkv_free(d->obs_q);
     free(d);
@@ -88,6 +91,49 @@ static int create_forward(const mkv_model *m, const mkv_decoder_opts *o, int64_t
     return mkv_forward_create(m, &fo, f, err);
 }
 
+/* Only the full cache has a GPU decode path so far. */
+static int check_gpu_method(const mkv_decoder_opts *o, mkv_error *err)
+{
+    if (o->gpu && !is_full(o))
+        return mkv_fail(err, MKV_EUNSUP, "method '%s' has no GPU decode path yet", o->method->name);
+    return MKV_OK;
+}
+
+/* The GPU forward pass of m with a cache of `positions` tokens. */
+static int create_gpu(const mkv_model *m, const mkv_decoder_opts *o, int64_t positions, mkv_cuda_llama **g,
+                      mkv_error *err)
+{
+    const mkv_model_config *c = &m->cfg;
+    if (positions > c->max_seq_len)
+        return mkv_fail(err, MKV_EFORMAT, "%lld tokens exceed the context of %d of model '%s'",
+                        (long long)positions, c->max_seq_len, c->name);
+    mkv_cuda_llama_layer *layers = calloc((size_t)c->n_layers, sizeof *layers);
+    double *inv_freq = calloc((size_t)c->rope_dim / 2 + 1, sizeof *inv_freq);
+    if (!layers || !inv_freq) {
+        free(layers);
+        free(inv_freq);
+        return mkv_fail(err, MKV_ENOMEM, "out of memory for the GPU forward pass");
+    }
+    for (int l = 0; l < c->n_layers; l++) {
+        const mkv_layer_weights *w = &m->layers[l];
+        layers[l] = (mkv_cuda_llama_layer){w->rms_att, w->wq, w->wk, w->wv, w->wo, w->bq, w->bk, w->bv,
+                                           w->rms_ffn, w->w1, w->w2, w->w3};
+    }
+    for (int j = 0; j < c->rope_dim / 2; j++)
+        inv_freq[j] = mkv_rope_inv_freq(c, j);
+    mkv_cuda_llama_desc desc = {
+        .dim = c->dim, .hidden_dim = c->hidden_dim, .n_layers = c->n_layers, .n_heads = c->n_heads,
+        .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim, .vocab_size = c->vocab_size,
+        .rope_dim = c->rope_dim, .rope_half = c->rope_layout == MKV_ROPE_HALF, .rope_inv_freq = inv_freq,
+        .rms_eps = c->rms_eps, .max_seq_len = (int)positions, .chunk = o->chunk > 0 ? o->chunk : DEFAULT_CHUNK,
+        .weights_f16 = o->gpu_f16_weights, .tok_embedding = m->tok_embedding, .rms_final = m->rms_final,
+        .classifier = m->classifier, .layers = layers};
+    int rc = mkv_cuda_llama_create(&desc, g, err);
+    free(layers);
+    free(inv_freq);
+    return rc;
+}
+
 /* Give d a compressed cache built from the prefill cache of src, and make
  * it d's attention. */
 static int attach_ccache(mkv_decoder *d, const mkv_decoder *src, const mkv_decoder_opts *o, mkv_error *err)
@@ -115,6 +161,9 @@ int mkv_decoder_prefill(const mkv_model *m, const int32_t *tokens, int64_t n, co
         return mkv_fail(err, MKV_EFORMAT, "nothing to prefill");
     if (o->window < 1 || o->max_new < 0)
         return mkv_fail(err, MKV_EUSAGE, "the window must be positive and the decode steps not negative");
+    int rc = check_gpu_method(o, err);
+    if (rc)
+        return rc;
     mkv_decoder *d = calloc(1, sizeof *d);
     if (!d)
         return mkv_fail(err, MKV_ENOMEM, "out of memory for the decoder");
@@ -122,7 +171,21 @@ int mkv_decoder_prefill(const mkv_model *m, const int32_t *tokens, int64_t n, co
     d->prefilled = n;
     d->W = (int)(o->window < n ? o->window : n);
     const mkv_model_config *c = &m->cfg;
-    int rc = create_forward(m, o, n + o->max_new, &d->f, err);
+    if (o->gpu) {
+        /* the full cache keeps no observation queries: nothing compresses */
+        rc = create_gpu(m, o, n + o->max_new, &d->gpu, err);
+        double t0 = now();
+        if (!rc)
+            rc = mkv_cuda_llama_run(d->gpu, tokens, (size_t)n, logits, err);
+        d->prefill_seconds = now() - t0;
+        if (rc) {
+            mkv_decoder_free(d);
+            return rc;
+        }
+        *out = d;
+        return MKV_OK;
+    }
+    rc = create_forward(m, o, n + o->max_new, &d->f, err);
     if (!rc) {
         d->obs_pos = calloc((size_t)d->W, sizeof *d->obs_pos);
         d->obs_q = mkv_alloc((size_t)c->n_layers * (size_t)c->n_heads * (size_t)d->W, (size_t)c->head_dim * sizeof(float),
@@ -154,6 +217,11 @@ int mkv_decoder_prefill(const mkv_model *m, const int32_t *tokens, int64_t n, co
 int mkv_decoder_fork(const mkv_decoder *full, const mkv_decoder_opts *o, mkv_decoder **out, mkv_error *err)
 {
     *out = NULL;
+    int rc = check_gpu_method(o, err);
+    if (rc)
+        return rc;
+    if (full->gpu)
+        return mkv_fail(err, MKV_EUNSUP, "a decoder on the GPU does not fork: only the full cache decodes there");
     if (full->cc || full->stepped || !mkv_forward_k(full->f, 0, 0))
         return mkv_fail(err, MKV_EUSAGE, "a decoder forks only from a full-cache decoder right after its prefill");
     if (full->prefilled + o->max_new > mkv_forward_max_seq_len(full->f))
@@ -165,7 +233,7 @@ int mkv_decoder_fork(const mkv_decoder *full, const mkv_decoder_opts *o, mkv_dec
     d->model = full->model;
     d->prefilled = full->prefilled;
     d->prefill_seconds = full->prefill_seconds;
-    int rc = create_forward(d->model, o, full->prefilled + o->max_new, &d->f, err);
+    rc = create_forward(d->model, o, full->prefilled + o->max_new, &d->f, err);
     if (!rc && is_full(o))
         rc = mkv_fail(err, MKV_EUSAGE, "the full cache is not forked: use the full decoder itself");
     if (!rc)
@@ -180,7 +248,8 @@ int mkv_decoder_fork(const mkv_decoder *full, const mkv_decoder_opts *o, mkv_dec
 
 int mkv_decoder_step(mkv_decoder *d, int32_t token, float *logits, mkv_error *err)
 {
-    int rc = mkv_forward_run(d->f, &token, 1, logits, MKV_LOGITS_LAST, err);
+    int rc = d->gpu ? mkv_cuda_llama_run(d->gpu, &token, 1, logits, err)
+                    : mkv_forward_run(d->f, &token, 1, logits, MKV_LOGITS_LAST, err);
     if (!rc)
         d->stepped++;
     return rc;
@@ -191,7 +260,7 @@ void mkv_decoder_get_stats(const mkv_decoder *d, mkv_decoder_stats *s)
     const mkv_model_config *c = &d->model->cfg;
     uint64_t per_token = (uint64_t)c->n_layers * (uint64_t)c->n_kv_heads * 2u * (uint64_t)c->head_dim * 2u;
     memset(s, 0, sizeof *s);
-    s->tokens = mkv_forward_pos(d->f);
+    s->tokens = d->gpu ? mkv_cuda_llama_pos(d->gpu) : mkv_forward_pos(d->f);
     s->prefill_seconds = d->prefill_seconds;
     s->compress_seconds = d->compress_seconds;
     s->logical_bytes = (uint64_t)s->tokens * per_token;
@@ -259,6 +328,8 @@ int mkv_decode_ppl(const mkv_model *m, const int32_t *tokens, size_t n_tokens, i
     r->scored = score;
     r->nll_full = r->step_seconds_full = NAN;
     int rc = mkv_ppl_check(n_tokens, context, score, err);
+    if (!rc)
+        rc = check_gpu_method(o, err);
     if (rc)
         return rc;
     int V = m->cfg.vocab_size;

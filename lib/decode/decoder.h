@@ -23,6 +23,10 @@ typedef struct {
     int chunk;                  /* prefill chunk in tokens; 0: 512 */
     int window;                 /* observation queries: the last window prefill positions (>= 1) */
     int max_new;                /* decode steps after the prefill */
+    int gpu;                    /* 1: the forward pass and its dense cache on the
+                                   GPU (the full cache only: other methods are
+                                   MKV_EUNSUP) */
+    int gpu_f16_weights;        /* with gpu: matrices in fp16 instead of float32 */
 } mkv_decoder_opts;
 
 void mkv_decoder_opts_init(mkv_decoder_opts *o);
@@ -35,7 +39,7 @@ typedef struct mkv_decoder mkv_decoder;
 int mkv_decoder_prefill(const mkv_model *m, const int32_t *tokens, int64_t n, const mkv_decoder_opts *o,
                         float *logits, mkv_decoder **out, mkv_error *err);
 
-/* A decoder of o's method over the cache of full, a full-cache decoder
+/* A decoder of o's method over the cache of full, a full-cache CPU decoder
  * that has prefilled and not stepped yet; full is unchanged. */
 int mkv_decoder_fork(const mkv_decoder *full, const mkv_decoder_opts *o, mkv_decoder **out, mkv_error *err);
 

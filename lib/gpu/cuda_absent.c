@@ -214,3 +214,26 @@ int mkv_cuda_eigh_batched(const double *gram, int d, int batch, double *R, doubl
     (void)gram; (void)d; (void)batch; (void)R; (void)evals;
     return mkv_fail(err, MKV_EUNSUP, "GPU rotations: built without CUDA");
 }
+
+/* ---- the forward pass ---- */
+
+int mkv_cuda_llama_create(const mkv_cuda_llama_desc *d, mkv_cuda_llama **out, mkv_error *err)
+{
+    (void)d;
+    *out = NULL;
+    return mkv_fail(err, MKV_EUNSUP, "GPU forward pass: built without CUDA");
+}
+
+void mkv_cuda_llama_free(mkv_cuda_llama *g) { (void)g; }
+
+int mkv_cuda_llama_run(mkv_cuda_llama *g, const int32_t *tokens, size_t n, float *logits, mkv_error *err)
+{
+    (void)g; (void)tokens; (void)n; (void)logits;
+    return mkv_fail(err, MKV_EUNSUP, "GPU forward pass: built without CUDA");
+}
+
+int mkv_cuda_llama_pos(const mkv_cuda_llama *g) { (void)g; return 0; }
+
+uint64_t mkv_cuda_llama_weight_bytes(const mkv_cuda_llama *g) { (void)g; return 0; }
+
+uint64_t mkv_cuda_llama_cache_bytes(const mkv_cuda_llama *g) { (void)g; return 0; }

@@ -402,12 +402,17 @@ static void rmsnorm(float *out, const float *x, const float *weight, int n, floa
         out[i] = x[i] * scale * weight[i];
 }
 
-void mkv_rope_angle(const mkv_model_config *cfg, int pos, int j, double *c, double *s)
+double mkv_rope_inv_freq(const mkv_model_config *cfg, int j)
 {
     double inv_freq = pow(cfg->rope_theta, -2.0 * j / cfg->rope_dim);
     if (cfg->has_rope_freq_factors)
         inv_freq /= cfg->rope_freq_factors[j];
-    double angle = pos * inv_freq;
+    return inv_freq;
+}
+
+void mkv_rope_angle(const mkv_model_config *cfg, int pos, int j, double *c, double *s)
+{
+    double angle = pos * mkv_rope_inv_freq(cfg, j);
     *c = cos(angle);
     *s = sin(angle);
 }

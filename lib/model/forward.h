@@ -101,5 +101,7 @@ const float *mkv_forward_v(const mkv_forward *f, int layer, int kv_head);
  * angle pos * theta^(-2j/rope_dim) / rope_freq_factors[j] (no divisor
  * unless cfg->has_rope_freq_factors). */
 void mkv_rope_angle(const mkv_model_config *cfg, int pos, int j, double *c, double *s);
+/* The frequency of that pair: the angle is pos times it. */
+double mkv_rope_inv_freq(const mkv_model_config *cfg, int j);
 
 #endif

@@ -150,3 +150,17 @@ $ mkv-decode model.bin --tokenizer tok.bin --needle --lengths 300 --depths 0,1 -
 $ mkv-decode model.bin --tokenizer tok.bin --needle --lengths 300 --prompts out.tsv -o out.tsv
 ! mkv-decode: --prompts and -o name the same file
 [2]
+
+# ---------------------------------------------------------------- the device: usage errors (exit 2)
+$ mkv-decode model.bin -p hi -m quest --device gpu
+! mkv-decode: method 'quest' has no GPU decode path yet (only full has); use --device cpu
+[2]
+$ mkv-decode model.bin -p hi --device tpu
+! mkv-decode: invalid value 'tpu' for --device: expected auto, cpu or gpu
+[2]
+$ mkv-decode model.bin -p hi --gpu-weights f8
+! mkv-decode: invalid value 'f8' for --gpu-weights: expected f32 or f16
+[2]
+$ mkv-decode model.bin -p hi --device cpu --gpu-weights f16
+! mkv-decode: --gpu-weights is an option of --device gpu or auto; try 'mkv-decode --help'
+[2]

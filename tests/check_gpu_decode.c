@@ -1,0 +1,360 @@
+/* The GPU forward pass (kernels/llama_forward.cu through the decoder's
+ * gpu option) against the CPU forward pass, whose own tests hold it to
+ * independent float64 references: the same prompt prefilled on both, then
+ * teacher-forced decode steps with the CPU's greedy tokens, comparing every
+ * step's logits relative to their RMS and the argmax.  Models: stories260K
+ * (head_dim 8, interleaved RoPE: the causal kernel in every step), random
+ * models of the SmolLM2-135M, Llama-3.1-8B and Qwen2.5-7B shapes with few
+ * layers and a small vocabulary (half-split RoPE, Llama 3.1's frequency
+ * scaling, q/k/v biases, 3 to 7 query heads per KV head: the dense decode
+ * kernel in the steps), a small random model whose RoPE turns only half of
+ * each head, and SmolLM2-135M itself where scripts/get-models put it; the
+ * perplexity of stories260K over data/heldout.txt; the refusals.
+ *
+ * Tolerances, relative to the RMS of the CPU's logits: float32 weights
+ * differ from the CPU only by the fp16 K/V cache and the order of sums:
+ * RMS error 5e-3, largest 2e-2; fp16 weights add their own rounding: RMS
+ * 3e-2, largest 1.5e-1.  The argmax must agree at every step where the
+ * CPU's top two logits are further apart than twice the largest error
+ * allowed, and at every step with float32 weights on stories260K (the
+ * same greedy text).  Perplexity: equal within 1e-3 relative. */
+#include "config.h"
+
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "model/prompt.h"
+#include "decode/decoder.h"
+#include "methods/method.h"
+#include "model/model.h"
+#include "model/model_load.h"
+#include "model/shapes.h"
+#include "gpu_testutil.h"
+#include "model_testutil.h"
+#include "testutil.h"
+
+#define F32_RMS 5e-3
+#define F32_MAX 2e-2
+#define F16_RMS 3e-2
+#define F16_MAX 1.5e-1
+
+static int cpu_threads(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 1 ? (int)(n < 16 ? n : 16) : 1;
+}
+
+static int argmax(const float *x, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
+}
+
+/* The gap between the largest and the second largest logit. */
+static double top_margin(const float *x, int n)
+{
+    double a = -INFINITY, b = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (x[i] > a) {
+            b = a;
+            a = x[i];
+        } else if (x[i] > b) {
+            b = x[i];
+        }
+    return a - b;
+}
+
+/* Prefill prompt[0..n) on the CPU and on the GPU, then `steps` decode
+ * steps of the CPU's greedy tokens fed to both; every logits vector
+ * (the prefill's and each step's) compared.  every_argmax: the argmax must
+ * agree at every step, whatever the margin (the same greedy text). */
+static void compare_decode(const mkv_model *m, const int32_t *prompt, int n, int steps, int chunk, int f16,
+                           int every_argmax, const char *what)
+{
+    const int V = m->cfg.vocab_size;
+    const double tol_rms = f16 ? F16_RMS : F32_RMS, tol_max = f16 ? F16_MAX : F32_MAX;
+    mkv_decoder_opts o;
+    mkv_decoder_opts_init(&o);
+    o.threads = cpu_threads();
+    o.max_new = steps;
+    o.chunk = chunk;
+    mkv_decoder_opts og = o;
+    og.gpu = 1;
+    og.gpu_f16_weights = f16;
+    float *ref = malloc((size_t)V * sizeof *ref), *got = malloc((size_t)V * sizeof *got);
+    ck_assert_ptr_nonnull(ref);
+    ck_assert_ptr_nonnull(got);
+    mkv_decoder *cpu, *gpu;
+    mkv_error err;
+    ck_assert_msg(mkv_decoder_prefill(m, prompt, n, &o, ref, &cpu, &err) == MKV_OK, "%s", err.msg);
+    for (int i = 0; i < V; i++)
+        got[i] = NAN;
+    ck_assert_msg(mkv_decoder_prefill(m, prompt, n, &og, got, &gpu, &err) == MKV_OK, "%s", err.msg);
+    double worst_rms = 0, worst_max = 0;   /* relative, over the steps */
+    int checked = 0;                       /* steps whose argmax was checked */
+    for (int s = 0;; s++) {
+        double ss_ref = 0, ss_diff = 0, worst = 0;
+        for (int i = 0; i < V; i++) {
+            ck_assert_msg(isfinite(got[i]), "%s: step %d: logit %d is %g", what, s, i, got[i]);
+            const double d = (double)got[i] - ref[i];
+            ss_ref += (double)ref[i] * ref[i];
+            ss_diff += d * d;
+            worst = fabs(d) > worst ? fabs(d) : worst;
+        }
+        const double rms = sqrt(ss_ref / V), rms_rel = sqrt(ss_diff / V) / rms, max_rel = worst / rms;
+        worst_rms = rms_rel > worst_rms ? rms_rel : worst_rms;
+        worst_max = max_rel > worst_max ? max_rel : worst_max;
+        ck_assert_msg(rms_rel <= tol_rms && max_rel <= tol_max,
+                      "%s (%s weights): step %d: logits differ by %.3g RMS, %.3g at most (of their RMS %.3g)",
+                      what, f16 ? "fp16" : "float32", s, rms_rel, max_rel, rms);
+        const int token = argmax(ref, V);
+        if (every_argmax || top_margin(ref, V) > 2 * tol_max * rms) {
+            checked++;
+            ck_assert_msg(argmax(got, V) == token, "%s: step %d: the GPU's argmax %d is not the CPU's %d", what, s,
+                          argmax(got, V), token);
+        }
+        if (s == steps)
+            break;
+        ck_assert_msg(mkv_decoder_step(cpu, token, ref, &err) == MKV_OK, "%s", err.msg);
+        for (int i = 0; i < V; i++)
+            got[i] = NAN;
+        ck_assert_msg(mkv_decoder_step(gpu, token, got, &err) == MKV_OK, "%s", err.msg);
+    }
+    mkv_decoder_stats sc, sg;
+    mkv_decoder_get_stats(cpu, &sc);
+    mkv_decoder_get_stats(gpu, &sg);
+    ck_assert_int_eq(sg.tokens, n + steps);
+    ck_assert_uint_eq(sg.bytes_held, sc.bytes_held);
+    printf("check_gpu_decode: %s, %s weights: %d + %d tokens, logits within %.2g RMS, %.2g at most; argmax "
+           "checked at %d of %d steps\n",
+           what, f16 ? "fp16" : "float32", n, steps, worst_rms, worst_max, checked, steps + 1);
+    mkv_decoder_free(cpu);
+    mkv_decoder_free(gpu);
+    free(ref);
+    free(got);
+}
+
+
+/* Load the model at path; 0 (and a note) when there is none. */
+static int load_model(const char *path, const char *what, mkv_loaded_model *lm)
+{
+    if (!path) {
+        printf("check_gpu_decode: skipped a case: %s not found\n", what);
+        return 0;
+    }
+    mkv_model_load_opts lo = {NULL, 1};
+    mkv_error err;
+    ck_assert_msg(mkv_model_load(path, &lo, lm, &err) == MKV_OK, "%s", err.msg);
+    return 1;
+}
+
+START_TEST(stories260K_on_gpu_is_the_cpu_pass)
+{
+    mkv_loaded_model lm;
+    if (!load_model(test_model_file("stories260K.bin"), "stories260K.bin (MKV_MODELS_DIR)", &lm))
+        return;
+    mkv_error err;
+    int32_t *ids;
+    size_t n;
+    ck_assert_int_eq(mkv_tokenizer_encode(lm.tok, "Once upon a time", 16, MKV_ENCODE_BOS, &ids, &n, &err), MKV_OK);
+    compare_decode(lm.model, ids, (int)n, 60, 0, 0, 1, "stories260K");
+    compare_decode(lm.model, ids, (int)n, 60, 0, 1, 0, "stories260K");
+    free(ids);
+    mkv_loaded_model_free(&lm);
+}
+END_TEST
+
+/* A random model of a published shape with `layers` layers and a small
+ * vocabulary; prefill in chunks of 48 so that later chunks attend earlier
+ * ones. */
+static void shape_case(const char *name, int layers, int prompt, int steps)
+{
+    const mkv_shape *s = mkv_shape_find(name);
+    ck_assert_ptr_nonnull(s);
+    mkv_model_config c;
+    mkv_model *m;
+    mkv_error err;
+    ck_assert_msg(mkv_shape_config(s, layers, 2048, &c, &err) == MKV_OK, "%s", err.msg);
+    c.max_seq_len = prompt + steps;
+    ck_assert_msg(mkv_shape_build(&c, NULL, 7, cpu_threads(), &m, &err) == MKV_OK, "%s", err.msg);
+    int32_t *tok = test_tokens(prompt, c.vocab_size, 11);
+    char what[160];
+    snprintf(what, sizeof what, "%s shape, %d layers", name, layers);
+    compare_decode(m, tok, prompt, steps, 48, 0, 0, what);
+    compare_decode(m, tok, prompt, steps, 48, 1, 0, what);
+    free(tok);
+    mkv_model_free(m);
+}
+
+START_TEST(shapes_on_gpu_are_the_cpu_pass)
+{
+    shape_case("smollm2-135m", 4, 130, 12);
+    shape_case("llama3.1-8b", 1, 100, 8);
+    shape_case("qwen2.5-7b", 1, 100, 8);
+}
+END_TEST
+
+/* Partial RoPE (rope_dim 8 of head_dim 16), interleaved pairs, untied
+ * classifier, a decode past one prefill chunk. */
+START_TEST(partial_rope_on_gpu_is_the_cpu_pass)
+{
+    mkv_model_config c;
+    test_decode_config(&c);
+    c.rope_dim = 8;
+    mkv_model *m = random_model(&c, 5);
+    int32_t *tok = test_tokens(150, c.vocab_size, 3);
+    compare_decode(m, tok, 150, 40, 64, 0, 0, "partial RoPE model");
+    free(tok);
+    mkv_model_free(m);
+}
+END_TEST
+
+START_TEST(smollm2_on_gpu_is_the_cpu_pass)
+{
+    mkv_loaded_model lm;
+    if (!load_model(test_smollm2_path(), "SmolLM2-135M-Instruct.Q4_1.gguf (scripts/get-models)", &lm))
+        return;
+    mkv_error err;
+    const char *prompt = "It is a truth universally acknowledged that";
+    int32_t *ids;
+    size_t n;
+    ck_assert_int_eq(mkv_tokenizer_encode(lm.tok, prompt, strlen(prompt), 0, &ids, &n, &err), MKV_OK);
+    compare_decode(lm.model, ids, (int)n, 32, 0, 0, 0, "SmolLM2-135M");
+    compare_decode(lm.model, ids, (int)n, 32, 0, 1, 0, "SmolLM2-135M");
+    free(ids);
+    mkv_loaded_model_free(&lm);
+}
+END_TEST
+
+START_TEST(perplexity_on_gpu_is_the_cpus)
+{
+    mkv_loaded_model lm;
+    if (!load_model(test_model_file("stories260K.bin"), "stories260K.bin (MKV_MODELS_DIR)", &lm))
+        return;
+    mkv_error err;
+    char path[4200];
+    const char *dir = getenv("MKV_DATA_DIR");
+    snprintf(path, sizeof path, "%s/heldout.txt", dir && *dir ? dir : MKV_SOURCE_DATA_DIR);
+    char *text;
+    size_t len;
+    ck_assert_msg(mkv_read_file(path, &text, &len, &err) == MKV_OK, "%s", err.msg);
+    int32_t *ids;
+    size_t n;
+    ck_assert_int_eq(mkv_tokenizer_encode(lm.tok, text, len, MKV_ENCODE_BOS, &ids, &n, &err), MKV_OK);
+    const int64_t context = 300, score = 200;
+    ck_assert_uint_ge(n, context + score + 1);
+    mkv_decoder_opts o;
+    mkv_decoder_opts_init(&o);
+    o.threads = cpu_threads();
+    o.chunk = 128;
+    mkv_ppl_result cpu, gpu;
+    ck_assert_msg(mkv_decode_ppl(lm.model, ids, n, context, score, &o, 1, &cpu, &err) == MKV_OK, "%s", err.msg);
+    o.gpu = 1;
+    ck_assert_msg(mkv_decode_ppl(lm.model, ids, n, context, score, &o, 1, &gpu, &err) == MKV_OK, "%s", err.msg);
+    const double rel = fabs(exp(gpu.nll) / exp(cpu.nll) - 1);
+    printf("check_gpu_decode: stories260K perplexity over %lld tokens after %lld: CPU %.6f, GPU %.6f (%.2g relative)\n",
+           (long long)score, (long long)context, exp(cpu.nll), exp(gpu.nll), rel);
+    ck_assert_msg(rel <= 1e-3, "perplexity %.6f on the GPU, %.6f on the CPU", exp(gpu.nll), exp(cpu.nll));
+    ck_assert_uint_eq(gpu.bytes_held, cpu.bytes_held);
+    free(ids);
+    free(text);
+    mkv_loaded_model_free(&lm);
+}
+END_TEST
+
+static mkv_model *tiny_model(void)
+{
+    mkv_model_config c;
+    test_decode_config(&c);
+    return random_model(&c, 9);
+}
+
+/* Bad tokens and positions past the cache are refused before any work;
+ * a method without a GPU path is refused by name. */
+START_TEST(gpu_decoder_refuses_misuse)
+{
+    mkv_model *m = tiny_model();
+    mkv_decoder_opts o;
+    mkv_decoder_opts_init(&o);
+    o.gpu = 1;
+    o.max_new = 2;
+    int32_t tok[4] = {1, 2, 3, 4};
+    float logits[64];
+    mkv_decoder *d = NULL;
+    mkv_error err;
+    int32_t bad[2] = {1, 64};
+    ck_assert_int_eq(mkv_decoder_prefill(m, bad, 2, &o, logits, &d, &err), MKV_EFORMAT);
+    ck_assert_ptr_null(d);
+    ck_assert_msg(strstr(err.msg, "outside the vocabulary") != NULL, "%s", err.msg);
+    ck_assert_int_eq(mkv_decoder_prefill(m, tok, 4, &o, logits, &d, &err), MKV_OK);
+    ck_assert_int_eq(mkv_decoder_step(d, -1, logits, &err), MKV_EFORMAT);
+    ck_assert_int_eq(mkv_decoder_step(d, 5, logits, &err), MKV_OK);
+    ck_assert_int_eq(mkv_decoder_step(d, 6, logits, &err), MKV_OK);
+    ck_assert_int_eq(mkv_decoder_step(d, 7, logits, &err), MKV_EFORMAT);
+    ck_assert_msg(strstr(err.msg, "exceed the context") != NULL, "%s", err.msg);
+    mkv_decoder *fork = NULL;
+    const mkv_method *quest = mkv_method_find("quest");
+    ck_assert_ptr_nonnull(quest);
+    mkv_decoder_opts oq = o;
+    oq.gpu = 0;
+    oq.method = quest;
+    ck_assert_int_eq(mkv_decoder_fork(d, &oq, &fork, &err), MKV_EUNSUP);
+    mkv_decoder_free(d);
+    oq.gpu = 1;
+    ck_assert_int_eq(mkv_decoder_prefill(m, tok, 4, &oq, logits, &d, &err), MKV_EUNSUP);
+    ck_assert_msg(strstr(err.msg, "method 'quest' has no GPU decode path") != NULL, "%s", err.msg);
+    mkv_model_free(m);
+}
+END_TEST
+
+/* Without CUDA or without a GPU the GPU decoder fails with `want` and a
+ * message, leaving no decoder. */
+static int clean_failure(mkv_status want)
+{
+    mkv_model_config c;
+    test_decode_config(&c);
+    mkv_model *m;
+    mkv_error err;
+    if (mkv_model_create(&c, &m, &err) != MKV_OK) {
+        fprintf(stderr, "check_gpu_decode: %s\n", err.msg);
+        return 1;
+    }
+    mkv_decoder_opts o;
+    mkv_decoder_opts_init(&o);
+    o.gpu = 1;
+    int32_t tok[2] = {1, 2};
+    float logits[64];
+    mkv_decoder *d = (mkv_decoder *)&o;
+    mkv_error_clear(&err);
+    int rc = mkv_decoder_prefill(m, tok, 2, &o, logits, &d, &err);
+    mkv_model_free(m);
+    if (rc != (int)want || d != NULL || err.msg[0] == '\0') {
+        fprintf(stderr, "check_gpu_decode: the GPU decoder gave %d ('%s'), wanted %d\n", rc, err.msg, (int)want);
+        return 1;
+    }
+    return 0;
+}
+
+static Suite *gpu_decode_suite(void)
+{
+    Suite *s = suite_create("gpu_decode");
+    TCase *tc = tcase_create("gpu_decode");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, stories260K_on_gpu_is_the_cpu_pass);
+    tcase_add_test(tc, partial_rope_on_gpu_is_the_cpu_pass);
+    tcase_add_test(tc, shapes_on_gpu_are_the_cpu_pass);
+    tcase_add_test(tc, smollm2_on_gpu_is_the_cpu_pass);
+    tcase_add_test(tc, perplexity_on_gpu_is_the_cpus);
+    tcase_add_test(tc, gpu_decoder_refuses_misuse);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return gpu_test_main("check_gpu_decode", gpu_decode_suite, clean_failure); }

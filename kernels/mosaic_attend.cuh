@@ -7,7 +7,9 @@
  *                  cp.async together; q~ = q R_k on the tensor cores
  *                  (ldmatrix of R_k, q as fp16 hi + lo parts), kept for
  *                  the attention; block scores q~ . kbar on the tensor
- *                  cores (the same mma path as the attention scores),
+ *                  cores (the same mma path as the attention scores;
+ *                  with 8-bit block keys the codes made fp16 in
+ *                  registers and each score times its row's scale),
  *                  aggregated over the group's heads, written as
  *                  order-preserving 32-bit keys, and a weighted histogram
  *                  of their top 12 bits per job (the first digit of the

@@ -366,6 +366,9 @@ static int build_packed(bench_case &c, const mkv_bench_opts *o, uint64_t seed, c
     fill_16_scaled<<<fill_blocks(dn), 256, 0, st>>>(p.dense_v, dn, seed + 6, 1.f);
     MKV_CUDA_CHECK_LAUNCH();
     MKV_CUDA_CHECK(cudaStreamSynchronize(st));
+    for (int i = 0; i < o->n_blockkey_bits; i++)
+        if (o->blockkey_bits[i] == 8)
+            return mkv_cuda_mosaic_blockkeys8(*out, err);
     return MKV_OK;
 }
 
@@ -373,18 +376,24 @@ class packed_method : public bench_method {
     const mkv_bench_opts *o_;
     double budget_;
     bool select_only_;
+    int blockkey_bits_;
     std::vector<mkv_packed_plan *> plans_;   /* one per packed set */
     int step_ = 0;
 
 public:
-    packed_method(const mkv_bench_opts *o, double budget, bool select_only)
-        : o_(o), budget_(budget), select_only_(select_only) {}
+    packed_method(const mkv_bench_opts *o, double budget, bool select_only, int blockkey_bits)
+        : o_(o), budget_(budget), select_only_(select_only), blockkey_bits_(blockkey_bits) {}
     ~packed_method() override
     {
         for (mkv_packed_plan *p : plans_)
             mkv_cuda_mosaic_plan_free(p);
     }
-    const char *impl() const override { return select_only_ ? "mosaic-select" : "mosaic"; }
+    const char *impl() const override
+    {
+        if (blockkey_bits_ == 8)
+            return select_only_ ? "mosaic-bk8-select" : "mosaic-bk8";
+        return select_only_ ? "mosaic-select" : "mosaic";
+    }
     const char *backend() const override { return "mkv"; }
     double budget() const override { return budget_; }
     int setup(bench_case &c, mkv_error *err) override
@@ -420,6 +429,7 @@ public:
         pp.n_kv_heads = s.n_kv_heads;
         pp.n_heads = s.n_heads;
         pp.budget = budget_;
+        pp.blockkey_bits = blockkey_bits_;
         const uint64_t held = mkv_device_bytes_now();
         for (auto &h : c.packed) {
             mkv_packed_plan *p = nullptr;
@@ -440,14 +450,13 @@ public:
     }
     /* What the kernels read of the cache (mkv_packed_counts.device_bytes:
      * block keys and key scratch, R_k, records of the attended blocks, R_v
-     * per part, dense rows, q); the selection stage alone: its share. */
+     * per part, dense rows, q); the selection stage alone: its share
+     * (scoring_bytes) and the dense rows. */
     uint64_t bytes_read(const bench_case &c) const override
     {
         const mkv_attn_shape &s = c.shape;
         mkv_error err = {};
         uint64_t bytes = 0;
-        mkv_packed_seg g;
-        packed_geometry(o_, &g);
         for (int b = 0; b < s.batch; b++)
             for (int h = 0; h < s.n_kv_heads; h++) {
                 mkv_packed_counts ct;
@@ -456,8 +465,7 @@ public:
                 if (!select_only_)
                     bytes += ct.device_bytes;
                 else
-                    bytes += (uint64_t)ct.scored_blocks * (g.bk_width * 2 + 8) + (uint64_t)ct.segments * s.head_dim * g.dk * 2
-                        + (uint64_t)ct.dense_tokens * s.head_dim * 4 + (uint64_t)s.n_heads / s.n_kv_heads * s.head_dim * 4;
+                    bytes += ct.scoring_bytes + (uint64_t)ct.dense_tokens * s.head_dim * 4;
             }
         return bytes;
     }
@@ -643,10 +651,11 @@ static std::vector<std::unique_ptr<bench_method>> methods_for(const mkv_bench_op
             ms.emplace_back(new quest_method(qp));
         }
     if (o->methods & MKV_BENCH_PACKED)
-        for (int i = 0; i < o->n_budgets; i++) {
-            ms.emplace_back(new packed_method(o, o->budgets[i], false));
-            ms.emplace_back(new packed_method(o, o->budgets[i], true));
-        }
+        for (int i = 0; i < o->n_budgets; i++)
+            for (int j = 0; j < o->n_blockkey_bits; j++) {
+                ms.emplace_back(new packed_method(o, o->budgets[i], false, o->blockkey_bits[j]));
+                ms.emplace_back(new packed_method(o, o->budgets[i], true, o->blockkey_bits[j]));
+            }
     return ms;
 }
 
@@ -674,6 +683,11 @@ static int check_opts(const mkv_bench_opts *o, mkv_error *err)
                         "benchmark: packed caches: keep %g in (0, 1], d' %d in 1..head_dim, block %d a power of two "
                         "up to 16, segment %d >= block",
                         o->keep, o->dprime, o->block, o->segment);
+    if (o->n_blockkey_bits < 1 || o->n_blockkey_bits > 2)
+        return mkv_fail(err, MKV_EUSAGE, "benchmark: %d block-key widths; 1 or 2", o->n_blockkey_bits);
+    for (int i = 0; i < o->n_blockkey_bits; i++)
+        if (o->blockkey_bits[i] != 16 && o->blockkey_bits[i] != 8)
+            return mkv_fail(err, MKV_EUSAGE, "benchmark: block keys of %d bits; 16 or 8", o->blockkey_bits[i]);
     return MKV_OK;
 }
 

@@ -274,14 +274,27 @@ typedef struct {
     uint16_t *blockkeys, *rotations, *dense_k, *dense_v;
 } mkv_packed_pools;
 int mkv_cuda_mosaic_pools(mkv_packed_cache *c, mkv_packed_pools *pools, mkv_error *err);
-/* Device bytes of the cache (pools and tables). */
+/* Device bytes of the cache (pools and tables, the 8-bit block keys when made). */
 uint64_t mkv_cuda_mosaic_bytes(const mkv_packed_cache *c);
+/* The 8-bit block keys (docs/DESIGN.md 5.2), made on the device from the
+ * fp16 pool as it stands (call it after filling the pools on the device):
+ * per scored segment, each row of bk_width values becomes codes
+ * rint(x 127 / a) (a = the row's largest |x|, computed in double) in a row
+ * of bk_width rounded up to 16 bytes, zeros past bk_width, and one float32
+ * scale a / 127; a row of zeros has codes and scale 0.  A block then
+ * scores scale x (its score with the codes for the row), which selection
+ * ranks like the fp16 score within the codes' rounding.  Plans made with
+ * blockkey_bits 8 read these instead of the fp16 rows; a second call
+ * remakes them. */
+int mkv_cuda_mosaic_blockkeys8(mkv_packed_cache *c, mkv_error *err);
 
 typedef struct {
     int batch, n_kv_heads, n_heads;
     double scale;              /* score scale; 0 = 1/sqrt(head_dim) */
     double budget;             /* <= 1: fraction of pos + 1; > 1: tokens (mkv_budget_tokens) */
     int agg_sum;               /* block score over the group's heads: 0 max, 1 sum */
+    int blockkey_bits;         /* block keys scored: 16 (or 0) the fp16 rows; 8 their 8-bit codes
+                                * (mkv_cuda_mosaic_blockkeys8 must have made them) */
 } mkv_packed_params;
 
 int mkv_cuda_mosaic_plan(const mkv_packed_cache *c, const mkv_packed_params *pp, const int32_t *heads,
@@ -309,6 +322,8 @@ typedef struct {
     int64_t segments_attended; /* of those, segments with an attended block */
     int64_t dense_tokens;      /* dense rows attended */
     uint64_t device_bytes;     /* bytes this request and KV head read from the cache on the device */
+    uint64_t scoring_bytes;    /* of those, what q R_k and scoring read (R_k, block keys, their scales)
+                                * and the keys they write for the selection */
 } mkv_packed_counts;
 int mkv_cuda_mosaic_selection(const mkv_packed_plan *p, int request, int kv_head, uint8_t *blocks,
                               uint8_t *attended, mkv_packed_counts *counts, mkv_error *err);
@@ -440,9 +455,13 @@ typedef struct {
      * r = ceil(keep x head_dim) values per vector among d' rotated
      * channels, per-channel bitmaps, block keys per `block` tokens, one
      * rotation pair per `segment` tokens, sink and recent tokens dense;
-     * budgets as for Quest. */
+     * budgets as for Quest; each budget timed for every block-key width
+     * listed (16: fp16 rows; 8: their 8-bit codes, mkv_cuda_mosaic_blockkeys8,
+     * rows named mosaic-bk8). */
     double keep;
     int dprime, block, segment;
+    int blockkey_bits[2];
+    int n_blockkey_bits;
 } mkv_bench_opts;
 
 static inline void mkv_bench_opts_default(mkv_bench_opts *o)
@@ -477,6 +496,8 @@ static inline void mkv_bench_opts_default(mkv_bench_opts *o)
     o->dprime = 64;
     o->block = 8;
     o->segment = 4096;
+    o->blockkey_bits[0] = 16;
+    o->n_blockkey_bits = 1;
 }
 
 int mkv_bench_attention(const mkv_bench_opts *o, FILE *tsv, FILE *log, mkv_error *err);

@@ -156,6 +156,9 @@ __device__ __forceinline__ float2 row_fragments(const float *row, q_regs<KJ> &qr
 struct score_args {
     const mkv_packed_seg *segs;
     const uint16_t *blockkeys, *rotations;
+    const uint8_t *bk8;        /* 8-bit block keys (score_kernel<.., true>): codes, */
+    const float *bk8_scales;   /* one scale per row, */
+    const bk8_place *bk8_at;   /* each segment's first row in both */
     const job_info *jobs;
     const int4 *items;       /* {job, segment of its head, segment row, 0} */
     const float *q;          /* [job][G][D] */
@@ -169,7 +172,7 @@ struct score_args {
 };
 
 /* Block-key stages of score_kernel in flight per warp, 16 rows of 64 KJ
- * bytes each: few, so that six blocks fit on an SM with the usual rows of
+ * bytes each (32 KJ with 8-bit codes): few, so that six blocks fit on an SM with the usual rows of
  * 64 channels (the latency to hide is the kernel's prologue, not the
  * stream). */
 __host__ __device__ constexpr int score_stages(int kj) { return kj <= 4 ? 2 : 1; }
@@ -187,9 +190,26 @@ __host__ __device__ inline size_t score_region(int D, int dkmax)
     const size_t r = (size_t)D * rk_row_bytes(dkmax), h = sizeof(uint32_t) * HIST_BINS;
     return r > h ? r : h;
 }
-inline size_t score_smem(int D, int dkmax, int kj)
+/* Bytes of a staged block-key row: 32 channels per KJ step, fp16 or 8-bit codes. */
+__host__ __device__ constexpr int score_row_bytes(int kj, bool q8) { return (q8 ? 32 : 64) * kj; }
+inline size_t score_smem(int D, int dkmax, int kj, bool q8)
 {
-    return score_region(D, dkmax) + (size_t)WARPS * score_stages(kj) * TILE * 64 * kj;
+    return score_region(D, dkmax) + (size_t)WARPS * score_stages(kj) * TILE * score_row_bytes(kj, q8);
+}
+
+/* Eight signed 8-bit codes as the fp16 values they are (exactly): a code
+ * biased by 128 becomes the low mantissa byte of 1024 + (code + 128), and
+ * 1152 comes off. */
+__device__ __forceinline__ uint4 codes_to_half8(uint2 x)
+{
+    const uint32_t lo = x.x ^ 0x80808080u, hi = x.y ^ 0x80808080u;
+    const __half2 bias = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));
+    auto pair = [&](uint32_t w, uint32_t sel) {
+        const uint32_t v = __byte_perm(w, 0x64646464u, sel);
+        const __half2 h = __hsub2(*reinterpret_cast<const __half2 *>(&v), bias);
+        return *reinterpret_cast<const uint32_t *>(&h);
+    };
+    return make_uint4(pair(lo, 0x4140), pair(lo, 0x4342), pair(hi, 0x4140), pair(hi, 0x4342));
 }
 
 /* Four 8x8 fp16 matrices from shared memory, transposed: lanes 8 i .. 8 i + 7
@@ -203,19 +223,22 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void *p)
 }
 
 /* KJ: 32-channel steps of the block-key rows (their width / 32, rounded up).
+ * Q8: the rows are the 8-bit codes of mkv_cuda_mosaic_blockkeys8, made
+ * fp16 in registers (exact), and a block's aggregate score is multiplied
+ * by its row's scale (>= 0, so max and sum over the heads commute with it).
  *
  * One (job, segment) item: q~ = q R_k, written to a.qt for the attention,
  * then the segment's block scores.  R_k and the first block-key stages are
  * in flight together; q R_k runs on the tensor cores with q split into
  * fp16 high and low parts (~22 significant bits, as for the scores), R_k
  * as the B operand read from shared memory by ldmatrix. */
-template <int D, int KJ>
+template <int D, int KJ, bool Q8>
 __global__ void __launch_bounds__(THREADS) score_kernel(const score_args a)
 {
     constexpr int W = 32 * KJ;        /* block-key row channels at most */
     constexpr int NST = score_stages(KJ);
-    constexpr int ROW = 64 * KJ;      /* bytes of a staged block-key row */
-    constexpr int CHR = 4 * KJ;       /* its 16-byte chunks */
+    constexpr int ROW = score_row_bytes(KJ, Q8);   /* bytes of a staged block-key row */
+    constexpr int CHR = ROW / 16;     /* its 16-byte chunks */
     constexpr int KS = D / 16;        /* k16 steps of q R_k */
     __shared__ __align__(16) float sm_qb[MAX_G][W];
     extern __shared__ __align__(16) uint8_t dyn[];
@@ -232,7 +255,9 @@ __global__ void __launch_bounds__(THREADS) score_kernel(const score_args a)
     /* tokens of the segment at positions <= pos (blocks past it are not visible) */
     const int vis_tokens = (int)(jb.pos + 1 - sg.start < sg.len ? jb.pos + 1 - sg.start : sg.len);
     const uint16_t *BK = a.blockkeys + sg.bk_off;
-    const int bkw = sg.bk_width, nch = bkw / 8;
+    const bk8_place pl = Q8 ? a.bk8_at[it.z] : bk8_place{0, 0};
+    const uint8_t *BK8 = a.bk8 + pl.code_off;
+    const int bkw = sg.bk_width, rb8 = bk8_row_bytes(bkw), nch = Q8 ? rb8 / 16 : bkw / 8;
     const bool rotated = sg.rk_off >= 0;
     const int dk = sg.dk, rkb = rk_row_bytes(dk);
 
@@ -251,13 +276,21 @@ __global__ void __launch_bounds__(THREADS) score_kernel(const score_args a)
     /* Warp w scores blocks [16 (w + WARPS k), +16) at its step k.  Their
      * rows are staged in shared memory by cp.async, NST steps ahead, the
      * first NST issued before q~ is made.  Rows past the visible
-     * blocks and chunks past the row width are zero-filled.  Chunk ch of
-     * row r sits at ch ^ 4 (r & 1) when rows span a multiple of 128 bytes:
-     * the fragment reads (rows r, r + 1, four chunks each per quarter
-     * warp) then hit distinct banks. */
+     * blocks and chunks past the row width are zero-filled.  fp16: chunk
+     * ch of row r sits at ch ^ 4 (r & 1) when rows span a multiple of 128
+     * bytes: the fragment reads (rows r, r + 1, four chunks each per
+     * quarter warp) then hit distinct banks.  Codes: a half warp reads 32
+     * bytes of each of rows r, r + 1, r + 4, r + 5 (r a multiple of 8);
+     * their 32-byte groups are swapped by bit 2 of r (rows of 64 bytes),
+     * or permuted by bits 0 and 2 (rows of a multiple of 128 bytes), so
+     * that the four land in distinct banks. */
     const int n_steps = sg.always || nbv <= warp * TILE ? 0 : (nbv - warp * TILE + WARPS * TILE - 1) / (WARPS * TILE);
     uint8_t *stage0 = dyn + score_region(D, a.qt_width) + (size_t)warp * NST * TILE * ROW;
-    auto swz = [](int r) { return (KJ % 2 == 0) ? 4 * (r & 1) : 0; };
+    auto swz = [](int r) {
+        if (!Q8)
+            return (KJ % 2 == 0) ? 4 * (r & 1) : 0;
+        return KJ == 2 ? 2 * ((r >> 2) & 1) : (KJ % 4 == 0) ? 2 * ((r & 1) | ((r >> 1) & 2)) : 0;
+    };
     auto issue = [&](int k) {
         if (k < n_steps) {
             const int t0 = (warp + WARPS * k) * TILE;
@@ -266,8 +299,10 @@ __global__ void __launch_bounds__(THREADS) score_kernel(const score_args a)
             for (int i = lane; i < TILE * CHR; i += 32) {
                 const int r = i / CHR, ch = i % CHR;
                 const bool ok = t0 + r < nbv && ch < nch;
-                cp_async16_zfill(dst + r * ROW + 16 * (ch ^ swz(r)), ok ? BK + (size_t)(t0 + r) * bkw + 8 * ch : BK,
-                                 ok ? 16 : 0);
+                const void *src = !ok ? (const void *)BK
+                                  : Q8 ? (const void *)(BK8 + (size_t)(t0 + r) * rb8 + 16 * ch)
+                                       : (const void *)(BK + (size_t)(t0 + r) * bkw + 8 * ch);
+                cp_async16_zfill(dst + r * ROW + 16 * (ch ^ swz(r)), src, ok ? 16 : 0);
             }
         }
         cp_async_commit();
@@ -372,18 +407,30 @@ __global__ void __launch_bounds__(THREADS) score_kernel(const score_args a)
     /* One warp scores 16 blocks per step like 16 tokens of attention. */
     const int ra = half_a_token(n), rb = half_b_token(n);
     for (int k = 0; k < n_steps; k++) {
+        const int t0 = (warp + WARPS * k) * TILE;
+        const int blk = t0 + 4 * c + n;   /* the block this lane keys, when n < 4 */
+        float bscale = 1.f;   /* loaded first: its latency beside the stage's */
+        if (Q8 && n < 4 && blk < nbv)
+            bscale = a.bk8_scales[pl.scale_off + blk];
         cp_async_wait<NST - 1>();
         __syncwarp();
         const uint8_t *buf = stage0 + (size_t)(k % NST) * TILE * ROW;
         uint4 kr[2][KJ];
 #pragma unroll
         for (int j = 0; j < KJ; j++) {
-            kr[0][j] = *reinterpret_cast<const uint4 *>(buf + ra * ROW + 16 * ((4 * j + c) ^ swz(ra)));
-            kr[1][j] = *reinterpret_cast<const uint4 *>(buf + rb * ROW + 16 * ((4 * j + c) ^ swz(rb)));
+            if (Q8) {
+                const int u = 4 * j + c;   /* this lane's 8 codes: 8-byte unit u of the row */
+                kr[0][j] = codes_to_half8(*reinterpret_cast<const uint2 *>(buf + ra * ROW + 16 * ((u >> 1) ^ swz(ra))
+                                                                           + 8 * (u & 1)));
+                kr[1][j] = codes_to_half8(*reinterpret_cast<const uint2 *>(buf + rb * ROW + 16 * ((u >> 1) ^ swz(rb))
+                                                                           + 8 * (u & 1)));
+            } else {
+                kr[0][j] = *reinterpret_cast<const uint4 *>(buf + ra * ROW + 16 * ((4 * j + c) ^ swz(ra)));
+                kr[1][j] = *reinterpret_cast<const uint4 *>(buf + rb * ROW + 16 * ((4 * j + c) ^ swz(rb)));
+            }
         }
         __syncwarp();   /* read before the slot is refilled */
         issue(k + NST);
-        const int t0 = (warp + WARPS * k) * TILE;
         float s[4];
         tile_scores<KJ, false>(qr, kr, s);
 #pragma unroll
@@ -403,8 +450,7 @@ __global__ void __launch_bounds__(THREADS) score_kernel(const score_args a)
         }
         /* Every lane holds its column's aggregate: lane (n < 4, c) takes
          * block 4 c + n of the tile, one block per lane. */
-        const float sn = n == 0 ? s[0] : n == 1 ? s[1] : n == 2 ? s[2] : s[3];
-        const int blk = t0 + 4 * c + n;
+        const float sn = (n == 0 ? s[0] : n == 1 ? s[1] : n == 2 ? s[2] : s[3]) * bscale;
         if (n < 4 && blk < nbv) {
             const uint32_t key = order_key(sn);
             const int left = vis_tokens - blk * B;   /* tokens <= pos from the block's start on */
@@ -420,6 +466,31 @@ __global__ void __launch_bounds__(THREADS) score_kernel(const score_args a)
     for (int i = tid; i < HIST_BINS; i += THREADS)
         if (sm_hist[i])
             atomicAdd(&gh[i], sm_hist[i]);
+}
+
+/* mkv_cuda_mosaic_blockkeys8 (mkv_cuda.h): one block per segment, one
+ * warp per row; the codes in double so that a reference computes the same
+ * ones. */
+__global__ void blockkeys8_kernel(const mkv_packed_seg *segs, const bk8_place *at, const uint16_t *bk,
+                                  uint8_t *codes, float *scales)
+{
+    const mkv_packed_seg sg = segs[blockIdx.x];
+    if (sg.always)
+        return;
+    const bk8_place pl = at[blockIdx.x];
+    const int lane = threadIdx.x & 31, w = sg.bk_width, rb = bk8_row_bytes(w);
+    for (int64_t b = threadIdx.x >> 5; b < sg.n_blocks; b += blockDim.x >> 5) {
+        const uint16_t *row = bk + sg.bk_off + b * w;
+        float amax = 0.f;
+        for (int c = lane; c < w; c += 32)
+            amax = fmaxf(amax, fabsf(h2f(row[c])));
+        const double a = warp_max_abs(amax);
+        uint8_t *out = codes + pl.code_off + b * rb;
+        for (int c = lane; c < rb; c += 32)
+            out[c] = (uint8_t)(int8_t)(c < w && a > 0 ? (int)rint((double)h2f(row[c]) * 127.0 / a) : 0);
+        if (lane == 0)
+            scales[pl.scale_off + b] = (float)(a / 127.0);
+    }
 }
 
 /* ---------------------------------------------------------------- selection */
@@ -1290,7 +1361,56 @@ extern "C" uint64_t mkv_cuda_mosaic_bytes(const mkv_packed_cache *c)
     if (c == NULL)
         return 0;
     return c->record_bytes + 2 * (c->n_blockkeys + c->n_rotations) + 4ull * c->n_dense_rows * c->head_dim
-        + sizeof(mkv_packed_head) * c->heads.size() + sizeof(mkv_packed_seg) * c->segs.size();
+        + sizeof(mkv_packed_head) * c->heads.size() + sizeof(mkv_packed_seg) * c->segs.size()
+        + (c->has_bk8 ? c->bk8_bytes + 4 * c->n_bk8_rows + sizeof(bk8_place) * c->segs.size() : 0);
+}
+
+extern "C" int mkv_cuda_mosaic_blockkeys8(mkv_packed_cache *c, mkv_error *err)
+{
+    const char *what = "8-bit block keys";
+    if (c == NULL)
+        return mkv_fail(err, MKV_EUSAGE, "%s: NULL cache", what);
+    std::vector<bk8_place> at;
+    try {
+        at.resize(c->segs.size() + 1);
+    } catch (const std::bad_alloc &) {
+        return mkv_fail(err, MKV_ENOMEM, "%s: out of host memory", what);
+    }
+    int64_t bytes = 0, rows = 0;
+    for (size_t i = 0; i < c->segs.size(); i++) {
+        const mkv_packed_seg &s = c->segs[i];
+        at[i] = bk8_place{bytes, rows};
+        if (!s.always) {
+            bytes += (int64_t)s.n_blocks * bk8_row_bytes(s.bk_width);
+            rows += s.n_blocks;
+        }
+    }
+    c->has_bk8 = false;
+    struct { mkv_device_buffer *b; size_t bytes; } allocs[] = {
+        {&c->bk8, (size_t)bytes},
+        {&c->bk8_scales, sizeof(float) * (size_t)rows},
+        {&c->bk8_at, sizeof(bk8_place) * c->segs.size()},
+    };
+    for (auto &a : allocs) {
+        cudaError_t e = a.b->alloc(a.bytes);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            return mkv_fail(err, e == cudaErrorMemoryAllocation ? MKV_ENOMEM : MKV_EGPU, "%s: cudaMalloc(%zu): %s",
+                            what, a.bytes, cudaGetErrorString(e));
+        }
+    }
+    if (!c->segs.empty()) {
+        MKV_CUDA_CHECK(cudaMemcpy(c->bk8_at.ptr, at.data(), sizeof(bk8_place) * c->segs.size(), cudaMemcpyHostToDevice));
+        blockkeys8_kernel<<<(unsigned)c->segs.size(), 256>>>(c->d_segs.as<mkv_packed_seg>(), c->bk8_at.as<bk8_place>(),
+                                                             c->blockkeys.as<uint16_t>(), c->bk8.as<uint8_t>(),
+                                                             c->bk8_scales.as<float>());
+        MKV_CUDA_CHECK_LAUNCH();
+        MKV_CUDA_CHECK(cudaDeviceSynchronize());
+    }
+    c->bk8_bytes = (size_t)bytes;
+    c->n_bk8_rows = (size_t)rows;
+    c->has_bk8 = true;
+    return MKV_OK;
 }
 
 /* ---------------------------------------------------------------- the plan */
@@ -1299,6 +1419,7 @@ struct mkv_packed_plan {
     const mkv_packed_cache *c = nullptr;
     mkv_packed_params pp = {};
     int G = 0, n_jobs = 0, nparts = 1, seg_max = 1, dkmax = 64, dvmax = 64, score_kj = 2;
+    bool bk8 = false;   /* scoring reads the 8-bit block keys */
     int64_t kstride = 4;
     int stage_bytes = 16;
     float qscale = 0.f;
@@ -1315,13 +1436,18 @@ using score_fn = void (*)(score_args);
 using select_fn = void (*)(select_args);
 using attend_fn = void (*)(attend_args);
 
-score_fn score_kernel_for(int D, int kj)
+template <int D, bool Q8>
+score_fn score_kernel_of(int kj)
+{
+    return kj <= 2 ? score_kernel<D, 2, Q8> : kj <= 4 ? score_kernel<D, 4, Q8> : kj <= 5 ? score_kernel<D, 5, Q8>
+                                                                                       : score_kernel<D, 8, Q8>;
+}
+
+score_fn score_kernel_for(int D, int kj, bool q8)
 {
     if (D == 64)
-        return kj <= 2 ? score_kernel<64, 2> : kj <= 4 ? score_kernel<64, 4> : kj <= 5 ? score_kernel<64, 5>
-                                                                                     : score_kernel<64, 8>;
-    return kj <= 2 ? score_kernel<128, 2> : kj <= 4 ? score_kernel<128, 4> : kj <= 5 ? score_kernel<128, 5>
-                                                                                   : score_kernel<128, 8>;
+        return q8 ? score_kernel_of<64, true>(kj) : score_kernel_of<64, false>(kj);
+    return q8 ? score_kernel_of<128, true>(kj) : score_kernel_of<128, false>(kj);
 }
 
 
@@ -1367,6 +1493,11 @@ extern "C" int mkv_cuda_mosaic_plan(const mkv_packed_cache *c, const mkv_packed_
                         pp->budget);
     if (!(pp->scale >= 0) || isinf(pp->scale))
         return mkv_fail(err, MKV_EUSAGE, "%s: scale %g must be finite and >= 0", what, pp->scale);
+    if (pp->blockkey_bits != 0 && pp->blockkey_bits != 16 && pp->blockkey_bits != 8)
+        return mkv_fail(err, MKV_EUSAGE, "%s: block keys of %d bits; 16 or 8", what, pp->blockkey_bits);
+    if (pp->blockkey_bits == 8 && !c->has_bk8)
+        return mkv_fail(err, MKV_EUSAGE, "%s: 8-bit block keys asked for, the cache has none (mkv_cuda_mosaic_blockkeys8)",
+                        what);
     const int64_t n_jobs = (int64_t)pp->batch * pp->n_kv_heads;
     if (n_jobs > 65535)
         return mkv_fail(err, MKV_EUNSUP, "%s: batch x KV heads = %lld; at most 65535", what, (long long)n_jobs);
@@ -1380,6 +1511,7 @@ extern "C" int mkv_cuda_mosaic_plan(const mkv_packed_cache *c, const mkv_packed_
     p->pp = *pp;
     p->G = G;
     p->n_jobs = (int)n_jobs;
+    p->bk8 = pp->blockkey_bits == 8;
     const double scale = pp->scale > 0 ? pp->scale : 1.0 / sqrt((double)D);
     p->qscale = (float)(scale * 1.4426950408889634);
 
@@ -1466,8 +1598,9 @@ extern "C" int mkv_cuda_mosaic_plan(const mkv_packed_cache *c, const mkv_packed_
     MKV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ak, THREADS, smem));
     /* score_kernel: R_k (up to 128 x 128 fp16, padded rows) or the
      * histogram, and the block-key stages: may pass the 48 KB default. */
-    MKV_CUDA_CHECK(cudaFuncSetAttribute(score_kernel_for(D, p->score_kj), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)score_smem(D, p->dkmax, p->score_kj)));
+    MKV_CUDA_CHECK(cudaFuncSetAttribute(score_kernel_for(D, p->score_kj, p->bk8),
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)score_smem(D, p->dkmax, p->score_kj, p->bk8)));
     /* Parts per segment: enough items for two waves of the attention
      * kernel, as long as each part keeps a few tiles per warp. */
     {
@@ -1561,6 +1694,9 @@ extern "C" int mkv_cuda_mosaic_select(const mkv_packed_plan *p, const float *q, 
         a.segs = c->d_segs.as<mkv_packed_seg>();
         a.blockkeys = c->blockkeys.as<uint16_t>();
         a.rotations = c->rotations.as<uint16_t>();
+        a.bk8 = c->bk8.as<uint8_t>();
+        a.bk8_scales = c->bk8_scales.as<float>();
+        a.bk8_at = c->bk8_at.as<bk8_place>();
         a.jobs = p->d_jobs.as<job_info>();
         a.items = p->d_score_items.as<int4>();
         a.q = q;
@@ -1578,8 +1714,8 @@ extern "C" int mkv_cuda_mosaic_select(const mkv_packed_plan *p, const float *q, 
         /* The first kernel of a step waits for everything before it (the
          * previous step still reads the q~, keys and histograms this step
          * rewrites): launched plainly. */
-        MKV_CUDA_CHECK(launch(score_kernel_for(c->head_dim, p->score_kj), n_items, THREADS,
-                              score_smem(c->head_dim, p->dkmax, p->score_kj), st, false, a));
+        MKV_CUDA_CHECK(launch(score_kernel_for(c->head_dim, p->score_kj, p->bk8), n_items, THREADS,
+                              score_smem(c->head_dim, p->dkmax, p->score_kj, p->bk8), st, false, a));
     }
     select_args s = {};
     s.jobs = p->d_jobs.as<job_info>();
@@ -1668,6 +1804,7 @@ extern "C" int mkv_cuda_mosaic_selection(const mkv_packed_plan *p, int request, 
     ct.tokens = jb.nd_vis;
     /* bytes: q, the dense rows, then per segment below */
     uint64_t bytes = (uint64_t)p->G * D * 4 + (uint64_t)jb.nd_vis * D * 2 * 2;
+    ct.scoring_bytes = (uint64_t)p->G * D * 4;
     if (attended) {
         const int64_t end = jb.pos + 1;
         for (int64_t t = 0; t < end; t++)
@@ -1682,9 +1819,13 @@ extern "C" int mkv_cuda_mosaic_selection(const mkv_packed_plan *p, int request, 
         ct.segments++;
         if (!sg.always) {
             ct.scored_blocks += vb;
-            bytes += (uint64_t)vb * sg.bk_width * 2 + (uint64_t)vb * 8;   /* block keys; key written and read back */
+            /* block keys (8-bit: codes and scale); key written and read back */
+            const uint64_t row = p->bk8 ? (uint64_t)bk8_row_bytes(sg.bk_width) + 4 : (uint64_t)sg.bk_width * 2;
+            uint64_t sb = (uint64_t)vb * (row + 8);
             if (sg.rk_off >= 0)
-                bytes += (uint64_t)D * sg.dk * 2;
+                sb += (uint64_t)D * sg.dk * 2;
+            bytes += sb;
+            ct.scoring_bytes += sb;
         }
         for (int64_t b = 0; b < vb; b++) {
             const int32_t id = (int32_t)(sg.first_block + b);

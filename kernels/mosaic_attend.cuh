@@ -7,7 +7,9 @@
  *                  cp.async together; q~ = q R_k on the tensor cores
  *                  (ldmatrix of R_k, q as fp16 hi + lo parts), kept for
  *                  the attention; block scores q~ . kbar on the tensor
- *                  cores (the same mma path as the attention scores),
+ *                  cores (the same mma path as the attention scores;
+ *                  with 8-bit block keys the codes made fp16 in
+ *                  registers and each score times its row's scale),
  *                  aggregated over the group's heads, written as
  *                  order-preserving 32-bit keys, and a weighted histogram
  *                  of their top 12 bits per job (the first digit of the
@@ -66,6 +68,11 @@ struct mkv_packed_cache {
     size_t record_bytes = 0, n_blockkeys = 0, n_rotations = 0;
     int64_t n_dense_rows = 0;
     mkv_device_buffer d_heads, d_segs, records, blockkeys, rotations, dense_k, dense_v;
+    /* 8-bit block keys (mkv_cuda_mosaic_blockkeys8): codes, one scale per
+     * row, and per segment where its rows start in both. */
+    bool has_bk8 = false;
+    size_t bk8_bytes = 0, n_bk8_rows = 0;
+    mkv_device_buffer bk8, bk8_scales, bk8_at;
 };
 
 namespace mkv_packed {
@@ -78,6 +85,15 @@ int cache_alloc(const mkv_packed_layout *l, mkv_packed_cache **out, mkv_error *e
 /* Rewrite segment row `row` on the device from the host table (after an
  * append changed its length). */
 int cache_sync_seg(mkv_packed_cache *c, int64_t row, cudaStream_t st, mkv_error *err);
+
+/* Where a segment's 8-bit block-key rows start: byte offset of its codes,
+ * index of its first scale. */
+struct bk8_place {
+    int64_t code_off, scale_off;
+};
+
+/* Bytes of an 8-bit block-key row of bk_width codes: 16-byte aligned. */
+__host__ __device__ inline int bk8_row_bytes(int bk_width) { return (bk_width + 15) / 16 * 16; }
 
 /* Tokens <= pos of block b (0-based within the segment) of segment s. */
 __host__ __device__ inline int block_weight(const mkv_packed_seg &s, int64_t b, int B, int64_t pos)

@@ -16,6 +16,12 @@
  *    output must match a double-precision reference computed here over
  *    the GPU's own selection (keys and values rebuilt from the stored
  *    arrays, one softmax over all attended tokens);
+ *  - 8-bit block keys (mkv_cuda_mosaic_blockkeys8): the selection must be
+ *    the rule's (check_rule) over block scores of the codes and scales
+ *    recomputed here in double (row_codes), exactly but for blocks within
+ *    float32 rounding of the threshold, and the output the reference's
+ *    over the GPU's selection; a plan asking for them before they are
+ *    made, or for 12-bit keys, is refused;
  *  - equal block scores: the lowest blocks are taken, exactly as the CPU;
  *  - a segment of more blocks than the attention compacts at once (1024
  *    blocks of 4 against a window of 512): the block list is rebuilt and
@@ -213,11 +219,25 @@ static void rotate_q(const float *q, const float *R, int d, int ldr, int n, doub
     }
 }
 
+/* The 8-bit block keys of mkv_cuda_mosaic_blockkeys8 (mkv_cuda.h) for one
+ * row of n values as the GPU layout holds them (fp16), in double: the
+ * codes into code[], the scale returned (as the float the GPU stores). */
+static double row_codes(const float *row, int n, double *code)
+{
+    double amax = 0;
+    for (int c = 0; c < n; c++)
+        amax = fmax(amax, fabs((double)f16r(row[c])));
+    for (int c = 0; c < n; c++)
+        code[c] = amax > 0 ? rint((double)f16r(row[c]) * 127.0 / amax) : 0;
+    return (double)(float)(amax / 127.0);
+}
+
 /* Block scores of head h for the G queries q at pos, in double, and the
  * sums of their terms' magnitudes (mag, see SCORE_TOL); blocks starting
- * after pos get -INFINITY and 0. */
-static void block_scores(const mkv_mosaic_head *h, const float *q, int G, int64_t pos, int agg_sum, double *score,
-                         double *mag)
+ * after pos get -INFINITY and 0.  bits 8: scored with the 8-bit block keys
+ * (row_codes): the scale times the score of the codes. */
+static void block_scores(const mkv_mosaic_head *h, const float *q, int G, int64_t pos, int agg_sum, int bits,
+                         double *score, double *mag)
 {
     const int d = h->d, B = h->block;
     const double scale = 1.0 / sqrt((double)d);
@@ -241,7 +261,13 @@ static void block_scores(const mkv_mosaic_head *h, const float *q, int G, int64_
             }
             for (int64_t b = 0; b < nb && ks->start + b * B <= pos; b++) {
                 /* [min | max] of the first kb channels, mean of the others */
-                const float *row = h->k.blockkeys + h->k.off_blockkeys[s] + b * (kd + kb);
+                const float *stored = h->k.blockkeys + h->k.off_blockkeys[s] + b * (kd + kb);
+                double row[2 * 128 + 8], bscale = 1;
+                if (bits == 8)
+                    bscale = row_codes(stored, kd + kb, row);
+                else
+                    for (int c = 0; c < kd + kb; c++)
+                        row[c] = stored[c];
                 double x = 0, m = 0;
                 for (int c = 0; c < kb; c++) {
                     const double lo = qt[c] * row[c], hi = qt[c] * row[kb + c];
@@ -252,8 +278,8 @@ static void block_scores(const mkv_mosaic_head *h, const float *q, int G, int64_
                     x += qt[c] * row[kb + c];
                     m += qabs[c] * fabs(row[kb + c]);
                 }
-                x *= scale;
-                m *= scale;
+                x *= scale * bscale;
+                m *= scale * bscale;
                 score[id + b] = g == 0 ? x : agg_sum ? score[id + b] + x : (x > score[id + b] ? x : score[id + b]);
                 mag[id + b] = g == 0 ? m : agg_sum ? mag[id + b] + m : (m > mag[id + b] ? m : mag[id + b]);
             }
@@ -354,7 +380,7 @@ static int by_rank(const void *a, const void *b)
  * and below k + B, since adding stops at the first block (<= B tokens)
  * that reaches k.  Returns the blocks in one set only. */
 static int check_rule(const mkv_mosaic_head *h, int64_t tmp_n, const float *q, int G, int64_t pos, double budget,
-                      int agg_sum, const uint8_t *blk, int64_t tokens, const char *what)
+                      int agg_sum, int bits, const uint8_t *blk, int64_t tokens, const char *what)
 {
     const int d = h->d, B = h->block;
     int64_t nb = 0;
@@ -364,7 +390,7 @@ static int check_rule(const mkv_mosaic_head *h, int64_t tmp_n, const float *q, i
     int64_t *w = xmalloc(sizeof(int64_t) * (size_t)(nb + 1));
     ranked_block *rank = xmalloc(sizeof(ranked_block) * (size_t)(nb + 1));
     uint8_t *want = xcalloc((size_t)nb + 1, 1);
-    block_scores(h, q, G, pos, agg_sum, score, mag);
+    block_scores(h, q, G, pos, agg_sum, bits, score, mag);
     int64_t fixed = 0;
     for (int64_t t = 0; t <= pos; t++)
         fixed += always_token(h, tmp_n, t);
@@ -587,6 +613,7 @@ typedef struct {
     int agg_sum;
     int64_t temp;          /* tokens appended to a temporary region before attending (0: none) */
     int equal_keys;        /* overwrite every block key with the first: all scores tie */
+    int blockkey_bits;     /* 8: scored with mkv_cuda_mosaic_blockkeys8's codes (0: fp16) */
 } pcase;
 
 typedef struct {
@@ -640,6 +667,9 @@ static void run_case(const pcase *pc, pstats *st)
     ck_assert_msg(mkv_gpu_layout_build(hp, nh, pc->temp, &lay, &err) == MKV_OK, "layout: %s", err.msg);
     mkv_packed_cache *cache = NULL;
     ck_assert_msg(mkv_cuda_mosaic_upload(&lay.l, &cache, &err) == MKV_OK, "upload: %s", err.msg);
+    const int bits = pc->blockkey_bits == 8 ? 8 : 16;
+    if (bits == 8)
+        ck_assert_msg(mkv_cuda_mosaic_blockkeys8(cache, &err) == MKV_OK, "8-bit block keys: %s", err.msg);
 
     /* The temporary region: pc->temp new tokens per head, encoded by the
      * GPU; the reference packs the same tokens with the CPU encoder. */
@@ -719,7 +749,7 @@ static void run_case(const pcase *pc, pstats *st)
     for (int64_t b = 0; b < nq; b++)
         for (int i = 0; i < nh; i++)
             heads[b * nh + i] = i;
-    mkv_packed_params pp = {(int)nq, nh, n_heads, 0, pc->budget, pc->agg_sum};
+    mkv_packed_params pp = {(int)nq, nh, n_heads, 0, pc->budget, pc->agg_sum, bits};
     mkv_packed_plan *plan = NULL;
     if (pc->temp > 0) {   /* the cache ends at T + temp: the refused appends added nothing */
         mkv_packed_params p1 = pp;
@@ -770,10 +800,11 @@ static void run_case(const pcase *pc, pstats *st)
                 worst_ref = e > worst_ref ? e : worst_ref;
                 ck_assert_msg(e <= TOL, "%s head %d: %.3e from the reference over its selection", what, g, e);
             }
-            if (pc->temp > 0 || pos[b] >= pc->T) {
-                /* The CPU method has no temporary region: the rule,
-                 * recomputed here with its tokens. */
-                differ += check_rule(&h[i], pc->temp, qb, G, pos[b], pc->budget, pc->agg_sum, blk, ct.tokens, what);
+            if (bits == 8 || pc->temp > 0 || pos[b] >= pc->T) {
+                /* The CPU method has no 8-bit block keys and no temporary
+                 * region: the rule, recomputed here with them. */
+                differ += check_rule(&h[i], pc->temp, qb, G, pos[b], pc->budget, pc->agg_sum, bits, blk, ct.tokens,
+                                     what);
                 continue;
             }
             /* the CPU method */
@@ -803,7 +834,7 @@ static void run_case(const pcase *pc, pstats *st)
             ck_assert_msg(!pc->equal_keys, "%s: equal scores must select exactly the CPU's blocks", what);
             /* Blocks attended by one side only must score at the CPU's
              * threshold: the lowest score it took. */
-            block_scores(&h[i], qb, G, pos[b], pc->agg_sum, score, mag);
+            block_scores(&h[i], qb, G, pos[b], pc->agg_sum, 16, score, mag);
             double thr = INFINITY, mag_max = 0;
             int64_t id = 0;
             for (int64_t s = 0; s < h[i].k.nseg; s++) {
@@ -929,6 +960,36 @@ START_TEST(test_ties)
     pstats st = {0};
     pcase pc = {"equal scores (one segment) d=64 G=4", 64, 4, 8, 1, 2000, config(0, 8, 100000, 16, 1, 1), 0.1, 0, 0, 1};
     run_case(&pc, &st);
+}
+END_TEST
+
+/* 8-bit block keys: the selection is the rule's over scores of the codes
+ * (recomputed here in double, row_codes), the output the reference's over
+ * that selection; rows of 130, 66 and 34 channels (keydim 4 r, 2 of them
+ * bounded: codes in rows of 144, 80 and 48 bytes, the three row widths of
+ * the scoring kernel), one unrotated, sums over the heads, blocks of 4 and
+ * 16, a segment of 1024 blocks, a temporary region. */
+START_TEST(test_blockkeys8)
+{
+    pstats st = {0};
+    const int64_t T = quick ? 1800 : 4000 + (int64_t)mkv_rng_below(&rng, 1000);
+    pcase cases[] = {
+        {"8-bit keys fixed d=128 G=4", 128, 4, 8, 2, T, config(0, 8, 1024, 32, 1, 1), 0.1, 0, 0, 0, 8},
+        {"8-bit keys dynamic d=64 G=4", 64, 4, 8, 2, T, config(1, 8, 1024, 16, 1, 1), 0.1, 0, 0, 0, 8},
+        {"8-bit keys fixed d=64 G=8, sum", 64, 8, 8, 1, T, config(0, 8, 2048, 8, 1, 1), 0.15, 1, 0, 0, 8},
+        {"8-bit keys unrotated d=64 G=1", 64, 1, 8, 1, T, config(0, 8, 1024, 16, 1, 1), 0.1, 0, 0, 0, 8},
+        {"8-bit keys B=4 S=4096 d=64 G=4", 64, 4, 4, 1, 5000, config(0, 4, 4096, 16, 1, 1), 0.1, 0, 0, 0, 8},
+        {"8-bit keys B=16 d=128 G=4, 25%", 128, 4, 16, 1, T, config(0, 16, 1024, 32, 1, 1), 0.25, 0, 0, 0, 8},
+        {"8-bit keys, temporary region d=64 G=4", 64, 4, 8, 1, T, config(0, 8, 1024, 16, 1, 1), 0.1, 0, 40, 0, 8},
+    };
+    cases[3].cfg.rotate = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (quick && i % 3 != 0)
+            continue;
+        run_case(&cases[i], &st);
+    }
+    printf("  8-bit block keys: %d near-tie blocks over %d queries\n", st.differ_blocks, st.queries);
+    ck_assert_int_gt(st.queries, 0);
 }
 END_TEST
 
@@ -1214,6 +1275,19 @@ START_TEST(test_refusals)
     ck_assert_msg(strstr(err.msg, "16 query heads per KV head") != NULL, "message: %s", err.msg);
     ck_assert_ptr_null(plan);
     pp.n_heads = 4;
+    pp.blockkey_bits = 12;
+    ck_assert_int_eq(mkv_cuda_mosaic_plan(cache, &pp, heads, pos, &plan, &err), MKV_EUSAGE);
+    ck_assert_msg(strstr(err.msg, "12 bits") != NULL, "message: %s", err.msg);
+    pp.blockkey_bits = 8;   /* before mkv_cuda_mosaic_blockkeys8 made them */
+    ck_assert_int_eq(mkv_cuda_mosaic_plan(cache, &pp, heads, pos, &plan, &err), MKV_EUSAGE);
+    ck_assert_msg(strstr(err.msg, "8-bit block keys") != NULL, "message: %s", err.msg);
+    ck_assert_ptr_null(plan);
+    ck_assert_int_eq(mkv_cuda_mosaic_blockkeys8(NULL, &err), MKV_EUSAGE);
+    ck_assert_int_eq(mkv_cuda_mosaic_blockkeys8(cache, &err), MKV_OK);
+    ck_assert_int_eq(mkv_cuda_mosaic_plan(cache, &pp, heads, pos, &plan, &err), MKV_OK);
+    mkv_cuda_mosaic_plan_free(plan);
+    plan = NULL;
+    pp.blockkey_bits = 0;
     ck_assert_int_eq(mkv_cuda_mosaic_plan(cache, &pp, heads, pos, &plan, &err), MKV_OK);
     /* no temporary region to append to */
     float *dk = dalloc(sizeof(float) * 64);
@@ -1239,6 +1313,7 @@ static Suite *packed_suite(void)
     tcase_add_test(tc, test_ties);
     tcase_add_test(tc, test_long_heads);
     tcase_add_test(tc, test_temporary_region);
+    tcase_add_test(tc, test_blockkeys8);
     suite_add_tcase(s, tc);
     tc = tcase_create("encode");
     tcase_set_timeout(tc, 300);
@@ -1267,6 +1342,12 @@ static int check_clean_failure(mkv_status want)
     if (rc != (int)want || err.msg[0] == '\0' || c != NULL) {
         fprintf(stderr, "check_gpu_packed: FAIL: upload without a GPU returned %d '%s', want %d\n", rc, err.msg,
                 (int)want);
+        return 1;
+    }
+    err.msg[0] = '\0';
+    rc = mkv_cuda_mosaic_blockkeys8(NULL, &err);
+    if (rc == MKV_OK || err.msg[0] == '\0') {
+        fprintf(stderr, "check_gpu_packed: FAIL: 8-bit block keys of no cache returned %d '%s'\n", rc, err.msg);
         return 1;
     }
     return 0;

@@ -102,6 +102,11 @@ refuse "--heads 32/5" 2 "$E: invalid value '32/5' for --heads: expected Q/KV, KV
 refuse "--head-dim 96" 2 "$E: invalid value '96' for --head-dim: expected 64 or 128" --bench --head-dim 96
 refuse "--head-dim 256" 2 "$E: invalid value '256' for --head-dim: must be in 64..128" --bench --head-dim 256
 refuse "--mem-fraction 2" 2 "$E: invalid value '2' for --mem-fraction: must be in 0.01..1" --bench --mem-fraction 2
+refuse "--blockkey-bits 12" 2 "$E: invalid value '12' for --blockkey-bits: 16, 8 or both" --bench --blockkey-bits 12
+refuse "--blockkey-bits 8,8" 2 "$E: invalid value '8,8' for --blockkey-bits: 16, 8 or both" --bench --blockkey-bits 8,8
+refuse "--blockkey-bits 16,8,16" 2 "$E: invalid value '16,8,16' for --blockkey-bits: 16, 8 or both" \
+    --bench --blockkey-bits 16,8,16
+refuse "--blockkey-bits 4" 2 "$E: invalid value '4' for --blockkey-bits: must be in 8..16" --bench --blockkey-bits 4
 refuse "--batches ,4 (leading comma)" 2 "$E: invalid value ',4' for --batches: empty entry" --bench --batches ,4
 long=$(printf '1K,%.0s' $(seq 200))1K
 refuse "--contexts of 601 characters" 2 "$E: invalid value for --contexts: longer than 511 characters" \
@@ -205,9 +210,9 @@ refuse "-P segment=4 shorter than block 8" 2 "$E: parameter 'segment' must be at
     --bench -P segment=4 --contexts 4K --batches 1
 refuse "-P segment=8,block=16" 2 "$E: parameter 'segment' must be at least 'block'; $try" \
     --bench -P segment=8,block=16
-need_bench="$E: benchmark options (--contexts, --batches, --budgets, --methods, --variant, -P, --runs, --warmup, --heads, --head-dim, --fp16, --mem-fraction) need --bench; $try"
+need_bench="$E: benchmark options (--contexts, --batches, --budgets, --methods, --variant, -P, --runs, --warmup, --heads, --head-dim, --fp16, --mem-fraction, --blockkey-bits) need --bench; $try"
 for opt in "--contexts 32K" "--batches 4" "--budgets 0.1" "--methods full" "--variant" "-P keep=0.5" \
-    "--param block=8" "--runs 30" "--warmup 5"; do
+    "--param block=8" "--runs 30" "--warmup 5" "--blockkey-bits 8"; do
     # shellcheck disable=SC2086 # the option and its value are two words
     refuse "$opt without --bench" 2 "$need_bench" $opt
     # shellcheck disable=SC2086
@@ -227,7 +232,7 @@ fi
 # ---------------------------------------------------------------- --bench where it cannot run
 version=$("$A" --version) || fail "$E --version"
 cuda=$(printf '%s\n' "$version" | sed -n 's/^CUDA: //p')
-TINY="--contexts 4K --batches 1 --budgets 0.1 --methods full,quest,mosaic --variant --runs 5 --warmup 2"
+TINY="--contexts 4K --batches 1 --budgets 0.1 --methods full,quest,mosaic --variant --runs 5 --warmup 2 --blockkey-bits 16,8"
 if [ "$cuda" = "no CUDA" ]; then
     no_cuda="$E: --bench: this build has no CUDA"
     refuse "--bench without CUDA" 1 "$no_cuda" --bench
@@ -359,7 +364,7 @@ if report=$(awk -F'\t' -v header="$header" -v ctx=4096 -v batch=1 -v budget=0.1 
             bad("bytes_read " bytes ", cache_bytes " cache ", expected K + V = " dense)
         if (impl == "quest" && !(bytes >= want_tokens * 2 * 128 * 2 && bytes < dense && cache > dense))
             bad("bytes_read " bytes " (expected " want_tokens * 512 "..." dense "), cache_bytes " cache " (expected > " dense ")")
-        if (impl == "mosaic" && !(bytes >= want_tokens * 2 * keep_r * 2 && bytes < dense))
+        if (impl ~ /^mosaic(-bk8)?$/ && !(bytes >= want_tokens * 2 * keep_r * 2 && bytes < dense))
             bad("bytes_read " bytes " (expected " want_tokens * 4 * keep_r "..." dense ")")
         if (impl ~ /^mosaic/) {
             if (!(cache >= batch * 8 * ctx * 2 * keep_r * 2 && cache < dense))
@@ -368,11 +373,20 @@ if report=$(awk -F'\t' -v header="$header" -v ctx=4096 -v batch=1 -v budget=0.1 
         }
     }
     END {
-        split("copy full full-variant quest mosaic mosaic-select", want, " ")
+        split("copy full full-variant quest mosaic mosaic-select mosaic-bk8 mosaic-bk8-select", want, " ")
         for (i = 1; i in want; i++)
             if (seen[want[i]] != 1) { print want[i] ": " seen[want[i]] + 0 " rows, expected 1" > "/dev/stderr"; nbad++ }
-        for (k in seen) if (k !~ /^(copy|full|full-variant|quest|mosaic|mosaic-select)$/) {
+        for (k in seen) if (k !~ /^(copy|full|full-variant|quest|mosaic|mosaic-select|mosaic-bk8|mosaic-bk8-select)$/) {
             print "unexpected rows: " k > "/dev/stderr"; nbad++ }
+        # 8-bit block keys: each block key of 64 fp16 channels (128 bytes)
+        # read as 64 codes and a 4-byte scale, 60 bytes fewer, for every
+        # scored block: (4096 - 4 sink - 64 recent) / 8 = 503.5, i.e. 504
+        # blocks per KV head; the same number of whole blocks is selected
+        for (i = 0; i < 2; i++) {
+            a = i ? "mosaic" : "mosaic-select"; b = i ? "mosaic-bk8" : "mosaic-bk8-select"
+            if (a in pbytes && b in pbytes && pbytes[a] - pbytes[b] != batch * 8 * 504 * 60) {
+                print b " reads " pbytes[b] " bytes, " a " " pbytes[a] ": expected " batch * 8 * 504 * 60 " fewer" > "/dev/stderr"; nbad++ }
+        }
         if ("mosaic" in pbytes && "mosaic-select" in pbytes &&
             !(pbytes["mosaic-select"] <= pbytes["mosaic"] && pcache["mosaic-select"] == pcache["mosaic"])) {
             print "mosaic-select reads " pbytes["mosaic-select"] " bytes of cache " pcache["mosaic-select"] \

@@ -33,7 +33,7 @@
 
 enum {
     OPT_SUMMARY = MKV_OPT_FIRST_TOOL, OPT_BUDGET, OPT_BENCH, OPT_CONTEXTS, OPT_BATCHES, OPT_BUDGETS, OPT_RUNS,
-    OPT_WARMUP, OPT_METHODS, OPT_VARIANT, OPT_CHECK_CPU, OPT_HEADS, OPT_HEAD_DIM, OPT_FP16, OPT_MEM_FRACTION,
+    OPT_WARMUP, OPT_METHODS, OPT_VARIANT, OPT_CHECK_CPU, OPT_HEADS, OPT_HEAD_DIM, OPT_FP16, OPT_MEM_FRACTION, OPT_BLOCKKEY_BITS,
     OPT_OLD_KEEP, OPT_OLD_DPRIME, OPT_OLD_SEGMENT, OPT_OLD_BLOCK
 };
 
@@ -59,6 +59,7 @@ static const struct option longopts[] = {
     {"head-dim", required_argument, NULL, OPT_HEAD_DIM},
     {"fp16", no_argument, NULL, OPT_FP16},
     {"mem-fraction", required_argument, NULL, OPT_MEM_FRACTION},
+    {"blockkey-bits", required_argument, NULL, OPT_BLOCKKEY_BITS},
     /* spellings that moved to -P, kept to say so */
     {"keep", optional_argument, NULL, OPT_OLD_KEEP},
     {"dprime", optional_argument, NULL, OPT_OLD_DPRIME},
@@ -104,6 +105,9 @@ static void usage(FILE *fp, int status)
             "      --budgets LIST   token budgets of quest and mosaic (default 0.0625,0.1,0.125,0.25)\n"
             "      --methods LIST   of full, quest, mosaic (default full,quest,mosaic)\n"
             "      --variant        also time the other build of the full (dense) kernel\n"
+            "      --blockkey-bits LIST  mosaic's block keys scored as fp16 (16) and/or\n"
+            "                       8-bit codes with a scale per row (8; rows mosaic-bk8)\n"
+            "                       (default 16)\n"
             "  -P, --param KEY=VAL[,KEY=VAL...]\n"
             "                       parameters of the methods, as mkv-compress names them:\n"
             "                       mosaic: keep (default 0.25), keydim (d' = keydim x\n"
@@ -243,6 +247,23 @@ static void parse_args(int argc, char **argv, attend_args *a)
             a->variant = 1;
             a->bench_opt_seen = 1;
             break;
+        case OPT_BLOCKKEY_BITS: {
+            const int n = parse_list(optarg, "blockkey-bits", 0, 8, 16, list);
+            if (n > 2 || (n == 2 && list[0] == list[1])) {
+                mkv_usage_error("invalid value '%s' for --blockkey-bits: 16, 8 or both", optarg);
+                exit(2);
+            }
+            for (int i = 0; i < n; i++) {
+                if (list[i] != 16 && list[i] != 8) {
+                    mkv_usage_error("invalid value '%s' for --blockkey-bits: 16, 8 or both", optarg);
+                    exit(2);
+                }
+                a->bo.blockkey_bits[i] = (int)list[i];
+            }
+            a->bo.n_blockkey_bits = n;
+            a->bench_opt_seen = 1;
+            break;
+        }
         case 'P':
             if (a->n_bench_params == MKV_BENCH_MAX_LIST)
                 misuse("too many -P options");
@@ -332,7 +353,7 @@ static void parse_args(int argc, char **argv, attend_args *a)
     }
     if (a->bench_opt_seen)
         misuse("benchmark options (--contexts, --batches, --budgets, --methods, --variant, -P, --runs, "
-               "--warmup, --heads, --head-dim, --fp16, --mem-fraction) need --bench");
+               "--warmup, --heads, --head-dim, --fp16, --mem-fraction, --blockkey-bits) need --bench");
     if (optind >= argc)
         misuse("missing COMPRESSED (a dump made by mkv-compress)");
     if (argc - optind > 1) {

@@ -157,6 +157,12 @@ int mkv_cuda_mosaic_pools(mkv_packed_cache *c, mkv_packed_pools *pools, mkv_erro
 
 uint64_t mkv_cuda_mosaic_bytes(const mkv_packed_cache *c) { (void)c; return 0; }
 
+int mkv_cuda_mosaic_blockkeys8(mkv_packed_cache *c, mkv_error *err)
+{
+    (void)c;
+    return mkv_fail(err, MKV_EUNSUP, "GPU packed attention: built without CUDA");
+}
+
 int mkv_cuda_mosaic_plan(const mkv_packed_cache *c, const mkv_packed_params *pp, const int32_t *heads,
                          const int64_t *pos, mkv_packed_plan **out, mkv_error *err)
 {

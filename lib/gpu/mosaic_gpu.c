@@ -2,12 +2,48 @@
  * "uniform2d" (lib/mosaic/uniform2d.c), which store the same arrays: the
  * loaded head converted to the GPU layout (gpu_method.h), all queries of
  * the head in one plan of the packed attention kernel; attended tokens and
- * bytes_read as mkv_mosaic_attend reports them. */
+ * bytes_read as mkv_mosaic_attend reports them.  MKV_GPU_BLOCKKEY_BITS=8
+ * scores with the 8-bit block keys (mkv_cuda_mosaic_blockkeys8) instead,
+ * to measure what they cost in fidelity; bytes_read then counts the rows
+ * of codes and their scales that the kernel reads in place of the fp16
+ * rows. */
 #include "config.h"
 #include "gpu/gpu_method_priv.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+static int blockkey_bits(int *bits, mkv_error *err)
+{
+    const char *e = getenv("MKV_GPU_BLOCKKEY_BITS");
+    *bits = 16;
+    if (e == NULL || *e == '\0' || strcmp(e, "16") == 0)
+        return MKV_OK;
+    if (strcmp(e, "8") == 0) {
+        *bits = 8;
+        return MKV_OK;
+    }
+    return mkv_fail(err, MKV_EUSAGE, "MKV_GPU_BLOCKKEY_BITS='%s': expected 16 or 8", e);
+}
+
+/* Bytes the 8-bit block keys read for a query at pos beyond what the fp16
+ * rows' count says (negative: fewer): per scored block, a row of codes
+ * padded to 16 bytes and a float32 scale against keydim + bound fp16. */
+static int64_t blockkeys8_delta(const mkv_gpu_layout *g, int64_t pos)
+{
+    const mkv_packed_head *hd = &g->heads[0];
+    int64_t delta = 0;
+    for (int32_t i = 0; i < hd->n_seg; i++) {
+        const mkv_packed_seg *s = &g->segs[hd->first_seg + i];
+        if (s->always || pos < s->start || s->len <= 0)
+            continue;
+        int64_t vb = (pos - s->start) / g->l.block + 1;
+        vb = vb < s->n_blocks ? vb : s->n_blocks;
+        delta += vb * ((int64_t)(s->bk_width + 15) / 16 * 16 + 4 - 2 * (int64_t)(s->kdim + s->kbound));
+    }
+    return delta;
+}
 
 static int mosaic_gpu_supports(const mkv_params *p, const mkv_dump_meta *meta, char *why, size_t len)
 {
@@ -25,9 +61,13 @@ static int mosaic_gpu_attend(const mkv_params *pr, mkv_cdump *c, int layer, int 
 {
     const int d = q->d, G = q->G;
     const size_t gd = (size_t)G * (size_t)d;
+    int bits;
+    int rc = blockkey_bits(&bits, err);
+    if (rc != MKV_OK)
+        return rc;
     mkv_mosaic_head h;
-    int rc = mkv_mosaic_load(c, layer, head, (int)mkv_params_int(pr, "block"), mkv_params_int(pr, "sink"),
-                             mkv_params_int(pr, "recent"), &h, err);
+    rc = mkv_mosaic_load(c, layer, head, (int)mkv_params_int(pr, "block"), mkv_params_int(pr, "sink"),
+                         mkv_params_int(pr, "recent"), &h, err);
     if (rc != MKV_OK)
         return rc;
     const mkv_mosaic_head *hp = &h;
@@ -44,9 +84,11 @@ static int mosaic_gpu_attend(const mkv_params *pr, mkv_cdump *c, int layer, int 
         return rc;
     }
     float *dq = NULL, *dout = NULL;
-    if ((rc = mkv_cuda_mosaic_upload(&g.l, &cache, err)) == MKV_OK) {
-        mkv_packed_params pp = {(int)q->W, 1, G, 0, mkv_mosaic_scaled_budget(h.budget_scale, mkv_params_double(pr, "budget")),
-                                strcmp(mkv_params_str(pr, "agg"), "sum") == 0};
+    if ((rc = mkv_cuda_mosaic_upload(&g.l, &cache, err)) == MKV_OK &&
+        (bits != 8 || (rc = mkv_cuda_mosaic_blockkeys8(cache, err)) == MKV_OK)) {
+        mkv_packed_params pp = {(int)q->W, 1, G, 0,
+                                mkv_mosaic_scaled_budget(h.budget_scale, mkv_params_double(pr, "budget")),
+                                strcmp(mkv_params_str(pr, "agg"), "sum") == 0, bits};
         rc = mkv_cuda_mosaic_plan(cache, &pp, heads, q->pos, &plan, err);
     }
     if (rc == MKV_OK) {
@@ -62,7 +104,8 @@ static int mosaic_gpu_attend(const mkv_params *pr, mkv_cdump *c, int layer, int 
         mkv_packed_counts ct;
         rc = mkv_cuda_mosaic_selection(plan, (int)w, 0, blocks, a->attended + w * q->T, &ct, err);
         if (rc == MKV_OK)
-            a->bytes_read[w] = mkv_gpu_mosaic_bytes(&h, q->pos[w], blocks, ct.dense_tokens);
+            a->bytes_read[w] = mkv_gpu_mosaic_bytes(&h, q->pos[w], blocks, ct.dense_tokens) +
+                               (bits == 8 ? (uint64_t)blockkeys8_delta(&g, q->pos[w]) : 0);
     }
     mkv_free(blocks);
     mkv_gpu_devset_free(&ds);

@@ -98,11 +98,9 @@ static int compress_prefix(const mkv_ccache_opts *o, const mkv_dump_meta *m, con
     int rc = mkv_cdump_create_memory(&cm, obs->pos, &w, err);
     mkv_compressor comp = {.method = o->method, .params = o->params};
     size_t q_layer = (size_t)m->n_heads * (size_t)obs->W * (size_t)d;
-    mkv_budget_plan plan;
+    mkv_budget_plan plan = {0};
     if (!rc)
         rc = mkv_budget_plan_init(&comp, m, &plan, err);
-    else
-        memset(&plan, 0, sizeof plan);
     /* per-head budgets first, then the compression: the cache copied once more */
     for (int pass = mkv_budget_plan_wanted(&plan) ? 0 : 1; pass < 2 && !rc; pass++) {
         for (int l = 0; l < m->n_layers && !rc; l++) {

@@ -39,12 +39,8 @@ static int choose(const mkv_mosaic_config *c, const float *const X[2], int64_t l
     for (int x = 0; x < 2 && !rc; x++)
         rc = mkv_mosaic_candidates(&o[x], X[x], 0, len, R[x], &cand[x], &ncand[x], err);
     if (!rc && c->ratio > 0) {
-        /* the head's byte budget (method.c's ratio rule) for a head of one
-         * segment: logical bytes over the ratio, less the segment's tables */
-        uint64_t logical = 2 * (uint64_t)len * (uint64_t)d * 2;
-        uint64_t tables = (2 * (MKV_MOSAIC_TABLE_COLS + MKV_MOSAIC_LOSS_COLS) + MKV_MOSAIC_BLOCKDIM_COLS) * 4;
-        uint64_t target = (uint64_t)floor((double)logical / c->ratio);
-        mkv_mosaic_allocate(cand, ncand, 2, target > tables ? target - tables : 0, pick);
+        /* the ratio rule for a head of this one segment */
+        mkv_mosaic_allocate(cand, ncand, 2, mkv_mosaic_ratio_budget(c->ratio, len, d, 0, 1, 0), pick);
     } else if (!rc) {
         for (int x = 0; x < 2; x++)
             pick[x] = mkv_mosaic_pick(cand[x], ncand[x], c->threshold);

@@ -815,12 +815,9 @@ static int segment_strategies(const mkv_mosaic_config *c, const mkv_head_kv *in,
  * budget once the dense rows and the tables are paid. */
 static void ratio_strategies(const mkv_mosaic_config *c, mkv_mosaic_head *h, compress_work *w)
 {
-    int64_t nseg = w->nseg, nd = h->sink_n + h->recent_n;
-    uint64_t logical = 2 * (uint64_t)h->T * (uint64_t)h->d * 2;
-    uint64_t fixed = 2 * (uint64_t)nd * (uint64_t)h->d * 2 +
-                     (uint64_t)nseg * (2 * (MKV_MOSAIC_TABLE_COLS + MKV_MOSAIC_LOSS_COLS) + MKV_MOSAIC_BLOCKDIM_COLS) * 4;
-    uint64_t target = (uint64_t)floor((double)logical / c->ratio);
-    mkv_mosaic_allocate(w->cand, w->ncand, (int)(2 * nseg), target > fixed ? target - fixed : 0, w->pick);
+    int64_t nseg = w->nseg;
+    uint64_t budget = mkv_mosaic_ratio_budget(c->ratio, h->T, h->d, h->sink_n + h->recent_n, nseg, h->budget_scale > 0);
+    mkv_mosaic_allocate(w->cand, w->ncand, (int)(2 * nseg), budget, w->pick);
     for (int64_t item = 0; item < 2 * nseg; item++) {
         mkv_mosaic_tensor *t = item % 2 ? &h->v : &h->k;
         const mkv_mosaic_candidate *ch = &w->cand[item][w->pick[item]];
@@ -963,6 +960,7 @@ int mkv_mosaic_compress(const mkv_mosaic_config *c, const mkv_head_kv *in, mkv_m
     mkv_mosaic_head hs;
     memset(&w, 0, sizeof w);
     memset(&hs, 0, sizeof hs);
+    h->budget_scale = scale > 0 ? scale : 0;
     if ((rc = head_init(c, in, h, &w, err)) == MKV_OK && (rc = rotations(c, in, h, &w, err)) == MKV_OK &&
         (rc = pick_obs(in, &w.obs, err)) == MKV_OK && (rc = key_skeleton(c, in, h, &w, &hs, err)) == MKV_OK &&
         w.obs.nq > 0)
@@ -981,7 +979,6 @@ int mkv_mosaic_compress(const mkv_mosaic_config *c, const mkv_head_kv *in, mkv_m
         mkv_error_prefix(err, "layer %d, KV head %d", in->layer, in->head);
         mkv_mosaic_head_free(h);
     }
-    h->budget_scale = scale > 0 ? scale : 0;
     return rc;
 }
 

@@ -266,7 +266,6 @@ int mkv_mosaic_encode(const mkv_mosaic_strategy *s, const float *X, int d, const
     mkv_mosaic_rotate(X, s->len, d, s->rotate ? R : NULL, d, w, xt);
     if (s->bits != 16)
         mkv_mosaic_channel_qparams(xt, s->len, w, dp, s->bits, s->qgroup, qparams);
-    const int64_t per = s->qgroup > 0 ? s->qgroup : s->len;
     int pos[MKV_MOSAIC_MAX_D];
     uint8_t code[MKV_MOSAIC_MAX_D];
     for (int64_t t = 0; t < s->len; t++) {
@@ -282,7 +281,7 @@ int mkv_mosaic_encode(const mkv_mosaic_strategy *s, const float *X, int d, const
                 values[t * s->r + i] = (float)f16r(x[pos[i]]);
                 continue;
             }
-            const float *gq = qparams + 2 * (t / per) * dp;
+            const float *gq = qparams + 2 * mkv_mosaic_qgroup_of(s, t) * dp;
             const float zero = gq[2 * pos[i]], step = gq[2 * pos[i] + 1];
             code[i] = (uint8_t)mkv_bl_quant_code((float)x[pos[i]], step, zero, s->bits);
             values[t * s->r + i] = mkv_mosaic_dequantize(code[i], zero, step);
@@ -789,6 +788,16 @@ static uint64_t priced_choice(mkv_mosaic_candidate *const *cand, const int *ncan
         total += cand[it][best].bytes;
     }
     return total;
+}
+
+uint64_t mkv_mosaic_ratio_budget(double ratio, int64_t T, int d, int64_t nd, int64_t nseg, int has_scale)
+{
+    uint64_t logical = 2 * (uint64_t)T * (uint64_t)d * 2;
+    uint64_t fixed = 2 * (uint64_t)nd * (uint64_t)d * 2 +
+                     (uint64_t)nseg * (2 * (MKV_MOSAIC_TABLE_COLS + MKV_MOSAIC_LOSS_COLS) + MKV_MOSAIC_BLOCKDIM_COLS) * 4 +
+                     (has_scale ? sizeof(float) : 0);
+    uint64_t target = (uint64_t)floor((double)logical / ratio);
+    return target > fixed ? target - fixed : 0;
 }
 
 void mkv_mosaic_allocate(mkv_mosaic_candidate *const *cand, const int *ncand, int nitems, uint64_t budget,

@@ -166,6 +166,11 @@ int mkv_mosaic_pick(const mkv_mosaic_candidate *c, int n, double threshold);
  * two items at once (one gives bytes to the other) while one lowers the
  * summed loss, the largest drop first. When even the cheapest candidates
  * do not fit, the cheapest. */
+/* The bytes the ratio rule may give the segments of a head of T tokens:
+ * logical / ratio less what the head stores besides them (nd dense rows of
+ * K and V, the tables of nseg segments, a budget share when has_scale);
+ * 0 when those alone exceed it. */
+uint64_t mkv_mosaic_ratio_budget(double ratio, int64_t T, int d, int64_t nd, int64_t nseg, int has_scale);
 void mkv_mosaic_allocate(mkv_mosaic_candidate *const *cand, const int *ncand, int nitems, uint64_t budget,
                          int *pick);
 

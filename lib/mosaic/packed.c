@@ -45,11 +45,13 @@ uint64_t mkv_mosaic_attended_segment_bytes(const mkv_mosaic_strategy *vs, int d)
     return vs->rotate ? (uint64_t)d * (uint64_t)vs->dprime * 2 : 0;
 }
 
+int64_t mkv_mosaic_qgroup_of(const mkv_mosaic_strategy *s, int64_t i) { return s->qgroup ? i / s->qgroup : 0; }
+
 uint64_t mkv_mosaic_qparams_read(const mkv_mosaic_strategy *s, int64_t i, int64_t *last)
 {
     if (s->bits == 16)
         return 0;
-    int64_t grp = s->qgroup ? i / s->qgroup : 0;
+    int64_t grp = mkv_mosaic_qgroup_of(s, i);
     if (grp == *last)
         return 0;
     *last = grp;
@@ -387,7 +389,7 @@ static int load_values(mkv_cdump *c, int layer, int head, char x, mkv_mosaic_ten
             continue;
         }
         const float *qp = t->qparams + t->off_qparams[i];
-        const int64_t nq = mkv_mosaic_qgroups(s), per = s->qgroup ? s->qgroup : s->len;
+        const int64_t nq = mkv_mosaic_qgroups(s);
         for (int64_t q = 0; q < nq * s->dprime && rc == MKV_OK; q++)
             if (!(qp[2 * q + 1] >= 0))
                 rc = bad_array(c, layer, head, qname, err, "segment %lld, token group %lld, channel %d: negative "
@@ -403,7 +405,7 @@ static int load_values(mkv_cdump *c, int layer, int head, char x, mkv_mosaic_ten
                 break;
             }
             mkv_mosaic_positions(bb ? t->bitmap + t->off_bitmap[i] + j * bb : NULL, s, pos);
-            const float *gq = qp + 2 * (j / per) * s->dprime;
+            const float *gq = qp + 2 * mkv_mosaic_qgroup_of(s, j) * s->dprime;
             for (int k = 0; k < s->r; k++)
                 out[j * s->r + k] = mkv_mosaic_dequantize(mkv_bl_unpack(code, (size_t)k, s->bits),
                                                           gq[2 * pos[k]], gq[2 * pos[k] + 1]);

@@ -162,6 +162,8 @@ uint64_t mkv_mosaic_attended_segment_bytes(const mkv_mosaic_strategy *vs, int d)
  * group differs from *last (the previous token's, -1 at first), which
  * becomes *last; 0 at 16 bits. */
 uint64_t mkv_mosaic_qparams_read(const mkv_mosaic_strategy *s, int64_t i, int64_t *last);
+/* The token group of the segment's token i (0 when qgroup is 0). */
+int64_t mkv_mosaic_qgroup_of(const mkv_mosaic_strategy *s, int64_t i);
 /* Blocks of B tokens covering len tokens. */
 int64_t mkv_mosaic_nblocks(int64_t len, int B);
 /* Stored columns of the segment's rotation: max(d', keydim) when rotated, else 0. */

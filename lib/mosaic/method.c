@@ -577,6 +577,35 @@ static int by_score(const void *a, const void *b)
     return (x->order > y->order) - (x->order < y->order);
 }
 
+/* Reorder blk [n] so that its first k are the k first of by_score's order
+ * (in any order among themselves): quickselect. */
+static void select_best(scored_block *blk, int64_t n, int64_t k)
+{
+    int64_t lo = 0, hi = n - 1;
+    while (k > 0 && k < n && lo < hi) {
+        scored_block pivot = blk[lo + (hi - lo) / 2], t;
+        int64_t i = lo, j = hi;
+        while (i <= j) {
+            while (by_score(&blk[i], &pivot) < 0)
+                i++;
+            while (by_score(&blk[j], &pivot) > 0)
+                j--;
+            if (i <= j) {
+                t = blk[i];
+                blk[i++] = blk[j];
+                blk[j--] = t;
+            }
+        }
+        /* [lo, j] precede the pivot or equal it, [i, hi] follow or equal it */
+        if (k - 1 <= j)
+            hi = j;
+        else if (k - 1 >= i)
+            lo = i;
+        else
+            return;
+    }
+}
+
 /* The exact attention weights, within the segment [start, start + len),
  * of every observation query vector that sees it: mass [nq][len], each
  * query's visible tokens summing to 1 (the others 0). */
@@ -1021,14 +1050,20 @@ static void rotate_queries(const mkv_mosaic_head *h, int64_t si, const float *q,
     const float *Rk = ks->rotate ? K->rotation + K->off_rotation[si] : NULL;
     for (int g = 0; g < G; g++) {
         const float *qg = q + (size_t)g * d;
-        for (int c = 0; c < cols; c++) {
-            double s = 0;
-            if (Rk)
-                for (int j = 0; j < d; j++)
-                    s += (double)qg[j] * Rk[(size_t)j * cols + c];
-            else
-                s = qg[c];
-            qt[(size_t)g * d + c] = s;
+        double *out = qt + (size_t)g * d;
+        if (!Rk) {
+            for (int c = 0; c < cols; c++)
+                out[c] = qg[c];
+            continue;
+        }
+        /* row by row of R_k (contiguous); each column still sums j = 0..d-1 in order */
+        for (int c = 0; c < cols; c++)
+            out[c] = 0;
+        for (int j = 0; j < d; j++) {
+            const float *row = Rk + (size_t)j * cols;
+            double x = qg[j];
+            for (int c = 0; c < cols; c++)
+                out[c] += x * row[c];
         }
     }
 }
@@ -1073,8 +1108,15 @@ int64_t mkv_mosaic_select_tokens(const mkv_mosaic_head *h, const mkv_mosaic_attn
             n++;
         }
     }
-    qsort(blk, (size_t)n, sizeof *blk, by_score);
-    for (int64_t i = 0; i < n && count < budget; i++) {
+    /* Only the best blocks can be taken: every block but the last visible
+     * one of a segment holds B tokens, so the first ceil(need / B) + nsc of
+     * the order cover the budget.  Those are put first, then ordered. */
+    int64_t need = budget - count, top = need > 0 ? (need + B - 1) / B + nsc : 0;
+    if (top > n)
+        top = n;
+    select_best(blk, n, top);
+    qsort(blk, (size_t)top, sizeof *blk, by_score);
+    for (int64_t i = 0; i < top && count < budget; i++) {
         const mkv_mosaic_strategy *s = &K->seg[blk[i].seg];
         for (int64_t t = s->start + blk[i].block * B; t < block_end(s, blk[i].block, B, p); t++) {
             att[t] = 1;

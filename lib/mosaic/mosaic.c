@@ -185,11 +185,21 @@ int mkv_mosaic_positions(const uint8_t *bitmap, const mkv_mosaic_strategy *s, in
             pos[c] = c;
         return s->r;
     }
-    int n = 0, g = s->g, ng = s->dprime / g;
-    for (int i = 0; i < ng && n < s->r; i++)
-        if (bitmap[i >> 3] >> (i & 7) & 1)
+    int n = 0, g = s->g, ng = s->dprime / g, bytes = (ng + 7) / 8;
+    /* 64 bits at a time, lowest set bit first: bit i is bit i & 7 of byte i >> 3 */
+    for (int w0 = 0; w0 < bytes && n < s->r; w0 += 8) {
+        uint64_t word = 0;
+        for (int b = 0; b < 8 && w0 + b < bytes; b++)
+            word |= (uint64_t)bitmap[w0 + b] << (8 * b);
+        while (word && n < s->r) {
+            int i = 8 * w0 + __builtin_ctzll(word);
+            word &= word - 1;
+            if (i >= ng)
+                return n;
             for (int c = 0; c < g; c++)
                 pos[n++] = i * g + c;
+        }
+    }
     return n;
 }
 

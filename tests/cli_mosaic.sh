@@ -62,6 +62,19 @@ uniform2d
 uniform2d keep=0.5 segment=500 keydim=0.25 bound=0
 CASES
 
+# narrow heads with observation queries: keeping 2 of 8 rotated channels
+# can put every kept-element score of a segment far below the exact
+# maximum; the measured output loss must still be finite (and checked)
+"$CAPTURE" --synthetic --tokens 1024 --head-dim 8 --queries 16 --dtype f32 -o narrow.h5 -q ||
+    fail "mkv-capture --head-dim 8"
+for method in uniform2d mosaic; do
+    if "$COMPRESS" narrow.h5 -o n.h5 --method $method -q; then
+        "$PY" "$REF" narrow.h5 n.h5 >ref.out || fail "$method at head_dim 8: $(cat ref.out)"
+    else
+        fail "mkv-compress --method $method at head_dim 8"
+    fi
+done
+
 # the byte budget: logical / physical at or just above the ratio asked
 # with fp16 candidates, whose loss falls with every byte added; with the
 # quantized ones at or above it (8-bit codes can leave nothing to gain

@@ -535,8 +535,11 @@ static double output_loss(seg_space *v, const uint16_t *rank, const mkv_mosaic_s
         if (is_key) {
             /* scores over the kept elements, added to the rest of the
              * state by an online softmax */
-            double mx = obs->m[j];
             l = obs->l_rest[j];
+            /* an empty rest (the segment holds every selected token) must
+             * not pin the maximum: kept scores far below the exact one
+             * would underflow to a zero sum */
+            double mx = l > 0 ? obs->m[j] : -INFINITY;
             for (int c = 0; c < d; c++)
                 acc[c] = obs->acc_rest[j * d + c];
             for (int64_t i = p0; i < p1; i++) {

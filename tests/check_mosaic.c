@@ -432,6 +432,24 @@ START_TEST(block_keys_hand_made)
     const double q1[3] = {2, -1, 0.5}, q2[3] = {-1, 0, 0};
     ck_assert_double_eq_tol(mkv_mosaic_block_score(q1, out, 3, 1), 3.5, 1e-15);
     ck_assert_double_eq_tol(mkv_mosaic_block_score(q2, out, 3, 1), 3, 1e-15);
+    /* many rows at once: 11 random rows (two groups of four and a rest)
+     * give the hand-checked single-row score of each, to the bit */
+    {
+        float rows[11 * 6];
+        double q[4] = {0.7, -1.3, 2.1, -0.4}, got[11];
+        uint64_t st = 5;
+        for (int i = 0; i < 11 * 6; i++) {
+            st = st * 6364136223846793005ULL + 1442695040888963407ULL;
+            rows[i] = (float)((double)(st >> 40) / (double)(1 << 24) * 4 - 2);
+        }
+        mkv_mosaic_block_scores(q, rows, 11, 4, 2, got);
+        for (int b = 0; b < 11; b++)
+            ck_assert(got[b] == mkv_mosaic_block_score(q, rows + b * 6, 4, 2));
+        /* q0 = 0.7 > 0 takes the max of the bound pair, q1 < 0 the min */
+        double hand = fmax(0.7 * rows[0], 0.7 * rows[2]) + fmax(-1.3 * rows[1], -1.3 * rows[3]) +
+                      2.1 * rows[4] - 0.4 * rows[5];
+        ck_assert_double_eq_tol(got[0], hand, 1e-12);
+    }
     /* bound 0: means only, rows of keydim values; c0 of block 0 is
      * (1 - 3 + 2 + 0.5) / 4 */
     mkv_mosaic_block_keys(xt, 5, 4, 3, 0, 4, out);

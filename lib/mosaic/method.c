@@ -1083,8 +1083,12 @@ int64_t mkv_mosaic_select_tokens(const mkv_mosaic_head *h, const mkv_mosaic_attn
     }
     int64_t nsc = visible(K, B, p, &nblk), n = 0;
     scored_block *blk = malloc(sizeof *blk * (size_t)(nblk ? nblk : 1));
-    if (!blk)
+    double *gscore = malloc(sizeof *gscore * (size_t)(nblk ? nblk : 1));   /* one query head's block scores */
+    if (!blk || !gscore) {
+        free(blk);
+        free(gscore);
         return -1;
+    }
     for (int64_t si = 0; si < nsc; si++) {
         const mkv_mosaic_strategy *ks = &K->seg[si];
         double *qs = qt + (size_t)si * G * d;
@@ -1096,16 +1100,19 @@ int64_t mkv_mosaic_select_tokens(const mkv_mosaic_head *h, const mkv_mosaic_attn
             continue;
         }
         int64_t nb = mkv_mosaic_nblocks(ks->len, B), upto = (p - ks->start) / B + 1;
-        int w = mkv_mosaic_block_width(ks);
-        for (int64_t b = 0; b < (upto < nb ? upto : nb); b++) {
-            const float *row = K->blockkeys + K->off_blockkeys[si] + b * w;
-            double agg = 0;
-            for (int g = 0; g < G; g++) {
-                double s = mkv_mosaic_block_score(qs + (size_t)g * d, row, ks->keydim, ks->bound) * scale;
-                agg = g == 0 ? s : o->agg_sum ? agg + s : s > agg ? s : agg;
+        int64_t nv = upto < nb ? upto : nb;
+        const float *rows = K->blockkeys + K->off_blockkeys[si];
+        for (int g = 0; g < G; g++) {
+            mkv_mosaic_block_scores(qs + (size_t)g * d, rows, nv, ks->keydim, ks->bound, gscore);
+            for (int64_t b = 0; b < nv; b++) {
+                double s = gscore[b] * scale, *agg = &blk[n + b].score;
+                *agg = g == 0 ? s : o->agg_sum ? *agg + s : s > *agg ? s : *agg;
             }
-            blk[n] = (scored_block){.score = agg, .seg = si, .block = b, .order = n};
-            n++;
+        }
+        for (int64_t b = 0; b < nv; b++, n++) {
+            blk[n].seg = si;
+            blk[n].block = b;
+            blk[n].order = n;
         }
     }
     /* Only the best blocks can be taken: every block but the last visible
@@ -1124,6 +1131,7 @@ int64_t mkv_mosaic_select_tokens(const mkv_mosaic_head *h, const mkv_mosaic_attn
         }
     }
     free(blk);
+    free(gscore);
     return count;
 }
 

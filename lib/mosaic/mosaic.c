@@ -240,6 +240,35 @@ double mkv_mosaic_block_score(const double *qt, const float *row, int keydim, in
     return s;
 }
 
+void mkv_mosaic_block_scores(const double *qt, const float *rows, int64_t n, int keydim, int bound, double *out)
+{
+    int w = keydim + bound;
+    int64_t b = 0;
+    /* four rows at a time: four independent sums, each in the order of
+     * mkv_mosaic_block_score */
+    for (; b + 4 <= n; b += 4) {
+        const float *r0 = rows + b * w, *r1 = r0 + w, *r2 = r1 + w, *r3 = r2 + w;
+        double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        for (int c = 0; c < bound; c++) {
+            double q = qt[c], a, e;
+            a = q * r0[c], e = q * r0[bound + c], s0 += a > e ? a : e;
+            a = q * r1[c], e = q * r1[bound + c], s1 += a > e ? a : e;
+            a = q * r2[c], e = q * r2[bound + c], s2 += a > e ? a : e;
+            a = q * r3[c], e = q * r3[bound + c], s3 += a > e ? a : e;
+        }
+        for (int c = bound; c < keydim; c++) {
+            double q = qt[c];
+            s0 += q * r0[bound + c];
+            s1 += q * r1[bound + c];
+            s2 += q * r2[bound + c];
+            s3 += q * r3[bound + c];
+        }
+        out[b] = s0, out[b + 1] = s1, out[b + 2] = s2, out[b + 3] = s3;
+    }
+    for (; b < n; b++)
+        out[b] = mkv_mosaic_block_score(qt, rows + b * w, keydim, bound);
+}
+
 void mkv_mosaic_channel_qparams(const double *xt, int64_t n, int ldx, int nc, int bits, int qgroup,
                                 float *qparams)
 {

@@ -56,6 +56,9 @@ void mkv_mosaic_block_keys(const double *xt, int64_t n, int ldx, int keydim, int
 /* Unscaled score of one block-key row for a query q~ [keydim] in the
  * segment's key space. */
 double mkv_mosaic_block_score(const double *qt, const float *row, int keydim, int bound);
+/* The same for n consecutive rows rows [n][keydim + bound] into out [n],
+ * each equal to mkv_mosaic_block_score's. */
+void mkv_mosaic_block_scores(const double *qt, const float *rows, int64_t n, int keydim, int bound, double *out);
 
 /* Zero and step (qparams [groups][nc][2]) of nc channels quantized to
  * `bits` bits, per group of qgroup consecutive vectors of xt [n][ldx]

@@ -48,6 +48,18 @@ static mkv_decoder_opts opts_for(const mkv_method *m, const mkv_params *p, int m
 
 enum { C = 150, N = 20 };
 
+/* The method of that name with params parsed into p. */
+static const mkv_method *method_with(const char *name, const char *params, mkv_params *p)
+{
+    mkv_error err;
+    const mkv_method *meth = mkv_method_find(name);
+    ck_assert_ptr_nonnull(meth);
+    mkv_params_init(p, meth->params);
+    if (params[0])
+        ck_assert_msg(mkv_params_parse_list(p, params, &err) >= 0, "%s: %s", name, err.msg);
+    return meth;
+}
+
 /* The full cache is the model's own forward pass: the same logits, bit
  * for bit, as a forward pass run by hand with the same chunking. */
 START_TEST(full_is_the_forward_pass)
@@ -235,12 +247,8 @@ START_TEST(lossless_methods_equal_full)
         ck_assert_msg(listed, "method '%s' has no lossless setting in tests/check_decode.c", mkv_methods[i]->name);
     }
     for (size_t j = 0; j < sizeof LOSSLESS / sizeof *LOSSLESS; j++) {
-        const mkv_method *meth = mkv_method_find(LOSSLESS[j].method);
-        ck_assert_ptr_nonnull(meth);
         mkv_params p;
-        mkv_params_init(&p, meth->params);
-        if (LOSSLESS[j].params[0])
-            ck_assert_int_ge(mkv_params_parse_list(&p, LOSSLESS[j].params, &err), 0);
+        const mkv_method *meth = method_with(LOSSLESS[j].method, LOSSLESS[j].params, &p);
         mkv_decoder_opts fo = opts_for(NULL, NULL, N, 1), mo = opts_for(meth, &p, N, 2);
         mkv_decoder *full, *dec = NULL;
         ck_assert_msg(mkv_decoder_prefill(m, tok, C, &fo, NULL, &full, &err) == MKV_OK, "%s", err.msg);
@@ -270,6 +278,61 @@ START_TEST(lossless_methods_equal_full)
                     worst);
         mkv_decoder_free(dec);
         mkv_decoder_free(full);
+    }
+    free(tok);
+    mkv_model_free(m);
+}
+END_TEST
+
+/* A method's own prefill runs layer by layer, compressing each layer as it
+ * is done: the same logits, bit for bit, at the prefill and at every
+ * decode step, and the same bytes held, as the decoder forked from a full
+ * prefill (which compresses the whole cache at once).  Per-head budgets
+ * plan over every layer first: that method takes the whole cache. */
+static const struct {
+    const char *method, *params;
+} BY_LAYER[] = {
+    {"quest", "budget=0.3"},
+    {"snapkv", "keep=0.3"},
+    {"mosaic", ""},
+    {"mosaic", "headbudget=on budget=0.2"},
+    {"kivi", "bits=2 residual=32"},
+    {"streaming", "keep=0.3"},
+};
+
+START_TEST(prefill_by_layer_equals_fork)
+{
+    mkv_model_config c;
+    test_decode_config(&c);
+    mkv_model *m = random_model(&c, 13);
+    int32_t *tok = test_tokens(C + N, c.vocab_size, 9);
+    mkv_error err;
+    for (size_t j = 0; j < sizeof BY_LAYER / sizeof *BY_LAYER; j++) {
+        mkv_params p;
+        const mkv_method *meth = method_with(BY_LAYER[j].method, BY_LAYER[j].params, &p);
+        mkv_decoder_opts fo = opts_for(NULL, NULL, N, 2), mo = opts_for(meth, &p, N, 2);
+        mkv_decoder *full, *forked, *own;
+        float lf[64], lo[64];
+        ck_assert_msg(mkv_decoder_prefill(m, tok, C, &fo, lf, &full, &err) == MKV_OK, "%s", err.msg);
+        ck_assert_msg(mkv_decoder_fork(full, &mo, &forked, &err) == MKV_OK, "%s: %s", meth->name, err.msg);
+        mkv_decoder_free(full);
+        ck_assert_msg(mkv_decoder_prefill(m, tok, C, &mo, lo, &own, &err) == MKV_OK, "%s: %s", meth->name, err.msg);
+        ck_assert_msg(memcmp(lf, lo, sizeof(float) * (size_t)c.vocab_size) == 0, "%s (%s): prefill logits differ",
+                      meth->name, BY_LAYER[j].params);
+        for (int i = 0; i < N; i++) {
+            ck_assert_int_eq(mkv_decoder_step(forked, tok[C + i], lf, &err), MKV_OK);
+            ck_assert_msg(mkv_decoder_step(own, tok[C + i], lo, &err) == MKV_OK, "%s: %s", meth->name, err.msg);
+            ck_assert_msg(memcmp(lf, lo, sizeof(float) * (size_t)c.vocab_size) == 0,
+                          "%s (%s): logits of step %d differ", meth->name, BY_LAYER[j].params, i);
+            mkv_decoder_stats sf, so;
+            mkv_decoder_get_stats(forked, &sf);
+            mkv_decoder_get_stats(own, &so);
+            ck_assert_uint_eq(so.bytes_held, sf.bytes_held);
+            ck_assert_uint_eq(so.bytes_read, sf.bytes_read);
+            ck_assert_int_eq(so.prefix_tokens, C);
+        }
+        mkv_decoder_free(forked);
+        mkv_decoder_free(own);
     }
     free(tok);
     mkv_model_free(m);
@@ -1012,6 +1075,7 @@ int main(void)
     tcase_add_test(tc, full_is_the_forward_pass_on_stories260K);
     tcase_add_test(tc, full_is_the_forward_pass_on_SmolLM2);
     tcase_add_test(tc, lossless_methods_equal_full);
+    tcase_add_test(tc, prefill_by_layer_equals_fork);
     tcase_add_test(tc, bytes_counted_by_hand);
     tcase_add_test(tc, append_follows_each_method_rule);
     tcase_add_test(tc, ppl_matches_model_ref);

@@ -939,6 +939,111 @@ START_TEST(test_corrupt_checkpoint)
 }
 END_TEST
 
+/* The done hook of a prefill by layer: layers come in order; with a
+ * reference, the layer's rows equal the reference's and no other layer
+ * is held. */
+typedef struct {
+    const mkv_forward *f, *ref;
+    int n, calls, fail_at;
+} by_layer_check;
+
+static void expect_rows_equal(const mkv_forward *f, const mkv_forward *ref, int layer, int n)
+{
+    for (int h = 0; h < 2; h++) {
+        ck_assert_ptr_nonnull(mkv_forward_k(f, layer, h));
+        ck_assert_ptr_nonnull(mkv_forward_v(f, layer, h));
+        ck_assert_msg(memcmp(mkv_forward_k(f, layer, h), mkv_forward_k(ref, layer, h), (size_t)n * 8 * sizeof(float)) == 0,
+                      "keys of layer %d head %d differ", layer, h);
+        ck_assert_msg(memcmp(mkv_forward_v(f, layer, h), mkv_forward_v(ref, layer, h), (size_t)n * 8 * sizeof(float)) == 0,
+                      "values of layer %d head %d differ", layer, h);
+    }
+}
+
+static int layer_done(void *user, int layer, mkv_error *err)
+{
+    by_layer_check *k = user;
+    ck_assert_int_eq(layer, k->calls);
+    k->calls++;
+    ck_assert_int_eq(mkv_forward_pos(k->f), k->n);
+    if (k->ref) {
+        expect_rows_equal(k->f, k->ref, layer, k->n);
+        ck_assert_ptr_null(mkv_forward_k(k->f, 1 - layer, 0));
+        ck_assert_ptr_null(mkv_forward_v(k->f, 1 - layer, 0));
+    }
+    if (layer == k->fail_at)
+        return mkv_fail(err, MKV_EIO, "done refused layer %d", layer);
+    return MKV_OK;
+}
+
+/* A prefill by layer gives the logits and cache rows of the ordinary run,
+ * bit for bit, over several chunks and thread counts, with the cache of
+ * every layer or of one. */
+START_TEST(test_run_by_layer)
+{
+    mkv_model_config c;
+    synthetic_config(&c);   /* 2 layers, 2 KV heads of 8 */
+    mkv_model *m = random_model(&c, 21);
+    enum { N = 23 };
+    int32_t *tokens = test_tokens(N, c.vocab_size, 5);
+    mkv_error err;
+    float want[40], got[40];
+    for (int threads = 1; threads <= 2; threads++) {
+        mkv_forward *ref = make_forward(m, threads, 5, 32);
+        ck_assert_int_eq(mkv_forward_run(ref, tokens, N, want, MKV_LOGITS_LAST, &err), MKV_OK);
+
+        mkv_forward *f = make_forward(m, threads, 5, 32);
+        by_layer_check k = {f, NULL, N, 0, -1};
+        ck_assert_msg(mkv_forward_run_by_layer(f, tokens, N, got, layer_done, &k, &err) == MKV_OK, "%s", err.msg);
+        ck_assert_int_eq(k.calls, c.n_layers);
+        ck_assert_int_eq(mkv_forward_pos(f), N);
+        ck_assert_mem_eq(got, want, sizeof want);
+        for (int l = 0; l < c.n_layers; l++)
+            expect_rows_equal(f, ref, l, N);
+        /* continuing an ordinary cache by layer: the same as a second run */
+        float want2[40];
+        mkv_forward *ref2 = make_forward(m, threads, 5, 32);
+        ck_assert_int_eq(mkv_forward_run(ref2, tokens, 7, NULL, MKV_LOGITS_NONE, &err), MKV_OK);
+        ck_assert_int_eq(mkv_forward_run(ref2, tokens + 7, N - 7, want2, MKV_LOGITS_LAST, &err), MKV_OK);
+        mkv_forward_reset(f);
+        ck_assert_int_eq(mkv_forward_run(f, tokens, 7, NULL, MKV_LOGITS_NONE, &err), MKV_OK);
+        ck_assert_int_eq(mkv_forward_run_by_layer(f, tokens + 7, N - 7, got, NULL, NULL, &err), MKV_OK);
+        ck_assert_int_eq(mkv_forward_pos(f), N);
+        ck_assert_mem_eq(got, want2, sizeof want2);
+        for (int l = 0; l < c.n_layers; l++)
+            expect_rows_equal(f, ref2, l, N);
+        mkv_forward_free(ref2);
+        mkv_forward_free(f);
+
+        mkv_forward_opts one = {threads, 5, 32, 1};
+        ck_assert_int_eq(mkv_forward_create(m, &one, &f, &err), MKV_OK);
+        ck_assert_ptr_null(mkv_forward_k(f, 0, 0));
+        k = (by_layer_check){f, ref, N, 0, -1};
+        ck_assert_msg(mkv_forward_run_by_layer(f, tokens, N, got, layer_done, &k, &err) == MKV_OK, "%s", err.msg);
+        ck_assert_int_eq(k.calls, c.n_layers);
+        ck_assert_mem_eq(got, want, sizeof want);
+        /* one layer's rows are no cache to attend over */
+        ck_assert_int_eq(mkv_forward_run(f, tokens, 1, got, MKV_LOGITS_LAST, &err), MKV_EUSAGE);
+        ck_assert_int_eq(mkv_forward_run_by_layer(f, tokens, 1, got, NULL, NULL, &err), MKV_EUSAGE);
+        ck_assert_msg(strstr(err.msg, "position 0"), "%s", err.msg);
+        ck_assert_int_eq(mkv_forward_pos(f), N);
+        /* a failing done stops the pass, the position unchanged */
+        mkv_forward_reset(f);
+        k = (by_layer_check){f, ref, N, 0, 0};
+        ck_assert_int_eq(mkv_forward_run_by_layer(f, tokens, N, got, layer_done, &k, &err), MKV_EIO);
+        ck_assert_str_eq(err.msg, "done refused layer 0");
+        ck_assert_int_eq(k.calls, 1);
+        ck_assert_int_eq(mkv_forward_pos(f), 0);
+        int32_t bad = 40;
+        ck_assert_int_eq(mkv_forward_run_by_layer(f, &bad, 1, got, NULL, NULL, &err), MKV_EFORMAT);
+        ck_assert_int_eq(mkv_forward_run_by_layer(f, tokens, 33, got, NULL, NULL, &err), MKV_EFORMAT);
+        mkv_forward_free(f);
+        mkv_forward_free(ref);
+    }
+    free(tokens);
+    mkv_model_free(m);
+}
+END_TEST
+
 static int failing_hook(void *user, const mkv_capture_batch *b, mkv_error *err)
 {
     (void)user;
@@ -1086,6 +1191,7 @@ int main(void)
     tcase_add_test(tc, test_chunked_equals_stepwise);
     tcase_add_test(tc, test_external_attention);
     tcase_add_test(tc, test_forward_errors);
+    tcase_add_test(tc, test_run_by_layer);
     tcase_add_test(tc, test_sampler);
     test_add_model_loop(tc, test_tokenizer_roundtrip, have_fixture, have_models);
     test_add_model_loop(tc, test_tokenizer_matches_reference, have_fixture, have_models);

@@ -30,6 +30,17 @@ struct mkv_ccache {
     uint64_t *bytes_read;      /* [n_layers]: the last attention of the layer */
     uint64_t *head_bytes;      /* [n_kv_heads]: scratch of one attention */
     int appends;               /* the method takes new tokens itself (method->append) */
+    /* while built (mkv_ccache_begin .. mkv_ccache_end) */
+    int building;
+    int next_layer;            /* the layer add_layer takes next */
+    int planned;               /* per-head budgets planned, or none wanted */
+    mkv_dump_meta meta;        /* the prefix as a raw dump */
+    mkv_obs_queries obs;
+    const mkv_params *params;
+    mkv_compressor comp;
+    mkv_budget_plan plan;
+    mkv_cdump_writer *w;       /* the in-memory compressed dump */
+    float *scratch_k, *scratch_v;  /* [n_kv_heads][n][d]: one layer */
 };
 
 static size_t head_index(const mkv_ccache *cc, int layer, int head)
@@ -42,10 +53,23 @@ static float *tail_row(const mkv_ccache *cc, float *base, int layer, int head, i
     return base + (head_index(cc, layer, head) * (size_t)cc->tail_cap + (size_t)t) * (size_t)cc->d;
 }
 
+/* The scratch of a build: the writer, the plan and the layer copies. */
+static void end_build(mkv_ccache *cc)
+{
+    mkv_cdump_abort(cc->w);
+    cc->w = NULL;
+    mkv_budget_plan_free(&cc->plan);
+    mkv_free(cc->scratch_k);
+    mkv_free(cc->scratch_v);
+    cc->scratch_k = cc->scratch_v = NULL;
+    cc->building = 0;
+}
+
 void mkv_ccache_free(mkv_ccache *cc)
 {
     if (!cc)
         return;
+    end_build(cc);
     if (cc->states)
         for (int l = 0; l < cc->n_layers; l++)
             for (int h = 0; h < cc->n_kv_heads; h++)
@@ -76,66 +100,15 @@ static void fill_meta(const mkv_model_config *cfg, int64_t n, int W, mkv_dump_me
     m->dtype = MKV_DTYPE_F32;
 }
 
-/* Compress every layer of the forward pass's cache into an in-memory dump. */
-static int compress_prefix(const mkv_ccache_opts *o, const mkv_dump_meta *m, const mkv_forward *f,
-                           const mkv_obs_queries *obs, mkv_cdump **out, mkv_error *err)
-{
-    int H = m->n_kv_heads, d = m->head_dim;
-    size_t head_n = (size_t)m->n_tokens * (size_t)d;
-    float *k = mkv_alloc((size_t)H * head_n, sizeof(float), "keys of a layer", err);
-    float *v = k ? mkv_alloc((size_t)H * head_n, sizeof(float), "values of a layer", err) : NULL;
-    if (!v) {
-        mkv_free(k);
-        return MKV_ENOMEM;
-    }
-    mkv_cdump_meta cm;
-    memset(&cm, 0, sizeof cm);
-    snprintf(cm.method, sizeof cm.method, "%s", o->method->name);
-    mkv_params_format(o->params, cm.params, sizeof cm.params);
-    strcpy(cm.source, "decode");
-    cm.raw = *m;
-    mkv_cdump_writer *w = NULL;
-    int rc = mkv_cdump_create_memory(&cm, obs->pos, &w, err);
-    mkv_compressor comp = {.method = o->method, .params = o->params};
-    size_t q_layer = (size_t)m->n_heads * (size_t)obs->W * (size_t)d;
-    mkv_budget_plan plan = {0};
-    if (!rc)
-        rc = mkv_budget_plan_init(&comp, m, &plan, err);
-    /* per-head budgets first, then the compression: the cache copied once more */
-    for (int pass = mkv_budget_plan_wanted(&plan) ? 0 : 1; pass < 2 && !rc; pass++) {
-        for (int l = 0; l < m->n_layers && !rc; l++) {
-            for (int h = 0; h < H; h++) {
-                memcpy(k + (size_t)h * head_n, mkv_forward_k(f, l, h), head_n * sizeof(float));
-                memcpy(v + (size_t)h * head_n, mkv_forward_v(f, l, h), head_n * sizeof(float));
-            }
-            mkv_layer_kv layer = {.layer = l, .k = k, .v = v, .q = obs->W ? obs->q + (size_t)l * q_layer : NULL,
-                                  .query_pos = obs->pos,
-                                  .budget_scale = plan.scale ? plan.scale + (size_t)l * (size_t)H : NULL};
-            rc = pass ? mkv_compress_layer(&comp, m, &layer, o->threads, w, err)
-                      : mkv_budget_plan_layer(&plan, m, &layer, o->threads, err);
-        }
-        if (!pass && !rc)
-            rc = mkv_budget_plan_finish(&plan, m, err);
-    }
-    mkv_budget_plan_free(&plan);
-    mkv_free(k);
-    mkv_free(v);
-    if (rc) {
-        mkv_cdump_abort(w);
-        return rc;
-    }
-    return mkv_cdump_commit_open(w, out, err);
-}
-
-int mkv_ccache_build(const mkv_model_config *cfg, const mkv_forward *f, int64_t n, const mkv_obs_queries *obs,
+int mkv_ccache_begin(const mkv_model_config *cfg, int64_t n, const mkv_obs_queries *obs, int max_seq_len,
                      const mkv_ccache_opts *o, mkv_ccache **out, mkv_error *err)
 {
     *out = NULL;
-    if (n < 1 || n > mkv_forward_pos(f) || !mkv_forward_k(f, 0, 0))
-        return mkv_fail(err, MKV_EUSAGE, "no prefill cache of %lld tokens to compress", (long long)n);
-    if (o->max_new < 0 || n + o->max_new > mkv_forward_max_seq_len(f))
+    if (n < 1)
+        return mkv_fail(err, MKV_EUSAGE, "no prefill of %lld tokens to compress", (long long)n);
+    if (o->max_new < 0 || n + o->max_new > max_seq_len)
         return mkv_fail(err, MKV_EUSAGE, "%lld + %d tokens exceed the context of %d", (long long)n, o->max_new,
-                        mkv_forward_max_seq_len(f));
+                        max_seq_len);
     mkv_dump_meta m;
     fill_meta(cfg, n, obs->W, &m);
     int rc = o->method->check(o->params, &m, err);
@@ -155,31 +128,141 @@ int mkv_ccache_build(const mkv_model_config *cfg, const mkv_forward *f, int64_t 
     cc->prefix = n;
     cc->tail_cap = o->max_new > 0 ? o->max_new : 1;
     cc->appends = o->method->append != NULL;
+    cc->building = 1;
+    cc->meta = m;
+    cc->obs = *obs;
+    cc->params = o->params;
+    cc->comp = (mkv_compressor){.method = o->method, .params = o->params};
     size_t heads = (size_t)cc->n_layers * (size_t)cc->n_kv_heads;
     /* a method that appends holds new tokens itself: the tail keeps none */
     size_t tail_n = cc->appends ? 1 : heads * (size_t)cc->tail_cap * (size_t)cc->d;
+    size_t layer_n = (size_t)cc->n_kv_heads * (size_t)n * (size_t)cc->d;
     cc->states = calloc(heads, sizeof *cc->states);
     cc->tail_len = calloc((size_t)cc->n_layers, sizeof *cc->tail_len);
     cc->bytes_read = calloc((size_t)cc->n_layers, sizeof *cc->bytes_read);
     cc->head_bytes = calloc((size_t)cc->n_kv_heads, sizeof *cc->head_bytes);
     if (!cc->states || !cc->tail_len || !cc->bytes_read || !cc->head_bytes ||
         !(cc->tail_k = mkv_alloc(tail_n, sizeof(float), "decode tail keys", err)) ||
-        !(cc->tail_v = mkv_alloc(tail_n, sizeof(float), "decode tail values", err))) {
+        !(cc->tail_v = mkv_alloc(tail_n, sizeof(float), "decode tail values", err)) ||
+        !(cc->scratch_k = mkv_alloc(layer_n, sizeof(float), "keys of a layer", err)) ||
+        !(cc->scratch_v = mkv_alloc(layer_n, sizeof(float), "values of a layer", err))) {
         mkv_ccache_free(cc);
         return mkv_fail(err, MKV_ENOMEM, "out of memory for the compressed cache");
     }
-
-    mkv_cdump *c = NULL;
-    if ((rc = compress_prefix(o, &m, f, obs, &c, err))) {
+    mkv_cdump_meta cm;
+    memset(&cm, 0, sizeof cm);
+    snprintf(cm.method, sizeof cm.method, "%s", o->method->name);
+    mkv_params_format(o->params, cm.params, sizeof cm.params);
+    strcpy(cm.source, "decode");
+    cm.raw = m;
+    if ((rc = mkv_cdump_create_memory(&cm, obs->pos, &cc->w, err)) ||
+        (rc = mkv_budget_plan_init(&cc->comp, &cc->meta, &cc->plan, err))) {
         mkv_ccache_free(cc);
         return rc;
     }
+    cc->planned = !mkv_budget_plan_wanted(&cc->plan);
+    *out = cc;
+    return MKV_OK;
+}
+
+int mkv_ccache_needs_every_layer(const mkv_ccache *cc)
+{
+    return cc->building && !cc->planned;
+}
+
+/* The layer's rows 0..n-1 of f into the scratch, as compress reads them. */
+static int layer_of(mkv_ccache *cc, const mkv_forward *f, int layer, mkv_layer_kv *out, mkv_error *err)
+{
+    int H = cc->n_kv_heads;
+    size_t head_n = (size_t)cc->prefix * (size_t)cc->d;
+    if (mkv_forward_pos(f) < cc->prefix || !mkv_forward_k(f, layer, 0))
+        return mkv_fail(err, MKV_EUSAGE, "no prefill cache of %lld tokens of layer %d to compress",
+                        (long long)cc->prefix, layer);
+    for (int h = 0; h < H; h++) {
+        memcpy(cc->scratch_k + (size_t)h * head_n, mkv_forward_k(f, layer, h), head_n * sizeof(float));
+        memcpy(cc->scratch_v + (size_t)h * head_n, mkv_forward_v(f, layer, h), head_n * sizeof(float));
+    }
+    size_t q_layer = (size_t)cc->n_heads * (size_t)cc->obs.W * (size_t)cc->d;
+    *out = (mkv_layer_kv){.layer = layer, .k = cc->scratch_k, .v = cc->scratch_v,
+                          .q = cc->obs.W ? cc->obs.q + (size_t)layer * q_layer : NULL, .query_pos = cc->obs.pos,
+                          .budget_scale = cc->plan.scale ? cc->plan.scale + (size_t)layer * (size_t)H : NULL};
+    return MKV_OK;
+}
+
+/* The per-head budgets over every layer of f (which holds them all), the
+ * cache copied once more. */
+static int plan_budgets(mkv_ccache *cc, const mkv_forward *f, mkv_error *err)
+{
+    int rc = MKV_OK;
+    for (int l = 0; l < cc->n_layers && !rc; l++) {
+        mkv_layer_kv layer;
+        if (!(rc = layer_of(cc, f, l, &layer, err)))
+            rc = mkv_budget_plan_layer(&cc->plan, &cc->meta, &layer, cc->threads, err);
+    }
+    if (!rc)
+        rc = mkv_budget_plan_finish(&cc->plan, &cc->meta, err);
+    if (!rc)
+        cc->planned = 1;
+    return rc;
+}
+
+int mkv_ccache_add_layer(mkv_ccache *cc, const mkv_forward *f, int layer, mkv_error *err)
+{
+    if (!cc->building)
+        return mkv_fail(err, MKV_EUSAGE, "the compressed cache is not being built");
+    if (!cc->planned)
+        return mkv_fail(err, MKV_EUSAGE, "method '%s' plans its budgets over every layer before compressing one",
+                        cc->method->name);
+    if (layer != cc->next_layer)
+        return mkv_fail(err, MKV_EUSAGE, "layer %d added to the compressed cache where layer %d comes next", layer,
+                        cc->next_layer);
+    mkv_layer_kv l;
+    int rc = layer_of(cc, f, layer, &l, err);
+    if (!rc)
+        rc = mkv_compress_layer(&cc->comp, &cc->meta, &l, cc->threads, cc->w, err);
+    if (!rc)
+        cc->next_layer++;
+    return rc;
+}
+
+int mkv_ccache_end(mkv_ccache *cc, mkv_error *err)
+{
+    if (!cc->building)
+        return mkv_fail(err, MKV_EUSAGE, "the compressed cache is not being built");
+    if (cc->next_layer != cc->n_layers)
+        return mkv_fail(err, MKV_EUSAGE, "the compressed cache has %d of %d layers", cc->next_layer, cc->n_layers);
+    mkv_cdump *c = NULL;
+    mkv_cdump_writer *w = cc->w;
+    cc->w = NULL;
+    end_build(cc);
+    int rc = mkv_cdump_commit_open(w, &c, err);
+    if (rc)
+        return rc;
     cc->prefix_bytes = mkv_cdump_meta_of(c)->physical_bytes;
     for (int l = 0; l < cc->n_layers && !rc; l++)
         for (int h = 0; h < cc->n_kv_heads && !rc; h++)
-            if ((rc = o->method->load(o->params, c, l, h, &cc->states[head_index(cc, l, h)], err)))
-                mkv_error_prefix(err, "method '%s': layer %d head %d", o->method->name, l, h);
+            if ((rc = cc->method->load(cc->params, c, l, h, &cc->states[head_index(cc, l, h)], err)))
+                mkv_error_prefix(err, "method '%s': layer %d head %d", cc->method->name, l, h);
     mkv_cdump_close(c);
+    return rc;
+}
+
+int mkv_ccache_build(const mkv_model_config *cfg, const mkv_forward *f, int64_t n, const mkv_obs_queries *obs,
+                     const mkv_ccache_opts *o, mkv_ccache **out, mkv_error *err)
+{
+    *out = NULL;
+    if (n < 1 || n > mkv_forward_pos(f) || !mkv_forward_k(f, 0, 0))
+        return mkv_fail(err, MKV_EUSAGE, "no prefill cache of %lld tokens to compress", (long long)n);
+    mkv_ccache *cc = NULL;
+    int rc = mkv_ccache_begin(cfg, n, obs, mkv_forward_max_seq_len(f), o, &cc, err);
+    if (rc)
+        return rc;
+    if (mkv_ccache_needs_every_layer(cc))
+        rc = plan_budgets(cc, f, err);
+    for (int l = 0; l < cc->n_layers && !rc; l++)
+        rc = mkv_ccache_add_layer(cc, f, l, err);
+    if (!rc)
+        rc = mkv_ccache_end(cc, err);
     if (rc) {
         mkv_ccache_free(cc);
         return rc;
@@ -291,6 +374,8 @@ static int head_task(void *ctx, int h, mkv_error *err)
 int mkv_ccache_attention(void *user, const mkv_capture_batch *b, float *out, mkv_error *err)
 {
     mkv_ccache *cc = user;
+    if (cc->building)
+        return mkv_fail(err, MKV_EUSAGE, "the compressed cache is still being built");
     if (b->layer < 0 || b->layer >= cc->n_layers)
         return mkv_fail(err, MKV_EUSAGE, "layer %d is not in the compressed cache", b->layer);
     if (b->pos0 != cc->prefix + cc->tail_len[b->layer])
@@ -352,6 +437,8 @@ void mkv_ccache_get_stats(const mkv_ccache *cc, mkv_ccache_stats *s)
 
 int mkv_ccache_flush(mkv_ccache *cc, mkv_error *err)
 {
+    if (cc->building)
+        return mkv_fail(err, MKV_EUSAGE, "the compressed cache is still being built");
     size_t heads = (size_t)cc->n_layers * (size_t)cc->n_kv_heads;
     for (size_t i = 0; cc->method->decode_flush && i < heads; i++) {
         int rc = cc->method->decode_flush(cc->states[i], err);

@@ -5,7 +5,13 @@
  * 0..n-1) and its observation queries go through the method's compress
  * into an in-memory compressed dump, are loaded back through the method's
  * load, and from then on answer attention through the method's attend
- * exactly as mkv-attend measures them.  Tokens decoded after the prefill
+ * exactly as mkv-attend measures them.  The cache is built layer by layer
+ * (mkv_ccache_begin, mkv_ccache_add_layer for layers 0..n_layers-1,
+ * mkv_ccache_end), so a prefill by layer (mkv_forward_run_by_layer) can
+ * hand each layer over as soon as it is done and hold one layer of dense
+ * cache at a time; a method that plans budgets over every layer before
+ * compressing any (mkv_ccache_needs_every_layer) needs the whole dense
+ * cache instead (mkv_ccache_build).  Tokens decoded after the prefill
  * are kept in a dense 16-bit tail per layer and KV head (the generic decode
  * path: every method holds them the same way) and attended exactly; the
  * two parts are merged by their log-sum-exp (mkv_osm_from_output), so a
@@ -46,16 +52,39 @@ typedef struct {
 
 typedef struct mkv_ccache mkv_ccache;
 
-/* Compress the first n positions of the forward pass's own cache (it must
- * still hold it).  The method's check sees the cache as a raw dump of
- * model cfg with n tokens and obs->W queries; its refusals come back
- * prefixed "method 'NAME'". */
+/* Start a compressed cache of n prefill positions in a context of
+ * max_seq_len (n + o->max_new must fit).  The method's check sees the
+ * cache as a raw dump of model cfg with n tokens and obs->W queries; its
+ * refusals come back prefixed "method 'NAME'".  obs's arrays and
+ * o->params must outlive the cache; the queries of a layer need be
+ * complete only when the layer is added.  Holds the scratch of one
+ * layer's keys and values until mkv_ccache_end. */
+int mkv_ccache_begin(const mkv_model_config *cfg, int64_t n, const mkv_obs_queries *obs, int max_seq_len,
+                     const mkv_ccache_opts *o, mkv_ccache **out, mkv_error *err);
+/* Whether the method plans over every layer before compressing any
+ * (per-head budgets, mkv_budget_plan_wanted): such a cache is built from
+ * the whole dense prefill cache by mkv_ccache_build, and add_layer
+ * refuses it. */
+int mkv_ccache_needs_every_layer(const mkv_ccache *cc);
+/* Compress layer `layer` from rows 0..n-1 of f's cache (f at position >=
+ * n).  Layers come in order 0..n_layers-1, each once. */
+int mkv_ccache_add_layer(mkv_ccache *cc, const mkv_forward *f, int layer, mkv_error *err);
+/* After the last layer: load every state from the compressed dump and free
+ * the scratch; from then on the cache attends.  On failure only
+ * mkv_ccache_free remains. */
+int mkv_ccache_end(mkv_ccache *cc, mkv_error *err);
+
+/* begin, the budget plan over every layer if the method wants one,
+ * add_layer for each layer, end: the first n positions of the forward
+ * pass's own cache (it must still hold every layer). */
 int mkv_ccache_build(const mkv_model_config *cfg, const mkv_forward *f, int64_t n, const mkv_obs_queries *obs,
                      const mkv_ccache_opts *o, mkv_ccache **out, mkv_error *err);
+/* Also frees a cache left half-built. */
 void mkv_ccache_free(mkv_ccache *cc);
 
 /* mkv_attention_fn: attend the batch's queries over the compressed prefix
- * and the tail, after appending the batch's keys and values to the tail. */
+ * and the tail, after appending the batch's keys and values to the tail.
+ * Stats, flush and attention need a cache that mkv_ccache_end finished. */
 int mkv_ccache_attention(void *cc, const mkv_capture_batch *b, float *out, mkv_error *err);
 
 typedef struct {

@@ -80,14 +80,37 @@ static int keep_queries(void *user, const mkv_capture_batch *b, mkv_error *err)
     return MKV_OK;
 }
 
-static int create_forward(const mkv_model *m, const mkv_decoder_opts *o, int64_t positions, mkv_forward **f,
-                          mkv_error *err)
+static int check_context(const mkv_model *m, int64_t positions, mkv_error *err)
 {
     if (positions > m->cfg.max_seq_len)
         return mkv_fail(err, MKV_EFORMAT, "%lld tokens exceed the context of %d of model '%s'",
                         (long long)positions, m->cfg.max_seq_len, m->cfg.name);
+    return MKV_OK;
+}
+
+/* The observation queries of d's prefill: the last d->W positions. */
+static int alloc_queries(mkv_decoder *d, mkv_error *err)
+{
+    const mkv_model_config *c = &d->model->cfg;
+    d->obs_pos = calloc((size_t)d->W, sizeof *d->obs_pos);
+    d->obs_q = mkv_alloc((size_t)c->n_layers * (size_t)c->n_heads * (size_t)d->W, (size_t)c->head_dim * sizeof(float),
+                         "observation queries", err);
+    if (!d->obs_pos || !d->obs_q)
+        return mkv_fail(err, MKV_ENOMEM, "out of memory for the observation queries");
+    for (int w = 0; w < d->W; w++)
+        d->obs_pos[w] = (int32_t)(d->prefilled - d->W + w);
+    return MKV_OK;
+}
+
+/* one_layer: the cache of one layer, for a prefill by layer. */
+static int create_forward(const mkv_model *m, const mkv_decoder_opts *o, int64_t positions, int one_layer,
+                          mkv_forward **f, mkv_error *err)
+{
+    int rc = check_context(m, positions, err);
+    if (rc)
+        return rc;
     mkv_forward_opts fo = {.threads = o->threads, .chunk = o->chunk > 0 ? o->chunk : DEFAULT_CHUNK,
-                           .max_seq_len = (int)positions};
+                           .max_seq_len = (int)positions, .one_layer_cache = one_layer};
     return mkv_forward_create(m, &fo, f, err);
 }
 
@@ -134,23 +157,45 @@ static int create_gpu(const mkv_model *m, const mkv_decoder_opts *o, int64_t pos
     return rc;
 }
 
+static mkv_ccache_opts ccache_opts(const mkv_decoder_opts *o)
+{
+    return (mkv_ccache_opts){.method = o->method, .params = o->params, .threads = o->threads > 0 ? o->threads : 1,
+                             .max_new = o->max_new};
+}
+
+/* From now on d's forward pass attends through its compressed cache. */
+static int use_ccache(mkv_decoder *d, mkv_error *err)
+{
+    mkv_forward_drop_cache(d->f);
+    int rc = mkv_forward_seek(d->f, (int)d->prefilled, err);
+    if (!rc)
+        mkv_forward_set_attention(d->f, mkv_ccache_attention, d->cc);
+    return rc;
+}
+
 /* Give d a compressed cache built from the prefill cache of src, and make
  * it d's attention. */
 static int attach_ccache(mkv_decoder *d, const mkv_decoder *src, const mkv_decoder_opts *o, mkv_error *err)
 {
     double t0 = now();
     mkv_obs_queries obs = {.W = src->W, .pos = src->obs_pos, .q = src->obs_q};
-    mkv_ccache_opts co = {.method = o->method, .params = o->params, .threads = o->threads > 0 ? o->threads : 1,
-                          .max_new = o->max_new};
+    mkv_ccache_opts co = ccache_opts(o);
     int rc = mkv_ccache_build(&d->model->cfg, src->f, src->prefilled, &obs, &co, &d->cc, err);
-    if (rc)
-        return rc;
-    mkv_forward_drop_cache(d->f);
-    if ((rc = mkv_forward_seek(d->f, (int)src->prefilled, err)))
-        return rc;
-    mkv_forward_set_attention(d->f, mkv_ccache_attention, d->cc);
+    if (!rc)
+        rc = use_ccache(d, err);
     d->compress_seconds = now() - t0;
-    return MKV_OK;
+    return rc;
+}
+
+/* The done hook of a prefill by layer: compress the layer just finished
+ * (its observation queries are complete too), timed as compression. */
+static int compress_layer_done(void *user, int layer, mkv_error *err)
+{
+    mkv_decoder *d = user;
+    double t0 = now();
+    int rc = mkv_ccache_add_layer(d->cc, d->f, layer, err);
+    d->compress_seconds += now() - t0;
+    return rc;
 }
 
 int mkv_decoder_prefill(const mkv_model *m, const int32_t *tokens, int64_t n, const mkv_decoder_opts *o,
@@ -185,27 +230,47 @@ int mkv_decoder_prefill(const mkv_model *m, const int32_t *tokens, int64_t n, co
         *out = d;
         return MKV_OK;
     }
-    rc = create_forward(m, o, n + o->max_new, &d->f, err);
-    if (!rc) {
-        d->obs_pos = calloc((size_t)d->W, sizeof *d->obs_pos);
-        d->obs_q = mkv_alloc((size_t)c->n_layers * (size_t)c->n_heads * (size_t)d->W, (size_t)c->head_dim * sizeof(float),
-                             "observation queries", err);
-        if (!d->obs_pos || !d->obs_q)
-            rc = mkv_fail(err, MKV_ENOMEM, "out of memory for the observation queries");
+    rc = check_context(m, n + o->max_new, err);
+    if (!rc)
+        rc = alloc_queries(d, err);
+    /* A compressed cache that takes the prefill layer by layer: the pass
+     * then holds the dense cache of one layer at a time.  A method that
+     * plans over every layer first is built from the whole cache. */
+    int by_layer = 0;
+    if (!rc && !is_full(o)) {
+        mkv_obs_queries obs = {.W = d->W, .pos = d->obs_pos, .q = d->obs_q};
+        mkv_ccache_opts co = ccache_opts(o);
+        rc = mkv_ccache_begin(c, n, &obs, (int)(n + o->max_new), &co, &d->cc, err);
+        by_layer = !rc && !mkv_ccache_needs_every_layer(d->cc);
+        if (!rc && !by_layer) {
+            mkv_ccache_free(d->cc);
+            d->cc = NULL;
+        }
     }
+    if (!rc)
+        rc = create_forward(m, o, n + o->max_new, by_layer, &d->f, err);
     if (rc) {
         mkv_decoder_free(d);
         return rc;
     }
-    for (int w = 0; w < d->W; w++)
-        d->obs_pos[w] = (int32_t)(n - d->W + w);
     double t0 = now();
     mkv_forward_set_capture(d->f, keep_queries, d);
-    rc = mkv_forward_run(d->f, tokens, (size_t)n, logits, logits ? MKV_LOGITS_LAST : MKV_LOGITS_NONE, err);
+    if (by_layer)
+        rc = mkv_forward_run_by_layer(d->f, tokens, (size_t)n, logits, compress_layer_done, d, err);
+    else
+        rc = mkv_forward_run(d->f, tokens, (size_t)n, logits, logits ? MKV_LOGITS_LAST : MKV_LOGITS_NONE, err);
     mkv_forward_set_capture(d->f, NULL, NULL);
-    d->prefill_seconds = now() - t0;
-    if (!rc && !is_full(o))
+    /* the layers' compression (compress_seconds so far) ran inside it */
+    d->prefill_seconds = now() - t0 - d->compress_seconds;
+    if (!rc && by_layer) {
+        double t1 = now();
+        rc = mkv_ccache_end(d->cc, err);
+        if (!rc)
+            rc = use_ccache(d, err);
+        d->compress_seconds += now() - t1;
+    } else if (!rc && !is_full(o)) {
         rc = attach_ccache(d, d, o, err);
+    }
     if (rc) {
         mkv_decoder_free(d);
         return rc;
@@ -233,7 +298,7 @@ int mkv_decoder_fork(const mkv_decoder *full, const mkv_decoder_opts *o, mkv_dec
     d->model = full->model;
     d->prefilled = full->prefilled;
     d->prefill_seconds = full->prefill_seconds;
-    rc = create_forward(d->model, o, full->prefilled + o->max_new, &d->f, err);
+    rc = create_forward(d->model, o, full->prefilled + o->max_new, 0, &d->f, err);
     if (!rc && is_full(o))
         rc = mkv_fail(err, MKV_EUSAGE, "the full cache is not forked: use the full decoder itself");
     if (!rc)

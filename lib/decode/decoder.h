@@ -4,6 +4,15 @@
  * teacher-forced perplexity run that compares such a decode with the
  * full-cache one token by token.
  *
+ * A method's own prefill on the CPU runs layer by layer
+ * (mkv_forward_run_by_layer) and compresses each layer as soon as it is
+ * done, so that the dense cache of one layer exists at a time: its peak
+ * memory is that layer plus the compressed cache, not the whole dense
+ * cache.  A method that plans over every layer first
+ * (mkv_ccache_needs_every_layer: per-head budgets) prefills the whole
+ * dense cache and compresses it after.  Both give the logits and cache of
+ * a decoder forked from a full prefill, bit for bit.
+ *
  * The full cache ("full", or no method) is the model's own forward pass,
  * untouched: its logits are those of mkv-capture's run.  A method's decoder
  * either prefills itself or is forked from a full decoder that has just
@@ -34,7 +43,8 @@ void mkv_decoder_opts_init(mkv_decoder_opts *o);
 typedef struct mkv_decoder mkv_decoder;
 
 /* Prefill tokens[0..n) with full attention (logits: the last token's, or
- * NULL), then compress the cache unless the method is the full cache.
+ * NULL) and compress the cache unless the method is the full cache: layer
+ * by layer where the method allows it (above).
  * MKV_EFORMAT when n + max_new exceeds the model's context. */
 int mkv_decoder_prefill(const mkv_model *m, const int32_t *tokens, int64_t n, const mkv_decoder_opts *o,
                         float *logits, mkv_decoder **out, mkv_error *err);
@@ -55,6 +65,10 @@ typedef struct {
     uint64_t bytes_held;       /* physical bytes of K and V held */
     uint64_t logical_bytes;    /* dense 16-bit K and V of the same tokens */
     uint64_t bytes_read;       /* read by attention in the last step */
+    /* compress_seconds: building the compressed cache (compressing every
+     * layer, loading the states); prefill_seconds: the forward pass of
+     * the prefill without it, also where a prefill by layer interleaves
+     * the two.  A forked decoder has its full decoder's prefill_seconds. */
     double prefill_seconds, compress_seconds;
     mkv_decode_counters growth;  /* the method's decode-time growth (mkv_ccache_stats) */
 } mkv_decoder_stats;

@@ -123,7 +123,9 @@ struct mkv_forward {
     mkv_model_config c;
     int q_dim, kv_dim, group;
     int threads, chunk, max_seq, pos;
-    float *k_cache, *v_cache;     /* [layer][kv_head][max_seq][head_dim] */
+    int cache_layers;             /* layers the cache holds: n_layers, or 1 (one_layer_cache) */
+    int held_layer;               /* with one layer: the layer whose rows it holds, -1 none */
+    float *k_cache, *v_cache;     /* [cache_layers][kv_head][max_seq][head_dim] */
     /* per-chunk activations, rows = tokens */
     float *x;                     /* [chunk][dim] residual stream */
     float *xb;                    /* [chunk][dim] normalized */
@@ -143,18 +145,27 @@ struct mkv_forward {
 
 static float *cache_row(const mkv_forward *f, float *cache, int layer, int kv_head, int pos)
 {
-    size_t head = (size_t)layer * (size_t)f->c.n_kv_heads + (size_t)kv_head;
+    size_t slot = f->cache_layers == 1 ? 0 : (size_t)layer;
+    size_t head = slot * (size_t)f->c.n_kv_heads + (size_t)kv_head;
     return cache + (head * (size_t)f->max_seq + (size_t)pos) * (size_t)f->c.head_dim;
+}
+
+/* Whether the cache holds the rows of layer. */
+static int holds_layer(const mkv_forward *f, int layer)
+{
+    if (!f->k_cache || layer < 0 || layer >= f->c.n_layers)
+        return 0;
+    return f->cache_layers == f->c.n_layers || layer == f->held_layer;
 }
 
 const float *mkv_forward_k(const mkv_forward *f, int layer, int kv_head)
 {
-    return f->k_cache ? cache_row(f, f->k_cache, layer, kv_head, 0) : NULL;
+    return holds_layer(f, layer) ? cache_row(f, f->k_cache, layer, kv_head, 0) : NULL;
 }
 
 const float *mkv_forward_v(const mkv_forward *f, int layer, int kv_head)
 {
-    return f->v_cache ? cache_row(f, f->v_cache, layer, kv_head, 0) : NULL;
+    return holds_layer(f, layer) ? cache_row(f, f->v_cache, layer, kv_head, 0) : NULL;
 }
 
 int mkv_forward_pos(const mkv_forward *f) { return f->pos; }
@@ -295,12 +306,14 @@ int mkv_forward_create(const mkv_model *model, const mkv_forward_opts *opts, mkv
     }
     if (f->chunk > f->max_seq)
         f->chunk = f->max_seq;
+    f->cache_layers = opts && opts->one_layer_cache ? 1 : c->n_layers;
+    f->held_layer = -1;
 #ifdef HAVE_OPENBLAS
     /* Our own threads split the work; BLAS calls stay single-threaded so
      * each task's result does not depend on how many threads run. */
     openblas_set_num_threads(1);
 #endif
-    size_t cache_rows = (size_t)c->n_layers * (size_t)c->n_kv_heads * (size_t)f->max_seq;
+    size_t cache_rows = (size_t)f->cache_layers * (size_t)c->n_kv_heads * (size_t)f->max_seq;
     size_t ch = (size_t)f->chunk;
     if (!(f->k_cache = alloc_cache(cache_rows, (size_t)c->head_dim, "key cache", err)) ||
         !(f->v_cache = alloc_cache(cache_rows, (size_t)c->head_dim, "value cache", err)) ||
@@ -579,29 +592,49 @@ static void classify(mkv_forward *f, int first, int count, float *out)
     run_matmuls(f, &job);
 }
 
-int mkv_forward_run(mkv_forward *f, const int32_t *tokens, size_t n, float *logits,
-                    mkv_logits_mode mode, mkv_error *err)
+/* The checks both runs make before any work: the tokens fit the context
+ * and the vocabulary. */
+static int check_tokens(const mkv_forward *f, const int32_t *tokens, size_t n, mkv_error *err)
 {
-    const mkv_model_config *c = &f->c;
     if (n == 0)
         return mkv_fail(err, MKV_EUSAGE, "no tokens to run");
-    if ((mode != MKV_LOGITS_NONE) && !logits)
-        return mkv_fail(err, MKV_EUSAGE, "no buffer for the logits");
-    if (!f->attention && !f->k_cache)
-        return mkv_fail(err, MKV_EUSAGE, "the forward pass has no cache and no attention to run");
     if (n > (size_t)(f->max_seq - f->pos))
         return mkv_fail(err, MKV_EFORMAT,
                         "%zu tokens at position %d exceed the context of %d tokens", n, f->pos, f->max_seq);
     for (size_t i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= c->vocab_size)
+        if (tokens[i] < 0 || tokens[i] >= f->c.vocab_size)
             return mkv_fail(err, MKV_EFORMAT, "token id %d at index %zu is outside the vocabulary of %d",
-                            (int)tokens[i], i, c->vocab_size);
+                            (int)tokens[i], i, f->c.vocab_size);
+    return MKV_OK;
+}
+
+/* Embeddings of tokens[0..count) into rows of x. */
+static void embed(const mkv_forward *f, const int32_t *tokens, int count, float *x)
+{
+    size_t dim = (size_t)f->c.dim;
+    for (int i = 0; i < count; i++)
+        memcpy(x + (size_t)i * dim, f->m->tok_embedding + (size_t)tokens[i] * dim, dim * sizeof(float));
+}
+
+int mkv_forward_run(mkv_forward *f, const int32_t *tokens, size_t n, float *logits,
+                    mkv_logits_mode mode, mkv_error *err)
+{
+    const mkv_model_config *c = &f->c;
+    if ((mode != MKV_LOGITS_NONE) && !logits)
+        return mkv_fail(err, MKV_EUSAGE, "no buffer for the logits");
+    if (!f->attention && !f->k_cache)
+        return mkv_fail(err, MKV_EUSAGE, "the forward pass has no cache and no attention to run");
+    if (!f->attention && f->cache_layers != c->n_layers)
+        return mkv_fail(err, MKV_EUSAGE,
+                        "a forward pass whose cache holds one layer runs only a prefill by layer or an "
+                        "external attention");
+    int rc = check_tokens(f, tokens, n, err);
+    if (rc)
+        return rc;
     int start_pos = f->pos;
     for (size_t done = 0; done < n;) {
         int count = n - done < (size_t)f->chunk ? (int)(n - done) : f->chunk;
-        for (int i = 0; i < count; i++)
-            memcpy(f->x + (size_t)i * c->dim, f->m->tok_embedding + (size_t)tokens[done + i] * c->dim,
-                   (size_t)c->dim * sizeof(float));
+        embed(f, tokens + done, count, f->x);
         rope_tables(f, f->pos, count);
         for (int l = 0; l < c->n_layers; l++) {
             int rc = layer_forward(f, l, f->pos, count, err);
@@ -617,5 +650,72 @@ int mkv_forward_run(mkv_forward *f, const int32_t *tokens, size_t n, float *logi
         f->pos += count;
         done += (size_t)count;
     }
+    return MKV_OK;
+}
+
+int mkv_forward_run_by_layer(mkv_forward *f, const int32_t *tokens, size_t n, float *logits,
+                             mkv_layer_done_fn done, void *user, mkv_error *err)
+{
+    const mkv_model_config *c = &f->c;
+    if (f->attention)
+        return mkv_fail(err, MKV_EUSAGE, "a prefill by layer runs the pass's own attention, not an external one");
+    if (!f->k_cache)
+        return mkv_fail(err, MKV_EUSAGE, "the forward pass has no cache for a prefill by layer");
+    if (f->cache_layers != c->n_layers && f->pos != 0)
+        return mkv_fail(err, MKV_EUSAGE,
+                        "a forward pass whose cache holds one layer prefills by layer from position 0, not %d",
+                        f->pos);
+    int rc = check_tokens(f, tokens, n, err);
+    if (rc)
+        return rc;
+    size_t half = (size_t)c->rope_dim / 2;
+    float *resid = mkv_alloc(n, (size_t)c->dim * sizeof(float), "residual stream of the prompt", err);
+    float *cos_all = resid ? mkv_alloc(n, half * sizeof(float), "RoPE table of the prompt", err) : NULL;
+    float *sin_all = cos_all ? mkv_alloc(n, half * sizeof(float), "RoPE table of the prompt", err) : NULL;
+    if (!sin_all) {
+        mkv_free(resid);
+        mkv_free(cos_all);
+        return err ? err->code : MKV_ENOMEM;
+    }
+    /* Point the chunk's buffers at slices of the prompt's: the layers read
+     * and write them exactly as in mkv_forward_run, chunk for chunk. */
+    float *chunk_x = f->x, *chunk_cos = f->rope_cos, *chunk_sin = f->rope_sin;
+    int pos0 = f->pos;
+    embed(f, tokens, (int)n, resid);
+    f->rope_cos = cos_all;
+    f->rope_sin = sin_all;
+    rope_tables(f, pos0, (int)n);
+    for (int l = 0; l < c->n_layers && !rc; l++) {
+        f->held_layer = l;
+        for (size_t first = 0; first < n && !rc;) {
+            int count = n - first < (size_t)f->chunk ? (int)(n - first) : f->chunk;
+            f->x = resid + first * (size_t)c->dim;
+            f->rope_cos = cos_all + first * half;
+            f->rope_sin = sin_all + first * half;
+            rc = layer_forward(f, l, pos0 + (int)first, count, err);
+            first += (size_t)count;
+        }
+        f->x = chunk_x;
+        f->rope_cos = chunk_cos;
+        f->rope_sin = chunk_sin;
+        if (!rc && done) {
+            f->pos = pos0 + (int)n;   /* what done reads: rows 0..pos0+n-1 */
+            rc = done(user, l, err);
+            f->pos = pos0;
+        }
+    }
+    if (!rc && logits) {
+        /* the last token's row, as the last chunk of mkv_forward_run leaves it */
+        memcpy(f->x, resid + (n - 1) * (size_t)c->dim, (size_t)c->dim * sizeof(float));
+        classify(f, 0, 1, logits);
+    }
+    mkv_free(resid);
+    mkv_free(cos_all);
+    mkv_free(sin_all);
+    if (rc) {
+        f->held_layer = -1;
+        return rc;
+    }
+    f->pos = pos0 + (int)n;
     return MKV_OK;
 }

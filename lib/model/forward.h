@@ -8,6 +8,12 @@
  *
  * The KV cache is [layer][kv_head][pos][head_dim] float32, keys after RoPE;
  * mkv_forward_k/_v give a head's [max_seq_len x head_dim] rows.
+ *
+ * A prefill by layer (mkv_forward_run_by_layer) runs every layer over the
+ * whole prompt before the next, so that a caller can take each layer's
+ * cache as soon as it is complete (a compressed cache compresses it): with
+ * one_layer_cache the pass then holds the dense rows of one layer at a
+ * time.  Its logits and cache rows are those of mkv_forward_run.
  */
 #ifndef MKV_FORWARD_H
 #define MKV_FORWARD_H
@@ -26,6 +32,13 @@ typedef struct {
                          takes 2 x n_layers x n_kv_heads x max_seq_len x
                          head_dim floats: size it to the run (prompt plus
                          generated tokens) for models with long contexts. */
+    int one_layer_cache;  /* 1: the cache holds the rows of one layer at a
+                             time (2 x n_kv_heads x max_seq_len x head_dim
+                             floats), for a prefill by layer whose cache the
+                             caller takes layer by layer.  mkv_forward_run
+                             then runs only with an external attention, and
+                             mkv_forward_k/_v give only the layer the
+                             prefill by layer holds. */
 } mkv_forward_opts;
 
 /* What the capture hook sees, per layer, for the n tokens at positions
@@ -42,7 +55,8 @@ typedef struct {
 } mkv_capture_batch;
 
 /* Called once per layer and chunk, after RoPE and before attention, from
- * the thread that called mkv_forward_run.  A non-zero return stops the
+ * the thread that called mkv_forward_run (chunk-major: every layer of a
+ * chunk, then the next chunk) or mkv_forward_run_by_layer (layer-major).  A non-zero return stops the
  * forward pass with that status (the hook fills err). */
 typedef int (*mkv_capture_fn)(void *user, const mkv_capture_batch *batch, mkv_error *err);
 
@@ -82,6 +96,24 @@ void mkv_forward_drop_cache(mkv_forward *f);
 int mkv_forward_run(mkv_forward *f, const int32_t *tokens, size_t n, float *logits,
                     mkv_logits_mode mode, mkv_error *err);
 
+/* Called by a prefill by layer once layer is complete: mkv_forward_k/_v(f,
+ * layer, h) hold its rows 0..pos+n-1 (mkv_forward_pos says pos+n during the
+ * call).  A non-zero return stops the pass with that status (the function
+ * fills err). */
+typedef int (*mkv_layer_done_fn)(void *user, int layer, mkv_error *err);
+
+/* Run n tokens at positions pos..pos+n-1 like mkv_forward_run, but layer by
+ * layer: each layer over all n tokens, in the same chunks and with the
+ * same arithmetic (logits and cache rows are bit-identical), before the
+ * next; the residual stream of the n tokens (n x dim floats) is held for
+ * the call.  After the last chunk of layer l, done(user, l, err) (done may
+ * be NULL).  logits: NULL or the last token's vocab_size floats.  Runs the
+ * pass's own attention (none may be set); with one_layer_cache only from
+ * position 0.  The same checks as mkv_forward_run; on failure the position
+ * is unchanged. */
+int mkv_forward_run_by_layer(mkv_forward *f, const int32_t *tokens, size_t n, float *logits,
+                             mkv_layer_done_fn done, void *user, mkv_error *err);
+
 int mkv_forward_pos(const mkv_forward *f);
 int mkv_forward_max_seq_len(const mkv_forward *f);
 /* Forget the cache: the next token is at position 0. */
@@ -93,7 +125,9 @@ int mkv_forward_seek(mkv_forward *f, int pos, mkv_error *err);
 int mkv_forward_rewind(mkv_forward *f, int pos, mkv_error *err);
 
 /* Cache rows of one layer and KV head: [max_seq_len][head_dim], rows
- * 0..pos-1 valid (written by the pass's own attention).  K after RoPE. */
+ * 0..pos-1 valid (written by the pass's own attention).  K after RoPE.
+ * NULL without a cache, and with one_layer_cache for every layer but the
+ * one a prefill by layer holds (during its done, the layer done). */
 const float *mkv_forward_k(const mkv_forward *f, int layer, int kv_head);
 const float *mkv_forward_v(const mkv_forward *f, int layer, int kv_head);
 

@@ -36,7 +36,6 @@ struct mkv_ccache {
     int planned;               /* per-head budgets planned, or none wanted */
     mkv_dump_meta meta;        /* the prefix as a raw dump */
     mkv_obs_queries obs;
-    const mkv_params *params;
     mkv_compressor comp;
     mkv_budget_plan plan;
     mkv_cdump_writer *w;       /* the in-memory compressed dump */
@@ -131,7 +130,6 @@ int mkv_ccache_begin(const mkv_model_config *cfg, int64_t n, const mkv_obs_queri
     cc->building = 1;
     cc->meta = m;
     cc->obs = *obs;
-    cc->params = o->params;
     cc->comp = (mkv_compressor){.method = o->method, .params = o->params};
     size_t heads = (size_t)cc->n_layers * (size_t)cc->n_kv_heads;
     /* a method that appends holds new tokens itself: the tail keeps none */
@@ -241,10 +239,18 @@ int mkv_ccache_end(mkv_ccache *cc, mkv_error *err)
     cc->prefix_bytes = mkv_cdump_meta_of(c)->physical_bytes;
     for (int l = 0; l < cc->n_layers && !rc; l++)
         for (int h = 0; h < cc->n_kv_heads && !rc; h++)
-            if ((rc = cc->method->load(cc->params, c, l, h, &cc->states[head_index(cc, l, h)], err)))
+            if ((rc = cc->method->load(cc->comp.params, c, l, h, &cc->states[head_index(cc, l, h)], err)))
                 mkv_error_prefix(err, "method '%s': layer %d head %d", cc->method->name, l, h);
     mkv_cdump_close(c);
     return rc;
+}
+
+int mkv_ccache_fill(mkv_ccache *cc, const mkv_forward *f, mkv_error *err)
+{
+    int rc = mkv_ccache_needs_every_layer(cc) ? plan_budgets(cc, f, err) : MKV_OK;
+    for (int l = 0; l < cc->n_layers && !rc; l++)
+        rc = mkv_ccache_add_layer(cc, f, l, err);
+    return rc ? rc : mkv_ccache_end(cc, err);
 }
 
 int mkv_ccache_build(const mkv_model_config *cfg, const mkv_forward *f, int64_t n, const mkv_obs_queries *obs,
@@ -255,20 +261,11 @@ int mkv_ccache_build(const mkv_model_config *cfg, const mkv_forward *f, int64_t 
         return mkv_fail(err, MKV_EUSAGE, "no prefill cache of %lld tokens to compress", (long long)n);
     mkv_ccache *cc = NULL;
     int rc = mkv_ccache_begin(cfg, n, obs, mkv_forward_max_seq_len(f), o, &cc, err);
-    if (rc)
-        return rc;
-    if (mkv_ccache_needs_every_layer(cc))
-        rc = plan_budgets(cc, f, err);
-    for (int l = 0; l < cc->n_layers && !rc; l++)
-        rc = mkv_ccache_add_layer(cc, f, l, err);
-    if (!rc)
-        rc = mkv_ccache_end(cc, err);
-    if (rc) {
+    if (!rc && (rc = mkv_ccache_fill(cc, f, err)))
         mkv_ccache_free(cc);
-        return rc;
-    }
-    *out = cc;
-    return MKV_OK;
+    if (!rc)
+        *out = cc;
+    return rc;
 }
 
 typedef struct {

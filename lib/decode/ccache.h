@@ -11,7 +11,7 @@
  * hand each layer over as soon as it is done and hold one layer of dense
  * cache at a time; a method that plans budgets over every layer before
  * compressing any (mkv_ccache_needs_every_layer) needs the whole dense
- * cache instead (mkv_ccache_build).  Tokens decoded after the prefill
+ * cache instead (mkv_ccache_fill).  Tokens decoded after the prefill
  * are kept in a dense 16-bit tail per layer and KV head (the generic decode
  * path: every method holds them the same way) and attended exactly; the
  * two parts are merged by their log-sum-exp (mkv_osm_from_output), so a
@@ -63,8 +63,8 @@ int mkv_ccache_begin(const mkv_model_config *cfg, int64_t n, const mkv_obs_queri
                      const mkv_ccache_opts *o, mkv_ccache **out, mkv_error *err);
 /* Whether the method plans over every layer before compressing any
  * (per-head budgets, mkv_budget_plan_wanted): such a cache is built from
- * the whole dense prefill cache by mkv_ccache_build, and add_layer
- * refuses it. */
+ * the whole dense prefill cache by mkv_ccache_fill, and add_layer
+ * refuses it until then. */
 int mkv_ccache_needs_every_layer(const mkv_ccache *cc);
 /* Compress layer `layer` from rows 0..n-1 of f's cache (f at position >=
  * n).  Layers come in order 0..n_layers-1, each once. */
@@ -74,9 +74,11 @@ int mkv_ccache_add_layer(mkv_ccache *cc, const mkv_forward *f, int layer, mkv_er
  * mkv_ccache_free remains. */
 int mkv_ccache_end(mkv_ccache *cc, mkv_error *err);
 
-/* begin, the budget plan over every layer if the method wants one,
- * add_layer for each layer, end: the first n positions of the forward
- * pass's own cache (it must still hold every layer). */
+/* The rest of a build from f's whole cache (it must still hold every
+ * layer): the budget plan over every layer if the method wants one,
+ * add_layer for each layer, end. */
+int mkv_ccache_fill(mkv_ccache *cc, const mkv_forward *f, mkv_error *err);
+/* begin and fill: the first n positions of the forward pass's own cache. */
 int mkv_ccache_build(const mkv_model_config *cfg, const mkv_forward *f, int64_t n, const mkv_obs_queries *obs,
                      const mkv_ccache_opts *o, mkv_ccache **out, mkv_error *err);
 /* Also frees a cache left half-built. */

@@ -242,10 +242,6 @@ int mkv_decoder_prefill(const mkv_model *m, const int32_t *tokens, int64_t n, co
         mkv_ccache_opts co = ccache_opts(o);
         rc = mkv_ccache_begin(c, n, &obs, (int)(n + o->max_new), &co, &d->cc, err);
         by_layer = !rc && !mkv_ccache_needs_every_layer(d->cc);
-        if (!rc && !by_layer) {
-            mkv_ccache_free(d->cc);
-            d->cc = NULL;
-        }
     }
     if (!rc)
         rc = create_forward(m, o, n + o->max_new, by_layer, &d->f, err);
@@ -262,14 +258,12 @@ int mkv_decoder_prefill(const mkv_model *m, const int32_t *tokens, int64_t n, co
     mkv_forward_set_capture(d->f, NULL, NULL);
     /* the layers' compression (compress_seconds so far) ran inside it */
     d->prefill_seconds = now() - t0 - d->compress_seconds;
-    if (!rc && by_layer) {
+    if (!rc && d->cc) {
         double t1 = now();
-        rc = mkv_ccache_end(d->cc, err);
+        rc = by_layer ? mkv_ccache_end(d->cc, err) : mkv_ccache_fill(d->cc, d->f, err);
         if (!rc)
             rc = use_ccache(d, err);
         d->compress_seconds += now() - t1;
-    } else if (!rc && !is_full(o)) {
-        rc = attach_ccache(d, d, o, err);
     }
     if (rc) {
         mkv_decoder_free(d);

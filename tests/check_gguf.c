@@ -477,6 +477,44 @@ START_TEST(test_dequantize_types)
 }
 END_TEST
 
+/* The vector dequantization (AVX2 where the CPU has it) against the
+ * portable loops on random blocks: every byte pattern of the quants and
+ * every finite fp16 scale and minimum (subnormals included) give the same
+ * floats, bit for bit, at lengths with and without a tail of blocks. */
+START_TEST(test_dequantize_vector_equals_scalar)
+{
+    static const uint32_t types[] = {MKV_GGML_Q8_0, MKV_GGML_Q4_0, MKV_GGML_Q4_1};
+    const uint64_t blocks = 517;
+    uint64_t seed = 7;
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        uint32_t size = mkv_ggml_type_size(types[t]);
+        unsigned char *src = malloc(blocks * size);
+        float *fast = malloc(blocks * 32 * sizeof(float)), *slow = malloc(blocks * 32 * sizeof(float));
+        ck_assert(src && fast && slow);
+        for (uint64_t i = 0; i < blocks * size; i++)
+            src[i] = (unsigned char)test_rand64(&seed);
+        for (uint64_t b = 0; b < blocks; b++)
+            for (int h = 0; h < (types[t] == MKV_GGML_Q4_1 ? 2 : 1); h++) {
+                unsigned char *half = src + b * size + 2 * h;
+                if ((half[1] & 0x7C) == 0x7C) /* exponent 31: inf or NaN */
+                    half[1] ^= 0x40;
+            }
+        const uint64_t lengths[] = {blocks * 32, 32, 7 * 32, 300 * 32};
+        for (size_t li = 0; li < sizeof lengths / sizeof lengths[0]; li++) {
+            uint64_t n = lengths[li];
+            mkv_error err;
+            ck_assert_int_eq(mkv_ggml_dequantize(types[t], src, fast, n, &err), MKV_OK);
+            ck_assert_int_eq(mkv_ggml_dequantize_scalar(types[t], src, slow, n, &err), MKV_OK);
+            ck_assert_msg(memcmp(fast, slow, n * sizeof(float)) == 0, "%s, %llu elements",
+                          mkv_ggml_type_name(types[t]), (unsigned long long)n);
+        }
+        free(src);
+        free(fast);
+        free(slow);
+    }
+}
+END_TEST
+
 START_TEST(test_unsupported_type_named)
 {
     gguf_w w;
@@ -1045,7 +1083,7 @@ START_TEST(test_llama_round_trip)
         mkv_tokenizer *tok;
         mkv_gguf_extra x;
         mkv_error err;
-        ck_assert_msg(mkv_gguf_load(path, &back, NULL, &x, &err) == MKV_OK, "%s", err.msg);
+        ck_assert_msg(mkv_gguf_load(path, 0, &back, NULL, &x, &err) == MKV_OK, "%s", err.msg);
         ck_assert_str_eq(back->cfg.name, "tiny");
         ck_assert_int_eq(back->cfg.rope_layout, MKV_ROPE_INTERLEAVED);
         ck_assert_ptr_null(x.chat_template);
@@ -1057,7 +1095,7 @@ START_TEST(test_llama_round_trip)
         /* Asking for a vocabulary the file lacks is an error, and nothing leaks out. */
         back = (mkv_model *)&sentinel;
         tok = (mkv_tokenizer *)&sentinel;
-        ck_assert_int_eq(mkv_gguf_load(path, &back, &tok, NULL, &err), MKV_EFORMAT);
+        ck_assert_int_eq(mkv_gguf_load(path, 0, &back, &tok, NULL, &err), MKV_EFORMAT);
         ck_assert_ptr_null(back);
         ck_assert_ptr_null(tok);
         ck_assert_ptr_nonnull(strstr(err.msg, "has no vocabulary"));
@@ -1068,6 +1106,75 @@ END_TEST
 
 /* Quantized matrices land in the model with ne reversed: element (row r,
  * column c) of [out x in] is element r * in + c of the tensor. */
+typedef struct {
+    const float *w;
+    const mkv_qmatrix *q;
+    size_t rows, cols;
+} matrix_pair;
+
+/* Every matrix of `blocks` (kept in blocks) reads back, row by row, as the
+ * float32 model `floats` holds it. */
+static void assert_same_matrices(const mkv_model *floats, const mkv_model *blocks)
+{
+    const mkv_model_config *c = &floats->cfg;
+    size_t dim = (size_t)c->dim, hid = (size_t)c->hidden_dim;
+    size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
+    float *row = malloc((hid > qd ? (hid > dim ? hid : dim) : (qd > dim ? qd : dim)) * sizeof(float));
+    ck_assert_ptr_nonnull(row);
+    matrix_pair *mats = malloc((2 + 7 * (size_t)c->n_layers) * sizeof *mats);
+    ck_assert_ptr_nonnull(mats);
+    size_t k = 0;
+    mats[k++] = (matrix_pair){floats->tok_embedding, &blocks->qtok_embedding, (size_t)c->vocab_size, dim};
+    mats[k++] = (matrix_pair){floats->classifier, &blocks->qclassifier, (size_t)c->vocab_size, dim};
+    for (int l = 0; l < c->n_layers; l++) {
+        const mkv_layer_weights *f = &floats->layers[l], *b = &blocks->layers[l];
+        mats[k++] = (matrix_pair){f->wq, &b->qwq, qd, dim};
+        mats[k++] = (matrix_pair){f->wk, &b->qwk, kvd, dim};
+        mats[k++] = (matrix_pair){f->wv, &b->qwv, kvd, dim};
+        mats[k++] = (matrix_pair){f->wo, &b->qwo, dim, qd};
+        mats[k++] = (matrix_pair){f->w1, &b->qw1, hid, dim};
+        mats[k++] = (matrix_pair){f->w2, &b->qw2, dim, hid};
+        mats[k++] = (matrix_pair){f->w3, &b->qw3, hid, dim};
+    }
+    for (size_t i = 0; i < k; i++)
+        for (size_t r = 0; r < mats[i].rows; r++) {
+            mkv_matrix_rows(NULL, mats[i].q, mats[i].cols, r, 1, row);
+            ck_assert_msg(memcmp(row, mats[i].w + r * mats[i].cols, mats[i].cols * sizeof(float)) == 0,
+                          "matrix %zu row %zu", i, r);
+        }
+    free(mats);
+    free(row);
+}
+
+/* The forward pass of both models, a prefill in chunks of 5 on two threads
+ * and then single-token steps, gives identical logits. */
+static void assert_same_logits(const mkv_model *a, const mkv_model *b)
+{
+    const int n = 17, steps = 4, vocab = a->cfg.vocab_size;
+    int32_t ids[17 + 4];
+    for (int i = 0; i < n + steps; i++)
+        ids[i] = (int32_t)((7 * i + 3) % vocab);
+    mkv_forward_opts opts = {2, 5, n + steps};
+    mkv_forward *fa, *fb;
+    mkv_error err;
+    ck_assert_msg(mkv_forward_create(a, &opts, &fa, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_msg(mkv_forward_create(b, &opts, &fb, &err) == MKV_OK, "%s", err.msg);
+    float *la = malloc((size_t)n * vocab * sizeof(float)), *lb = malloc((size_t)n * vocab * sizeof(float));
+    ck_assert(la && lb);
+    ck_assert_int_eq(mkv_forward_run(fa, ids, n, la, MKV_LOGITS_ALL, &err), MKV_OK);
+    ck_assert_int_eq(mkv_forward_run(fb, ids, n, lb, MKV_LOGITS_ALL, &err), MKV_OK);
+    ck_assert(memcmp(la, lb, (size_t)n * vocab * sizeof(float)) == 0);
+    for (int s = 0; s < steps; s++) {
+        ck_assert_int_eq(mkv_forward_run(fa, ids + n + s, 1, la, MKV_LOGITS_LAST, &err), MKV_OK);
+        ck_assert_int_eq(mkv_forward_run(fb, ids + n + s, 1, lb, MKV_LOGITS_LAST, &err), MKV_OK);
+        ck_assert_msg(memcmp(la, lb, (size_t)vocab * sizeof(float)) == 0, "step %d", s);
+    }
+    free(la);
+    free(lb);
+    mkv_forward_free(fa);
+    mkv_forward_free(fb);
+}
+
 START_TEST(test_llama_quantized_matrices)
 {
     mkv_model *m = tiny_model(0, 0);
@@ -1078,7 +1185,7 @@ START_TEST(test_llama_quantized_matrices)
     write_llama_gguf(path, m, &o);
     mkv_model *back;
     mkv_error err;
-    ck_assert_msg(mkv_gguf_load(path, &back, NULL, NULL, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_msg(mkv_gguf_load(path, 0, &back, NULL, NULL, &err) == MKV_OK, "%s", err.msg);
     for (int r = 0; r < 32; r++)
         for (int c = 0; c < 64; c++)
             ck_assert(back->layers[1].wk[r * 64 + c] == (float)pattern_q8((uint64_t)(r * 64 + c)) * 0.0625f);
@@ -1090,6 +1197,42 @@ START_TEST(test_llama_quantized_matrices)
     assert_same_floats(m->layers[0].wk, back->layers[0].wk, 32 * 64, "wk");
     assert_same_floats(m->layers[1].w2, back->layers[1].w2, 64 * 96, "w2");
     assert_same_floats(m->classifier, back->classifier, 40 * 64, "classifier");
+
+    /* Kept in blocks: the same rows, the same logits. */
+    mkv_model *kept;
+    ck_assert_msg(mkv_gguf_load(path, 1, &kept, NULL, NULL, &err) == MKV_OK, "%s", err.msg);
+    ck_assert(mkv_model_has_blocks(kept) && !mkv_model_has_blocks(back));
+    ck_assert_ptr_null(kept->layers[0].wq);
+    ck_assert_ptr_null(kept->classifier);
+    ck_assert_int_eq(kept->layers[1].qwk.type, MKV_GGML_Q8_0);
+    ck_assert_int_eq(kept->layers[0].qw2.type, MKV_GGML_Q4_1);
+    ck_assert_int_eq(kept->layers[0].qwq.type, MKV_GGML_F32);
+    assert_same_matrices(back, kept);
+    assert_same_logits(back, kept);
+    mkv_model_free(kept);
+    mkv_model_free(back);
+    mkv_model_free(m);
+}
+END_TEST
+
+/* A tied classifier kept in blocks is the token embedding's. */
+START_TEST(test_llama_blocks_tied)
+{
+    mkv_model *m = tiny_model(1, 1);
+    const char *path = tmp_file("tinyq-tied.gguf");
+    llama_opts o = {0};
+    o.q8_tensor = "token_embd.weight";      /* ne [64, 40] */
+    o.q41_tensor = "blk.1.attn_q.weight";   /* ne [64, 64] */
+    write_llama_gguf(path, m, &o);
+    mkv_model *back, *kept;
+    mkv_error err;
+    ck_assert_msg(mkv_gguf_load(path, 0, &back, NULL, NULL, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_msg(mkv_gguf_load(path, 1, &kept, NULL, NULL, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_ptr_eq(kept->qclassifier.data, kept->qtok_embedding.data);
+    ck_assert_int_eq(kept->qtok_embedding.type, MKV_GGML_Q8_0);
+    assert_same_matrices(back, kept);
+    assert_same_logits(back, kept);
+    mkv_model_free(kept);
     mkv_model_free(back);
     mkv_model_free(m);
 }
@@ -1129,22 +1272,24 @@ START_TEST(test_llama_errors)
         {{.extra = x_negative_scale}, "RoPE scaling factor -2 is negative"},
     };
     mkv_model *m = tiny_model(0, 0);
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    for (size_t i = 0; i < 2 * (sizeof cases / sizeof cases[0]); i++) {
+        size_t c = i / 2;
+        int blocks = (int)(i % 2); /* the matrices in float32, then kept in blocks */
         const char *path = tmp_file("bad-llama.gguf");
-        write_llama_gguf(path, m, &cases[i].o);
+        write_llama_gguf(path, m, &cases[c].o);
         mkv_model *back;
         mkv_error err;
-        int rc = mkv_gguf_load(path, &back, NULL, NULL, &err);
-        if (!cases[i].want) {
-            ck_assert_msg(rc == MKV_OK, "case %zu: %s", i, err.msg);
+        int rc = mkv_gguf_load(path, blocks, &back, NULL, NULL, &err);
+        if (!cases[c].want) {
+            ck_assert_msg(rc == MKV_OK, "case %zu: %s", c, err.msg);
             mkv_model_free(back);
             continue;
         }
-        ck_assert_msg(rc != MKV_OK, "case %zu loaded, expected \"%s\"", i, cases[i].want);
+        ck_assert_msg(rc != MKV_OK, "case %zu (blocks %d) loaded, expected \"%s\"", c, blocks, cases[c].want);
         ck_assert_ptr_null(back);
-        ck_assert_msg(strstr(err.msg, cases[i].want) != NULL, "case %zu: \"%s\" lacks \"%s\"", i,
-                      err.msg, cases[i].want);
-        ck_assert_msg(strstr(err.msg, path) != NULL, "case %zu: no file name in \"%s\"", i, err.msg);
+        ck_assert_msg(strstr(err.msg, cases[c].want) != NULL, "case %zu (blocks %d): \"%s\" lacks \"%s\"",
+                      c, blocks, err.msg, cases[c].want);
+        ck_assert_msg(strstr(err.msg, path) != NULL, "case %zu: no file name in \"%s\"", c, err.msg);
     }
     mkv_model_free(m);
 }
@@ -1165,7 +1310,7 @@ START_TEST(test_llama_unsupported_quant)
     const char *path = tmp_file("q4k-llama.gguf");
     write_llama_gguf(path, m, &o);
     mkv_model *back;
-    ck_assert_int_eq(mkv_gguf_load(path, &back, NULL, NULL, &err), MKV_EUNSUP);
+    ck_assert_int_eq(mkv_gguf_load(path, 0, &back, NULL, NULL, &err), MKV_EUNSUP);
     ck_assert_msg(strstr(err.msg, "tensor 'blk.0.attn_norm.weight' has type Q4_K, which mosaickv "
                                   "cannot dequantize") != NULL, "%s", err.msg);
     mkv_model_free(m);
@@ -1234,7 +1379,7 @@ START_TEST(test_llama2c_gguf_equivalence)
     const char *path = tmp_file("llama2c.gguf");
     llama_opts o = {.vocab = test_tokenizer(_i)};
     write_llama_gguf(path, ref, &o);
-    ck_assert_msg(mkv_gguf_load(path, &m, &tok, &x, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_msg(mkv_gguf_load(path, 0, &m, &tok, &x, &err) == MKV_OK, "%s", err.msg);
     ck_assert_int_eq(x.add_bos, 1);
     assert_same_model(ref, m);
     ck_assert_int_eq(tok->vocab_size, ref_tok->vocab_size);
@@ -1380,7 +1525,7 @@ START_TEST(test_llama3_rope_freqs)
     write_llama_gguf(path, m, &o);
     mkv_model *g;
     mkv_error err;
-    ck_assert_msg(mkv_gguf_load(path, &g, NULL, NULL, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_msg(mkv_gguf_load(path, 0, &g, NULL, NULL, &err) == MKV_OK, "%s", err.msg);
     ck_assert_int_eq(g->cfg.has_rope_freq_factors, 1);
     assert_same_floats(g->cfg.rope_freq_factors, freqs, 8, "rope_freqs");
 
@@ -1454,7 +1599,7 @@ START_TEST(test_rope_scaling_metadata)
         write_llama_gguf(path, m, &o);
         mkv_model *g;
         mkv_error err;
-        ck_assert_msg(mkv_gguf_load(path, &g, NULL, NULL, &err) == MKV_OK, "case %zu: %s", i, err.msg);
+        ck_assert_msg(mkv_gguf_load(path, 0, &g, NULL, NULL, &err) == MKV_OK, "case %zu: %s", i, err.msg);
         ck_assert_int_eq(g->cfg.has_rope_freq_factors, cases[i].want != 0.0);
         for (int j = 0; cases[i].want != 0.0 && j < 8; j++)
             ck_assert_msg(g->cfg.rope_freq_factors[j] == (float)(cases[i].want * (cases[i].with_freqs ? j + 1 : 1)),
@@ -2048,7 +2193,7 @@ START_TEST(test_smollm2_answers)
     mkv_gguf_extra x;
     mkv_error err;
     double t0 = seconds();
-    ck_assert_msg(mkv_gguf_load(smollm2_path(), &m, &t, &x, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_msg(mkv_gguf_load(smollm2_path(), 0, &m, &t, &x, &err) == MKV_OK, "%s", err.msg);
     double t_load = seconds() - t0;
     ck_assert_int_eq(m->cfg.dim, 576);
     ck_assert_int_eq(m->cfg.n_layers, 30);
@@ -2124,6 +2269,25 @@ START_TEST(test_smollm2_answers)
 }
 END_TEST
 
+/* SmolLM2's Q8_0 embedding and Q4_1 matrices kept in blocks: every row as
+ * the float32 load has it, and the same logits. */
+START_TEST(test_smollm2_blocks)
+{
+    mkv_model *floats, *blocks;
+    mkv_error err;
+    ck_assert_msg(mkv_gguf_load(smollm2_path(), 0, &floats, NULL, NULL, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_msg(mkv_gguf_load(smollm2_path(), 1, &blocks, NULL, NULL, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_int_eq(blocks->qtok_embedding.type, MKV_GGML_Q8_0);
+    ck_assert_int_eq(blocks->layers[0].qw2.type, MKV_GGML_Q4_1);
+    /* the matrices take the file's bytes: about 5 bits per Q4_1 weight */
+    ck_assert_uint_lt(blocks->block_bytes, (size_t)110 << 20);
+    assert_same_matrices(floats, blocks);
+    assert_same_logits(floats, blocks);
+    mkv_model_free(blocks);
+    mkv_model_free(floats);
+}
+END_TEST
+
 /* Perplexity over the first 1024 tokens of the GPL-3 text. */
 START_TEST(test_smollm2_perplexity)
 {
@@ -2136,7 +2300,7 @@ START_TEST(test_smollm2_perplexity)
     mkv_model *m;
     mkv_tokenizer *t;
     mkv_error err;
-    ck_assert_msg(mkv_gguf_load(smollm2_path(), &m, &t, NULL, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_msg(mkv_gguf_load(smollm2_path(), 0, &m, &t, NULL, &err) == MKV_OK, "%s", err.msg);
     int32_t *ids;
     size_t n;
     ck_assert_int_eq(mkv_tokenizer_encode(t, text, len, 0, &ids, &n, &err), MKV_OK);
@@ -2230,6 +2394,7 @@ int main(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_metadata_all_types);
     tcase_add_test(tc, test_dequantize_types);
+    tcase_add_test(tc, test_dequantize_vector_equals_scalar);
     tcase_add_test(tc, test_unsupported_type_named);
     tcase_add_test(tc, test_truncated_everywhere);
     tcase_add_test(tc, test_random_corruption);
@@ -2237,6 +2402,7 @@ int main(void)
     tcase_add_test(tc, test_corrupt_structures);
     tcase_add_test(tc, test_llama_round_trip);
     tcase_add_test(tc, test_llama_quantized_matrices);
+    tcase_add_test(tc, test_llama_blocks_tied);
     tcase_add_test(tc, test_llama_errors);
     tcase_add_test(tc, test_llama_unsupported_quant);
     tcase_add_test(tc, test_llama3_rope_freqs);
@@ -2250,6 +2416,7 @@ int main(void)
         tcase_add_test(tc, test_smollm2_roundtrip);
         tcase_add_test(tc, test_smollm2_answers);
         tcase_add_test(tc, test_smollm2_perplexity);
+        tcase_add_test(tc, test_smollm2_blocks);
     }
     suite_add_tcase(s, tc);
     TCase *long_text = tcase_create("long-text");

@@ -661,7 +661,7 @@ static int capture_model(const capture_args *a)
     int chunk = (int)a->wo.chunk_tokens;
     mkv_run_model_opts mo = {a->model_path, a->shape, a->tokenizer, !po->token_ids || a->print,
                              a->layers, (int)a->vocab, a->syn.seed, (size_t)a->syn.n_tokens,
-                             a->max_memory, a->threads, chunk, (int)a->generate};
+                             a->max_memory, a->threads, chunk, (int)a->generate, 0, 1};
     if (mkv_run_model_open(&mo, po, &r.m, &err))
         fail_run(&r, &err);
     refuse_overwrite(&r, a->output, r.m.lm.tokenizer_path[0] ? r.m.lm.tokenizer_path : NULL);

@@ -822,7 +822,7 @@ static int needle(const decode_args *a, mkv_error *err)
     if (a->prompts && a->output && mkv_outfile_overwrites(a->prompts, a->output))
         return mkv_fail(err, MKV_EUSAGE, "--prompts and -o name the same file");
     mkv_loaded_model lm;
-    mkv_model_load_opts lo = {a->tokenizer, 1};
+    mkv_model_load_opts lo = {a->tokenizer, 1, a->device == MKV_DEVICE_CPU};
     int rc = mkv_model_load(a->model_path, &lo, &lm, err);
     if (rc)
         return rc;
@@ -957,7 +957,7 @@ int main(int argc, char **argv)
                              .need_tokenizer = !po.token_ids, .vocab = 0, .seed = a.seed,
                              .random_tokens = (size_t)a.tokens, .threads = a.threads,
                              .chunk = a.chunk > 0 ? (int)a.chunk : 512, .generate = a.ppl ? 0 : (int)a.generate,
-                             .run_tokens = run_tokens};
+                             .run_tokens = run_tokens, .keep_blocks = a.device == MKV_DEVICE_CPU};
     mkv_run_model rm;
     if (mkv_run_model_open(&mo, &po, &rm, &err)) {
         mkv_run_model_free(&rm);

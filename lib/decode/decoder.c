@@ -130,6 +130,9 @@ static int create_gpu(const mkv_model *m, const mkv_decoder_opts *o, int64_t pos
     if (positions > c->max_seq_len)
         return mkv_fail(err, MKV_EFORMAT, "%lld tokens exceed the context of %d of model '%s'",
                         (long long)positions, c->max_seq_len, c->name);
+    if (mkv_model_has_blocks(m))
+        return mkv_fail(err, MKV_EUSAGE, "the GPU forward pass needs model '%s' loaded in float32, "
+                        "not in quantized blocks", c->name);
     mkv_cuda_llama_layer *layers = calloc((size_t)c->n_layers, sizeof *layers);
     double *inv_freq = calloc((size_t)c->rope_dim / 2 + 1, sizeof *inv_freq);
     if (!layers || !inv_freq) {

@@ -135,6 +135,9 @@ struct mkv_forward {
     float *h1, *h3;               /* [chunk][hidden_dim] */
     float *rope_cos, *rope_sin;   /* [chunk][rope_dim/2] */
     float *scores;                /* [threads][ATT_ROWS][max_seq] */
+    float *weight_tiles;          /* [threads][TILE_ROWS][widest input]: matrices kept in
+                                     blocks, dequantized a tile at a time; NULL when none are */
+    size_t tile_floats;
     mkv_capture_fn capture;
     void *capture_user;
     mkv_attention_fn attention;
@@ -217,7 +220,7 @@ void mkv_forward_free(mkv_forward *f)
     if (f->pool.tids)
         pool_stop(&f->pool, f->worker_args, f->pool.n_workers);
     float *bufs[] = {f->k_cache, f->v_cache, f->x, f->xb, f->q, f->k, f->v, f->k_pre, f->att,
-                     f->h1, f->h3, f->rope_cos, f->rope_sin, f->scores};
+                     f->h1, f->h3, f->rope_cos, f->rope_sin, f->scores, f->weight_tiles};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         mkv_free(bufs[i]);
     free(f);
@@ -333,6 +336,16 @@ int mkv_forward_create(const mkv_model *model, const mkv_forward_opts *opts, mkv
         rc = err ? err->code : MKV_ENOMEM;
         goto fail;
     }
+    if (mkv_model_has_blocks(model)) {
+        int widest = c->dim > c->hidden_dim ? c->dim : c->hidden_dim;
+        if (f->q_dim > widest)
+            widest = f->q_dim;
+        f->tile_floats = (size_t)TILE_ROWS * (size_t)widest;
+        if (!(f->weight_tiles = alloc_floats((size_t)f->threads, f->tile_floats, "weight tiles", err))) {
+            rc = err ? err->code : MKV_ENOMEM;
+            goto fail;
+        }
+    }
     if ((rc = start_pool(f, err)))
         goto fail;
     *out = f;
@@ -348,7 +361,8 @@ fail:
 typedef struct {
     const float *x;
     int ldx;
-    const float *w;   /* [out x in] */
+    const float *w;        /* [out x in], or NULL: */
+    const mkv_qmatrix *qw; /* W in blocks, dequantized a tile of rows at a time */
     int in, out;
     float *y;
     int ldy;
@@ -361,6 +375,7 @@ typedef struct {
     int n_mm;
     int rows;
     int tiles[3];
+    const mkv_forward *f;  /* set by run_matmuls */
 } matmul_job;
 
 static void matmul_task(void *ctx, int task, int worker)
@@ -372,7 +387,15 @@ static void matmul_task(void *ctx, int task, int worker)
     const matmul *mm = &job->mm[i];
     int r0 = task * TILE_ROWS;
     int nr = mm->out - r0 < TILE_ROWS ? mm->out - r0 : TILE_ROWS;
-    const float *w = mm->w + (size_t)r0 * (size_t)mm->in;
+    const float *w;
+    if (mm->w) {
+        w = mm->w + (size_t)r0 * (size_t)mm->in;
+    } else {
+        /* the same floats the float32 model holds, so the same sums */
+        float *tile = job->f->weight_tiles + (size_t)worker * job->f->tile_floats;
+        mkv_matrix_rows(NULL, mm->qw, (size_t)mm->in, (size_t)r0, (size_t)nr, tile);
+        w = tile;
+    }
     float *y = mm->y + r0;
     if (job->rows == 1)
         cblas_sgemv(CblasRowMajor, CblasNoTrans, nr, mm->in, 1.0f, w, mm->in, mm->x, 1, mm->beta, y, 1);
@@ -387,6 +410,7 @@ static void matmul_task(void *ctx, int task, int worker)
 
 static void run_matmuls(mkv_forward *f, matmul_job *job)
 {
+    job->f = f;
     int n_tasks = 0;
     double work = 0.0;
     for (int i = 0; i < job->n_mm; i++) {
@@ -397,10 +421,10 @@ static void run_matmuls(mkv_forward *f, matmul_job *job)
     pool_run(&f->pool, matmul_task, job, n_tasks, work);
 }
 
-static matmul mm_make(const float *x, int ldx, const float *w, int in, int out, float *y, int ldy,
-                      float beta, const float *bias)
+static matmul mm_make(const float *x, int ldx, const float *w, const mkv_qmatrix *qw, int in, int out,
+                      float *y, int ldy, float beta, const float *bias)
 {
-    return (matmul){x, ldx, w, in, out, y, ldy, beta, bias};
+    return (matmul){x, ldx, w, qw, in, out, y, ldy, beta, bias};
 }
 
 /* ------------------------------------------------------------ layers */
@@ -526,9 +550,9 @@ static int layer_forward(mkv_forward *f, int l, int pos0, int n, mkv_error *err)
 
     for (int i = 0; i < n; i++)
         rmsnorm(f->xb + (size_t)i * dim, f->x + (size_t)i * dim, w->rms_att, dim, c->rms_eps);
-    matmul_job qkv = {{mm_make(f->xb, dim, w->wq, dim, f->q_dim, f->q, f->q_dim, 0.0f, w->bq),
-                       mm_make(f->xb, dim, w->wk, dim, f->kv_dim, f->k, f->kv_dim, 0.0f, w->bk),
-                       mm_make(f->xb, dim, w->wv, dim, f->kv_dim, f->v, f->kv_dim, 0.0f, w->bv)},
+    matmul_job qkv = {{mm_make(f->xb, dim, w->wq, &w->qwq, dim, f->q_dim, f->q, f->q_dim, 0.0f, w->bq),
+                       mm_make(f->xb, dim, w->wk, &w->qwk, dim, f->kv_dim, f->k, f->kv_dim, 0.0f, w->bk),
+                       mm_make(f->xb, dim, w->wv, &w->qwv, dim, f->kv_dim, f->v, f->kv_dim, 0.0f, w->bv)},
                       3, n, {0}};
     run_matmuls(f, &qkv);
     if (f->capture)
@@ -561,21 +585,21 @@ static int layer_forward(mkv_forward *f, int l, int pos0, int n, mkv_error *err)
         pool_run(&f->pool, attention_task, &att, c->n_heads * att.row_blocks, att_work);
     }
 
-    matmul_job wo = {{mm_make(f->att, f->q_dim, w->wo, f->q_dim, dim, f->x, dim, 1.0f, NULL)}, 1, n, {0}};
+    matmul_job wo = {{mm_make(f->att, f->q_dim, w->wo, &w->qwo, f->q_dim, dim, f->x, dim, 1.0f, NULL)}, 1, n, {0}};
     run_matmuls(f, &wo);
 
     for (int i = 0; i < n; i++)
         rmsnorm(f->xb + (size_t)i * dim, f->x + (size_t)i * dim, w->rms_ffn, dim, c->rms_eps);
     int hid = c->hidden_dim;
-    matmul_job up = {{mm_make(f->xb, dim, w->w1, dim, hid, f->h1, hid, 0.0f, NULL),
-                      mm_make(f->xb, dim, w->w3, dim, hid, f->h3, hid, 0.0f, NULL)},
+    matmul_job up = {{mm_make(f->xb, dim, w->w1, &w->qw1, dim, hid, f->h1, hid, 0.0f, NULL),
+                      mm_make(f->xb, dim, w->w3, &w->qw3, dim, hid, f->h3, hid, 0.0f, NULL)},
                      2, n, {0}};
     run_matmuls(f, &up);
     for (size_t i = 0; i < (size_t)n * hid; i++) {
         float g = f->h1[i];
         f->h1[i] = g / (1.0f + expf(-g)) * f->h3[i];
     }
-    matmul_job down = {{mm_make(f->h1, hid, w->w2, hid, dim, f->x, dim, 1.0f, NULL)}, 1, n, {0}};
+    matmul_job down = {{mm_make(f->h1, hid, w->w2, &w->qw2, hid, dim, f->x, dim, 1.0f, NULL)}, 1, n, {0}};
     run_matmuls(f, &down);
     return MKV_OK;
 }
@@ -587,7 +611,7 @@ static void classify(mkv_forward *f, int first, int count, float *out)
     for (int i = 0; i < count; i++)
         rmsnorm(f->xb + (size_t)i * c->dim, f->x + (size_t)(first + i) * c->dim, f->m->rms_final,
                 c->dim, c->rms_eps);
-    matmul_job job = {{mm_make(f->xb, c->dim, f->m->classifier, c->dim, c->vocab_size, out,
+    matmul_job job = {{mm_make(f->xb, c->dim, f->m->classifier, &f->m->qclassifier, c->dim, c->vocab_size, out,
                                c->vocab_size, 0.0f, NULL)}, 1, count, {0}};
     run_matmuls(f, &job);
 }
@@ -613,7 +637,8 @@ static void embed(const mkv_forward *f, const int32_t *tokens, int count, float 
 {
     size_t dim = (size_t)f->c.dim;
     for (int i = 0; i < count; i++)
-        memcpy(x + (size_t)i * dim, f->m->tok_embedding + (size_t)tokens[i] * dim, dim * sizeof(float));
+        mkv_matrix_rows(f->m->tok_embedding, &f->m->qtok_embedding, dim, (size_t)tokens[i], 1,
+                        x + (size_t)i * dim);
 }
 
 int mkv_forward_run(mkv_forward *f, const int32_t *tokens, size_t n, float *logits,

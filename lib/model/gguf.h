@@ -33,8 +33,11 @@ void mkv_gguf_extra_free(mkv_gguf_extra *x);
  * them: the rope_freqs.weight tensor (Llama 3.1) times the linear factor
  * of llama.rope.scaling.factor (type "linear" or absent; "none" ignores
  * it).  Refused: MoE (expert_count), per-layer head counts, other RoPE
- * scaling types (yarn, ...). */
-int mkv_gguf_model(const mkv_gguf *g, mkv_model **out, mkv_error *err);
+ * scaling types (yarn, ...).  With `blocks` the matrices (token_embd and
+ * output included) stay in the file's blocks (mkv_model_create_blocks),
+ * each row a whole number of blocks and every value finite; otherwise
+ * every tensor is dequantized to float32. */
+int mkv_gguf_model(const mkv_gguf *g, int blocks, mkv_model **out, mkv_error *err);
 
 /* The vocabulary: the tokenizer.ggml.* metadata, each checked for its
  * type, into the tokenizer vocab/gguf_vocab.h builds ("gpt2" or "llama").
@@ -44,10 +47,11 @@ int mkv_gguf_tokenizer(const mkv_gguf *g, mkv_tokenizer **out, mkv_error *err);
  * tokenizer.chat_template. */
 int mkv_gguf_extra_get(const mkv_gguf *g, mkv_gguf_extra *x, mkv_error *err);
 
-/* Open path and load what is asked for: the model, and if tok is non-NULL
- * the tokenizer, and if extra is non-NULL the extras.  On failure nothing
- * is returned (all outputs NULL/zeroed). */
-int mkv_gguf_load(const char *path, mkv_model **model, mkv_tokenizer **tok, mkv_gguf_extra *extra,
-                  mkv_error *err);
+/* Open path and load what is asked for: the model (its matrices in blocks
+ * with `blocks`, as mkv_gguf_model), and if tok is non-NULL the tokenizer,
+ * and if extra is non-NULL the extras.  On failure nothing is returned
+ * (all outputs NULL/zeroed). */
+int mkv_gguf_load(const char *path, int blocks, mkv_model **model, mkv_tokenizer **tok,
+                  mkv_gguf_extra *extra, mkv_error *err);
 
 #endif

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/tensor.h"
 #include "model/ggml_quant.h"
 #include "model/gguf.h"
 #include "model/gguf_priv.h"
@@ -186,11 +187,72 @@ static int read_config(const mkv_gguf *g, mkv_model_config *c, mkv_error *err)
 
 typedef struct {
     char name[64];
-    float *dst;
+    float *dst;        /* NULL: a matrix kept in blocks at *q */
+    mkv_qmatrix *q;
     uint64_t ne0, ne1; /* ne1 = 0: a vector */
 } expected_tensor;
 
-int mkv_gguf_model(const mkv_gguf *g, mkv_model **out, mkv_error *err)
+/* Each matrix's blocks start on a 64-byte boundary of m->blocks. */
+#define BLOCK_ALIGN 64
+
+static uint64_t aligned_bytes(uint64_t n) { return (n + BLOCK_ALIGN - 1) / BLOCK_ALIGN * BLOCK_ALIGN; }
+
+/* Bytes of the blocks of every matrix of the file's model (0 on a missing
+ * tensor or overflow, which the checks of mkv_gguf_model then report). */
+static size_t matrix_block_bytes(const mkv_gguf *g, const mkv_model_config *c)
+{
+    static const char *const suffixes[] = {"attn_q", "attn_k", "attn_v", "attn_output",
+                                           "ffn_gate", "ffn_down", "ffn_up"};
+    uint64_t total = 0;
+    const mkv_gguf_tensor *t;
+    if ((t = mkv_gguf_find_tensor(g, "token_embd.weight")))
+        total += aligned_bytes(t->nbytes);
+    if (!c->tied_classifier && (t = mkv_gguf_find_tensor(g, "output.weight")))
+        total += aligned_bytes(t->nbytes);
+    for (int l = 0; l < c->n_layers; l++)
+        for (size_t i = 0; i < sizeof suffixes / sizeof suffixes[0]; i++) {
+            char name[64];
+            snprintf(name, sizeof name, "blk.%d.%s.weight", l, suffixes[i]);
+            if ((t = mkv_gguf_find_tensor(g, name)))
+                total += aligned_bytes(t->nbytes);
+        }
+    return total > SIZE_MAX / 2 ? 0 : (size_t)total;
+}
+
+/* Copy matrix t's blocks to m->blocks at *at and point q at them; the
+ * rows must be whole blocks and every value finite (checked a chunk of
+ * rows at a time through scratch, `cols` * SCRATCH_ROWS floats). */
+#define SCRATCH_ROWS 64
+static int keep_blocks(const mkv_gguf *g, const mkv_gguf_tensor *t, mkv_model *m, size_t *at,
+                       mkv_qmatrix *q, float *scratch, mkv_error *err)
+{
+    const char *path = mkv_gguf_path(g);
+    uint64_t cols = t->ne[0], rows = t->ne[1];
+    uint32_t block = mkv_ggml_block_size(t->type);
+    if (cols % block != 0)
+        return mkv_fail(err, MKV_EFORMAT, "'%s': tensor '%s' has rows of %llu elements, not whole "
+                        "%u-element blocks of %s", path, t->name, (unsigned long long)cols, block,
+                        mkv_ggml_type_name(t->type));
+    size_t row_bytes = (size_t)(cols / block) * mkv_ggml_type_size(t->type);
+    if ((uint64_t)row_bytes * rows != t->nbytes || *at + t->nbytes > m->block_bytes)
+        return mkv_fail(err, MKV_EFORMAT, "'%s': tensor '%s' holds %llu bytes, its shape and type "
+                        "imply %llu", path, t->name, (unsigned long long)t->nbytes,
+                        (unsigned long long)row_bytes * rows);
+    memcpy(m->blocks + *at, t->data, t->nbytes);
+    *q = (mkv_qmatrix){m->blocks + *at, row_bytes, t->type};
+    *at += aligned_bytes(t->nbytes);
+    for (uint64_t r0 = 0; r0 < rows; r0 += SCRATCH_ROWS) {
+        uint64_t n = rows - r0 < SCRATCH_ROWS ? rows - r0 : SCRATCH_ROWS;
+        mkv_matrix_rows(NULL, q, cols, r0, n, scratch);
+        for (uint64_t j = 0; j < n * cols; j++)
+            if (!isfinite(scratch[j]))
+                return mkv_fail(err, MKV_EFORMAT, "'%s': tensor '%s' holds a non-finite value at "
+                                "element %llu", path, t->name, (unsigned long long)(r0 * cols + j));
+    }
+    return MKV_OK;
+}
+
+int mkv_gguf_model(const mkv_gguf *g, int blocks, mkv_model **out, mkv_error *err)
 {
     const char *path = mkv_gguf_path(g);
     *out = NULL;
@@ -199,8 +261,10 @@ int mkv_gguf_model(const mkv_gguf *g, mkv_model **out, mkv_error *err)
     if (rc)
         return rc;
     mkv_model *m;
-    if ((rc = mkv_model_create(&c, &m, err)))
+    if ((rc = blocks ? mkv_model_create_blocks(&c, matrix_block_bytes(g, &c), &m, err)
+                     : mkv_model_create(&c, &m, err)))
         return rc;
+    float *scratch = NULL;
     size_t n_expected = 3 + (size_t)c.n_layers * 12;
     expected_tensor *ex = calloc(n_expected, sizeof *ex);
     unsigned char *used = calloc(mkv_gguf_n_tensors(g) ? mkv_gguf_n_tensors(g) : 1, 1);
@@ -211,19 +275,21 @@ int mkv_gguf_model(const mkv_gguf *g, mkv_model **out, mkv_error *err)
     uint64_t dim = (uint64_t)c.dim, hid = (uint64_t)c.hidden_dim;
     uint64_t qd = (uint64_t)c.n_heads * c.head_dim, kvd = (uint64_t)c.n_kv_heads * c.head_dim;
     size_t k = 0;
-    ex[k++] = (expected_tensor){"token_embd.weight", m->tok_embedding, dim, (uint64_t)c.vocab_size};
-    ex[k++] = (expected_tensor){"output_norm.weight", m->rms_final, dim, 0};
+    ex[k++] = (expected_tensor){"token_embd.weight", m->tok_embedding, &m->qtok_embedding, dim,
+                                (uint64_t)c.vocab_size};
+    ex[k++] = (expected_tensor){"output_norm.weight", m->rms_final, NULL, dim, 0};
     if (!c.tied_classifier)
-        ex[k++] = (expected_tensor){"output.weight", m->classifier, dim, (uint64_t)c.vocab_size};
+        ex[k++] = (expected_tensor){"output.weight", m->classifier, &m->qclassifier, dim,
+                                    (uint64_t)c.vocab_size};
     for (int l = 0; l < c.n_layers; l++) {
         mkv_layer_weights *w = &m->layers[l];
-        struct { const char *suffix; float *dst; uint64_t ne0, ne1; } layer[] = {
-            {"attn_norm.weight", w->rms_att, dim, 0},  {"attn_q.weight", w->wq, dim, qd},
-            {"attn_k.weight", w->wk, dim, kvd},        {"attn_v.weight", w->wv, dim, kvd},
-            {"attn_output.weight", w->wo, qd, dim},    {"ffn_norm.weight", w->rms_ffn, dim, 0},
-            {"ffn_gate.weight", w->w1, dim, hid},      {"ffn_down.weight", w->w2, hid, dim},
-            {"ffn_up.weight", w->w3, dim, hid},        {"attn_q.bias", w->bq, qd, 0},
-            {"attn_k.bias", w->bk, kvd, 0},            {"attn_v.bias", w->bv, kvd, 0},
+        struct { const char *suffix; float *dst; mkv_qmatrix *q; uint64_t ne0, ne1; } layer[] = {
+            {"attn_norm.weight", w->rms_att, NULL, dim, 0},   {"attn_q.weight", w->wq, &w->qwq, dim, qd},
+            {"attn_k.weight", w->wk, &w->qwk, dim, kvd},      {"attn_v.weight", w->wv, &w->qwv, dim, kvd},
+            {"attn_output.weight", w->wo, &w->qwo, qd, dim},  {"ffn_norm.weight", w->rms_ffn, NULL, dim, 0},
+            {"ffn_gate.weight", w->w1, &w->qw1, dim, hid},    {"ffn_down.weight", w->w2, &w->qw2, hid, dim},
+            {"ffn_up.weight", w->w3, &w->qw3, dim, hid},      {"attn_q.bias", w->bq, NULL, qd, 0},
+            {"attn_k.bias", w->bk, NULL, kvd, 0},             {"attn_v.bias", w->bv, NULL, kvd, 0},
         };
         for (size_t i = 0; i < sizeof layer / sizeof layer[0]; i++) {
             if (i >= 9 && !c.has_qkv_bias)
@@ -231,6 +297,7 @@ int mkv_gguf_model(const mkv_gguf *g, mkv_model **out, mkv_error *err)
             expected_tensor *e = &ex[k++];
             snprintf(e->name, sizeof e->name, "blk.%d.%s", l, layer[i].suffix);
             e->dst = layer[i].dst;
+            e->q = layer[i].q;
             e->ne0 = layer[i].ne0;
             e->ne1 = layer[i].ne1;
         }
@@ -274,8 +341,20 @@ int mkv_gguf_model(const mkv_gguf *g, mkv_model **out, mkv_error *err)
             goto done;
         }
     }
+    if (blocks && !(scratch = mkv_calloc((size_t)SCRATCH_ROWS * (hid > dim ? (hid > qd ? hid : qd)
+                                                                        : (dim > qd ? dim : qd)),
+                                         sizeof(float), "weight rows", err))) {
+        rc = err ? err->code : MKV_ENOMEM;
+        goto done;
+    }
+    size_t at = 0;
     for (size_t i = 0; i < k; i++) {
         const mkv_gguf_tensor *t = mkv_gguf_find_tensor(g, ex[i].name);
+        if (!ex[i].dst) {
+            if ((rc = keep_blocks(g, t, m, &at, ex[i].q, scratch, err)))
+                goto done;
+            continue;
+        }
         if ((rc = mkv_gguf_dequantize(g, t, ex[i].dst, err)))
             goto done;
         for (uint64_t j = 0; j < t->n_elements; j++) {
@@ -286,9 +365,12 @@ int mkv_gguf_model(const mkv_gguf *g, mkv_model **out, mkv_error *err)
             }
         }
     }
+    if (blocks && c.tied_classifier)
+        m->qclassifier = m->qtok_embedding;
 done:
     free(ex);
     free(used);
+    mkv_free(scratch);
     if (rc) {
         mkv_model_free(m);
         return rc;
@@ -297,8 +379,8 @@ done:
     return MKV_OK;
 }
 
-int mkv_gguf_load(const char *path, mkv_model **model, mkv_tokenizer **tok, mkv_gguf_extra *extra,
-                  mkv_error *err)
+int mkv_gguf_load(const char *path, int blocks, mkv_model **model, mkv_tokenizer **tok,
+                  mkv_gguf_extra *extra, mkv_error *err)
 {
     *model = NULL;
     if (tok)
@@ -312,7 +394,7 @@ int mkv_gguf_load(const char *path, mkv_model **model, mkv_tokenizer **tok, mkv_
     mkv_model *m = NULL;
     mkv_tokenizer *t = NULL;
     mkv_gguf_extra x = {0};
-    if ((rc = mkv_gguf_model(g, &m, err)))
+    if ((rc = mkv_gguf_model(g, blocks, &m, err)))
         goto done;
     if (tok) {
         if ((rc = mkv_gguf_tokenizer(g, &t, err)))

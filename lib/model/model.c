@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "model/model.h"
+#include "model/ggml_quant.h"
 #include "core/tensor.h"
 
 /* Limits well above any published LLaMA-family model; larger values come
@@ -131,11 +132,19 @@ static void put(float **slot, float *base, size_t *offset, size_t n)
         *slot = base + at;
 }
 
-/* Lay the tensors out in one block.  With m == NULL only the total is
- * computed; otherwise m's pointers are set into m->storage.  Shapes are
- * bounded by mkv_model_config_check, so per-tensor products fit in size_t;
- * only the running total can overflow. */
-static size_t layout(const mkv_model_config *c, mkv_model *m)
+/* A matrix: stored like a vector, or left NULL when the matrices are kept
+ * in blocks. */
+static void put_matrix(float **slot, float *base, size_t *offset, size_t n, int blocks)
+{
+    if (!blocks)
+        put(slot, base, offset, n);
+}
+
+/* Lay the tensors out in one block (the vectors only when `blocks`).  With
+ * m == NULL only the total is computed; otherwise m's pointers are set into
+ * m->storage.  Shapes are bounded by mkv_model_config_check, so per-tensor
+ * products fit in size_t; only the running total can overflow. */
+static size_t layout(const mkv_model_config *c, mkv_model *m, int blocks)
 {
     size_t off = 0;
     size_t dim = (size_t)c->dim, hid = (size_t)c->hidden_dim;
@@ -146,36 +155,37 @@ static size_t layout(const mkv_model_config *c, mkv_model *m)
     float *ignored;
     mkv_layer_weights scratch;
 
-    put(m ? &m->tok_embedding : &ignored, base, &off, embed);
+    put_matrix(m ? &m->tok_embedding : &ignored, base, &off, embed, blocks);
     for (int l = 0; l < c->n_layers; l++) {
         mkv_layer_weights *w = m ? &m->layers[l] : &scratch;
         put(&w->rms_att, base, &off, dim);
-        put(&w->wq, base, &off, q_dim * dim);
-        put(&w->wk, base, &off, kv_dim * dim);
-        put(&w->wv, base, &off, kv_dim * dim);
-        put(&w->wo, base, &off, dim * q_dim);
+        put_matrix(&w->wq, base, &off, q_dim * dim, blocks);
+        put_matrix(&w->wk, base, &off, kv_dim * dim, blocks);
+        put_matrix(&w->wv, base, &off, kv_dim * dim, blocks);
+        put_matrix(&w->wo, base, &off, dim * q_dim, blocks);
         if (c->has_qkv_bias) {
             put(&w->bq, base, &off, q_dim);
             put(&w->bk, base, &off, kv_dim);
             put(&w->bv, base, &off, kv_dim);
         }
         put(&w->rms_ffn, base, &off, dim);
-        put(&w->w1, base, &off, hid * dim);
-        put(&w->w2, base, &off, dim * hid);
-        put(&w->w3, base, &off, hid * dim);
+        put_matrix(&w->w1, base, &off, hid * dim, blocks);
+        put_matrix(&w->w2, base, &off, dim * hid, blocks);
+        put_matrix(&w->w3, base, &off, hid * dim, blocks);
     }
     put(m ? &m->rms_final : &ignored, base, &off, dim);
     if (!c->tied_classifier)
-        put(m ? &m->classifier : &ignored, base, &off, embed);
+        put_matrix(m ? &m->classifier : &ignored, base, &off, embed, blocks);
     return off == SIZE_MAX ? 0 : off;
 }
 
 size_t mkv_model_storage_floats(const mkv_model_config *cfg)
 {
-    return layout(cfg, NULL);
+    return layout(cfg, NULL, 0);
 }
 
-int mkv_model_create(const mkv_model_config *cfg, mkv_model **out, mkv_error *err)
+static int create(const mkv_model_config *cfg, int blocks, size_t block_bytes, mkv_model **out,
+                  mkv_error *err)
 {
     *out = NULL;
     int rc = mkv_model_config_check(cfg, cfg->name, err);
@@ -185,7 +195,7 @@ int mkv_model_create(const mkv_model_config *cfg, mkv_model **out, mkv_error *er
     if (!m)
         return mkv_fail(err, MKV_ENOMEM, "out of memory for model '%s'", cfg->name);
     m->cfg = *cfg;
-    m->storage_floats = mkv_model_storage_floats(cfg);
+    m->storage_floats = layout(cfg, NULL, blocks);
     m->layers = calloc((size_t)cfg->n_layers, sizeof *m->layers);
     if (!m->layers) {
         free(m);
@@ -197,11 +207,42 @@ int mkv_model_create(const mkv_model_config *cfg, mkv_model **out, mkv_error *er
         free(m);
         return err ? err->code : MKV_ENOMEM;
     }
-    layout(cfg, m);
+    if (blocks) {
+        m->block_bytes = block_bytes;
+        if (!(m->blocks = mkv_calloc(block_bytes ? block_bytes : 1, 1, "model weight blocks", err))) {
+            mkv_model_free(m);
+            return err ? err->code : MKV_ENOMEM;
+        }
+    }
+    layout(cfg, m, blocks);
     if (cfg->tied_classifier)
         m->classifier = m->tok_embedding;
     *out = m;
     return MKV_OK;
+}
+
+int mkv_model_create(const mkv_model_config *cfg, mkv_model **out, mkv_error *err)
+{
+    return create(cfg, 0, 0, out, err);
+}
+
+int mkv_model_create_blocks(const mkv_model_config *cfg, size_t block_bytes, mkv_model **out,
+                            mkv_error *err)
+{
+    return create(cfg, 1, block_bytes, out, err);
+}
+
+int mkv_model_has_blocks(const mkv_model *m)
+{
+    return m->blocks != NULL;
+}
+
+void mkv_matrix_rows(const float *w, const mkv_qmatrix *q, size_t cols, size_t r0, size_t n, float *dst)
+{
+    if (w)
+        memcpy(dst, w + r0 * cols, n * cols * sizeof(float));
+    else
+        mkv_ggml_dequantize(q->type, q->data + r0 * q->row_bytes, dst, (uint64_t)(n * cols), NULL);
 }
 
 void mkv_model_free(mkv_model *m)
@@ -209,6 +250,7 @@ void mkv_model_free(mkv_model *m)
     if (!m)
         return;
     mkv_free(m->storage);
+    mkv_free(m->blocks);
     free(m->layers);
     free(m);
 }

@@ -1,15 +1,23 @@
-/* A LLaMA-family decoder in memory: its configuration and fp32 weights.
+/* A LLaMA-family decoder in memory: its configuration and weights.
  *
  * Every loader (llama2.c, GGUF, safetensors) and the shape-only mode fill
  * the same structure: they describe the model in an mkv_model_config, call
  * mkv_model_create to get zeroed storage for every weight, and write the
  * weights (dequantized to float32) into it.  Matrices are row-major
  * [out x in], so y = W x is row i of W dotted with x.
+ *
+ * The GGUF loader can instead keep the matrices in the quantized blocks of
+ * the file (mkv_model_create_blocks): a matrix's float pointer is then
+ * NULL and its mkv_qmatrix says where its rows are.  The CPU forward pass
+ * dequantizes a tile of rows at a time into the same float32 values the
+ * float path holds, so both give the same logits while a decode step reads
+ * the checkpoint's bytes (about 5 bits per weight for Q4_1) instead of 32.
  */
 #ifndef MKV_MODEL_H
 #define MKV_MODEL_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include "core/mkv.h"
 
 /* How RoPE pairs the channels of a head.  Both rotate pair number j
@@ -51,6 +59,14 @@ typedef struct {
     int bos_id, eos_id;    /* -1 when the model has none */
 } mkv_model_config;
 
+/* A matrix kept in ggml blocks (model/ggml_quant.h types): row r is the
+ * row_bytes bytes at data + r * row_bytes. */
+typedef struct {
+    const unsigned char *data; /* NULL: the float32 pointer beside it holds the matrix */
+    size_t row_bytes;
+    uint32_t type;             /* MKV_GGML_* */
+} mkv_qmatrix;
+
 typedef struct {
     float *rms_att;        /* [dim] */
     float *wq;             /* [n_heads*head_dim x dim] */
@@ -62,6 +78,8 @@ typedef struct {
     float *w1;             /* gate [hidden_dim x dim] */
     float *w2;             /* down [dim x hidden_dim] */
     float *w3;             /* up   [hidden_dim x dim] */
+    /* The matrices in blocks, where their float pointers are NULL. */
+    mkv_qmatrix qwq, qwk, qwv, qwo, qw1, qw2, qw3;
 } mkv_layer_weights;
 
 typedef struct {
@@ -70,8 +88,11 @@ typedef struct {
     mkv_layer_weights *layers;  /* [n_layers] */
     float *rms_final;           /* [dim] */
     float *classifier;          /* [vocab_size x dim]; == tok_embedding when tied */
-    float *storage;             /* one allocation holding every weight */
+    mkv_qmatrix qtok_embedding, qclassifier; /* in blocks where the floats are NULL */
+    float *storage;             /* one allocation holding every float weight */
     size_t storage_floats;      /* floats in storage, padding included */
+    unsigned char *blocks;      /* the matrices' blocks (mkv_model_create_blocks) */
+    size_t block_bytes;
 } mkv_model;
 
 /* A config with the LLaMA defaults for everything a format may leave out:
@@ -104,7 +125,21 @@ size_t mkv_model_storage_floats(const mkv_model_config *cfg);
 
 /* Check cfg and allocate a model with zeroed weights. */
 int mkv_model_create(const mkv_model_config *cfg, mkv_model **out, mkv_error *err);
+/* The same with float32 storage for the vectors only: every matrix pointer
+ * (tok_embedding and classifier included) is NULL, and block_bytes bytes
+ * of m->blocks are allocated for the loader to fill and point the
+ * mkv_qmatrix fields into. */
+int mkv_model_create_blocks(const mkv_model_config *cfg, size_t block_bytes, mkv_model **out,
+                            mkv_error *err);
 void mkv_model_free(mkv_model *m);
+
+/* 1 when some matrix of m is kept in blocks (m->blocks). */
+int mkv_model_has_blocks(const mkv_model *m);
+
+/* Rows r0..r0+n of a [rows x cols] matrix as float32 into dst (n * cols
+ * floats): a copy of w's rows, or q's rows dequantized when w is NULL.
+ * The blocks were checked when the model was loaded. */
+void mkv_matrix_rows(const float *w, const mkv_qmatrix *q, size_t cols, size_t r0, size_t n, float *dst);
 
 /* llama2.c version-0 checkpoint (lib/model/llama2c.c): 7 int32 header then
  * float32 weights; a negative vocab_size means an untied classifier stored

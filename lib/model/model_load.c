@@ -117,7 +117,8 @@ int mkv_model_load(const char *path, const mkv_model_load_opts *opts, mkv_loaded
         /* the vocabulary is read only when needed: token ids run without it */
         mkv_gguf_extra extra;
         memset(&extra, 0, sizeof extra);
-        if ((rc = mkv_gguf_load(path, &out->model, o->need_tokenizer ? &out->tok : NULL, &extra, err)))
+        if ((rc = mkv_gguf_load(path, o->keep_blocks, &out->model, o->need_tokenizer ? &out->tok : NULL,
+                                &extra, err)))
             break;
         out->chat_template = extra.chat_template;
         extra.chat_template = NULL;

@@ -24,6 +24,8 @@ const char *mkv_model_format_name(mkv_model_format f);  /* "llama2.c", "gguf", "
 typedef struct {
     const char *tokenizer;  /* llama2.c tokenizer file; NULL: look beside the checkpoint */
     int need_tokenizer;     /* 0: a llama2.c checkpoint without one loads (tok NULL) */
+    int keep_blocks;        /* 1: a GGUF model's matrices stay in the file's quantized
+                               blocks (for the CPU forward pass; model/model.h) */
 } mkv_model_load_opts;
 
 typedef struct {

@@ -65,7 +65,7 @@ int mkv_run_model_open(const mkv_run_model_opts *o, const mkv_prompt_opts *po, m
     mkv_model_config cfg;
     int rc;
     if (o->path) {
-        mkv_model_load_opts lo = {o->tokenizer, o->need_tokenizer};
+        mkv_model_load_opts lo = {o->tokenizer, o->need_tokenizer, o->keep_blocks};
         if ((rc = mkv_model_load(o->path, &lo, &out->lm, err)))
             return rc;
         out->model = out->lm.model;

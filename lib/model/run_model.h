@@ -30,6 +30,8 @@ typedef struct {
     int64_t run_tokens;       /* > 0: the run takes this many tokens of the prompt,
                                  checked against the context instead of the
                                  prompt and generate (a text read in parts) */
+    int keep_blocks;          /* a GGUF model's matrices in the file's blocks
+                                 (mkv_model_load_opts; the CPU forward pass) */
 } mkv_run_model_opts;
 
 typedef struct {

@@ -89,7 +89,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!rc)
         mkv_gguf_extra_free(&x);
     mkv_model *m = NULL;
-    rc = mkv_gguf_model(g, &m, &err);
+    rc = mkv_gguf_model(g, 0, &m, &err);
     fuzz_check_refusal(rc, &err, "mkv_gguf_model");
     if (!rc)
         mkv_model_free(m);

@@ -184,7 +184,8 @@ static void usage(FILE *fp, int status)
             "                       (0..1, default %.2g; 1: only at 'segment' tokens)\n\n"
             "Speed runs (random weights, never accuracy):\n"
             "      --shape NAME     a model of a published shape with seeded random weights\n"
-            "      --tokens N       random prompt of N tokens (default 1K)\n"
+            "      --tokens N       random prompt of N tokens (default 1K); with MODEL: the\n"
+            "                       prompt's first N tokens (speed runs over real text)\n"
             "      --chunk N        prefill chunk in tokens (default 512)\n\n"
             "Device:\n"
             "      --device D       gpu: the forward pass and the dense cache on the GPU\n"
@@ -299,7 +300,7 @@ static const struct {
 } MODE_OPTIONS[] = {
     {OPT_CONTEXT, MODE_PPL}, {OPT_SCORE, MODE_PPL}, {OPT_NO_REFERENCE, MODE_PPL | MODE_NEEDLE},
     {'o', MODE_PPL | MODE_NEEDLE}, {'p', MODE_GENERATE}, {'n', MODE_GENERATE}, {'f', MODE_GENERATE},
-    {OPT_TOKEN_IDS, MODE_GENERATE}, {OPT_CHAT, MODE_GENERATE | MODE_NEEDLE},
+    {OPT_TOKEN_IDS, MODE_GENERATE}, {OPT_TOKENS, MODE_GENERATE}, {OPT_CHAT, MODE_GENERATE | MODE_NEEDLE},
     {OPT_SYSTEM, MODE_GENERATE | MODE_NEEDLE}, {OPT_SPECIAL, MODE_GENERATE}, {OPT_TEMPERATURE, MODE_GENERATE},
     {OPT_TOP_P, MODE_GENERATE}, {OPT_STATS, MODE_GENERATE}, {OPT_LENGTHS, MODE_NEEDLE},
     {OPT_DEPTHS, MODE_NEEDLE}, {OPT_TRIALS, MODE_NEEDLE}, {OPT_FILLER, MODE_NEEDLE}, {OPT_PROMPTS, MODE_NEEDLE},
@@ -528,8 +529,6 @@ static void parse_args(int argc, char **argv, decode_args *a)
     }
     if (a->given[OPT_GPU_WEIGHTS] && a->device == MKV_DEVICE_CPU)
         misuse("--gpu-weights is an option of --device gpu or auto");
-    if (a->given[OPT_TOKENS] && !a->shape)
-        misuse("--tokens is an option of --shape");
     int mode = a->ppl ? MODE_PPL : a->needle ? MODE_NEEDLE : MODE_GENERATE;
     for (size_t i = 0; i < sizeof MODE_OPTIONS / sizeof *MODE_OPTIONS; i++)
         if (a->given[MODE_OPTIONS[i].opt] && !(MODE_OPTIONS[i].modes & mode)) {
@@ -952,6 +951,8 @@ int main(int argc, char **argv)
             if (a.contexts[i] > max_context)
                 max_context = a.contexts[i];
         run_tokens = max_context + a.score;
+    } else if (a.model_path && a.given[OPT_TOKENS]) {
+        run_tokens = a.tokens + a.generate; /* the prompt is cut to its first a.tokens */
     }
     mkv_run_model_opts mo = {.path = a.model_path, .shape = a.shape, .tokenizer = a.tokenizer,
                              .need_tokenizer = !po.token_ids, .vocab = 0, .seed = a.seed,
@@ -962,6 +963,15 @@ int main(int argc, char **argv)
     if (mkv_run_model_open(&mo, &po, &rm, &err)) {
         mkv_run_model_free(&rm);
         fail(&err);
+    }
+    if (a.model_path && a.given[OPT_TOKENS] && !a.ppl) {
+        if (rm.prompt.n < (size_t)a.tokens) {
+            mkv_fail(&err, MKV_EFORMAT, "--tokens %lld: the prompt has only %zu tokens", (long long)a.tokens,
+                     rm.prompt.n);
+            mkv_run_model_free(&rm);
+            fail(&err);
+        }
+        rm.prompt.n = (size_t)a.tokens;
     }
     const mkv_model_config *c = &rm.model->cfg;
     mkv_info("%s: %d layers, %d/%d heads, head_dim %d, vocab %d, context %d; method %s", c->name, c->n_layers,

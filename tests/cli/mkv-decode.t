@@ -21,8 +21,8 @@ $ mkv-decode model.bin --shape smollm2-135m
 $ mkv-decode --shape smollm2-135m --ppl text.txt
 ! mkv-decode: --ppl needs a real model, not --shape (random weights measure speed only); try 'mkv-decode --help'
 [2]
-$ mkv-decode model.bin --tokens 5 -p hi
-! mkv-decode: --tokens is an option of --shape; try 'mkv-decode --help'
+$ mkv-decode model.bin --tokens 5 --context 100 --ppl text.txt
+! mkv-decode: --tokens is not an option of --ppl; try 'mkv-decode --help'
 [2]
 
 # options of the other mode
@@ -95,6 +95,9 @@ $ mkv-decode nosuch.bin -p hi
 $ mkv-decode model.bin --tokenizer tok.bin --ppl nosuch.txt
 ! mkv-decode: cannot open 'nosuch.txt': No such file or directory
 [1]
+$ mkv-decode model.bin --tokenizer tok.bin -p hi --tokens 50 -n 1
+! mkv-decode: --tokens 50: the prompt has only 4 tokens
+[1]
 $ mkv-decode model.bin --tokenizer tok.bin --ppl short.txt --context 100 --score 10
 ! mkv-decode: the text has 12 tokens; context 100 and 10 scored need 111
 [1]
@@ -133,6 +136,12 @@ $ mkv-decode model.bin --tokenizer tok.bin -p hi -n 3 -m streaming -P keep=0.5 -
 | 1 5 4 1 640
 | 2 6 4 2 768
 | 3 7 4 3 896
+# --tokens cuts a real prompt to its first N tokens: the first step finds
+# N in the cache and adds its own
+$ mkv-decode model.bin --tokenizer tok.bin -f text.txt --tokens 20 -n 2 --stats s.tsv -q >/dev/null && cut -f1-4 s.tsv | tr '\t' ' '
+| step tokens prefix_tokens tail_tokens
+| 1 21 0 1
+| 2 22 0 2
 # the retrieval table: one row per length, depth and trial; the same seed
 # gives the same keys (this random model does not find them)
 $ mkv-decode model.bin --tokenizer tok.bin --needle --lengths 300 --depths 0,1 --trials 2 --seed 3 -m quest -q | cut -f1-3,5-7 | tr '\t' ' '

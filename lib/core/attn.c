@@ -39,10 +39,16 @@ void mkv_osm_add(mkv_osm *s, double score, const float *v)
 
 void mkv_osm_add_sparse(mkv_osm *s, double score, const float *vals, const int *idx, int n)
 {
-    double w = rescale_for(s, score);
-    s->l += w;
+    double w = mkv_osm_weigh(s, score);
     for (int i = 0; i < n; i++)
         s->acc[idx[i]] += w * vals[i];
+}
+
+double mkv_osm_weigh(mkv_osm *s, double score)
+{
+    double w = rescale_for(s, score);
+    s->l += w;
+    return w;
 }
 
 void mkv_osm_merge(mkv_osm *a, const mkv_osm *b)

@@ -20,6 +20,10 @@ void mkv_osm_init(mkv_osm *s, double *acc, int d);
 void mkv_osm_add(mkv_osm *s, double score, const float *v);
 /* Add a token whose value is given sparsely: vals[i] at channel idx[i]. */
 void mkv_osm_add_sparse(mkv_osm *s, double score, const float *vals, const int *idx, int n);
+/* The first half of an add: rescale for score, count its weight in l and
+ * return it; the caller then adds weight * v to acc itself (as
+ * mkv_osm_add_sparse would, for several heads sharing one value). */
+double mkv_osm_weigh(mkv_osm *s, double score);
 /* a += b (flash-decoding merge of two splits). */
 void mkv_osm_merge(mkv_osm *a, const mkv_osm *b);
 /* out [d] = acc / l (zeros when nothing was added). */

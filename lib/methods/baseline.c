@@ -122,12 +122,18 @@ void mkv_bl_page_minmax(const float *x, int64_t T, int n, int page, float *mn, f
 
 double mkv_bl_page_score(const float *q, const float *mn, const float *mx, int n)
 {
-    double s = 0;
-    for (int i = 0; i < n; i++) {
+    double s[4] = {0, 0, 0, 0}; /* four partial sums: the adds do not wait on each other */
+    int i = 0;
+    for (; i + 4 <= n; i += 4)
+        for (int j = 0; j < 4; j++) {
+            double a = (double)q[i + j] * mn[i + j], b = (double)q[i + j] * mx[i + j];
+            s[j] += a > b ? a : b;
+        }
+    for (; i < n; i++) {
         double a = (double)q[i] * mn[i], b = (double)q[i] * mx[i];
-        s += a > b ? a : b;
+        s[0] += a > b ? a : b;
     }
-    return s;
+    return (s[0] + s[1]) + (s[2] + s[3]);
 }
 
 void mkv_bl_selection_from(const mkv_params *p, mkv_bl_selection *s)
@@ -392,24 +398,100 @@ int mkv_bl_observe(const mkv_head_kv *in, int64_t wq, int64_t n, double *score, 
     return MKV_OK;
 }
 
+/* q.k in double with four partial sums, so that the adds of a decode
+ * step's scores do not wait on each other. */
+static double dot4(const float *q, const float *k, int n)
+{
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        s0 += (double)q[i] * k[i];
+        s1 += (double)q[i + 1] * k[i + 1];
+        s2 += (double)q[i + 2] * k[i + 2];
+        s3 += (double)q[i + 3] * k[i + 3];
+    }
+    for (; i < n; i++)
+        s0 += (double)q[i] * k[i];
+    return (s0 + s1) + (s2 + s3);
+}
+
+/* acc[i] += w * v[i], two lanes at a time (each lane's sum as the scalar
+ * loop makes it). */
+static void add_scaled(double *acc, double w, const float *v, int n)
+{
+    int i = 0;
+#if defined(__GNUC__)
+    typedef double v2d __attribute__((vector_size(16)));
+    v2d wv = {w, w};
+    for (; i + 2 <= n; i += 2) {
+        v2d a, x = {v[i], v[i + 1]};
+        memcpy(&a, acc + i, sizeof a);
+        a += wv * x;
+        memcpy(acc + i, &a, sizeof a);
+    }
+#endif
+    for (; i < n; i++)
+        acc[i] += w * v[i];
+}
+
+/* Two passes over the attended rows rather than an online softmax: the
+ * scores of all G heads from each key row while it is in cache, their
+ * maxima, then the weighted values, each value row read once for the G
+ * heads. */
 int mkv_bl_attend_rows(const mkv_attend_query *q, const float *k, const float *v, int64_t n,
                        const uint8_t *mask, mkv_attend_result *res, mkv_error *err)
 {
-    int d = q->d;
-    double *acc = mkv_alloc((size_t)d, sizeof *acc, "attention accumulator", err);
-    if (!acc)
+    int d = q->d, G = q->G;
+    int64_t count = 0;
+    for (int64_t r = 0; r < n; r++)
+        count += !mask || mask[r];
+    int64_t *rows = mkv_alloc((size_t)(count ? count : 1), sizeof *rows, "attended rows", err);
+    double *w = rows ? mkv_alloc((size_t)(count ? count : 1) * (size_t)G, sizeof *w, "attention weights", err)
+                     : NULL;
+    double *acc = w ? mkv_alloc((size_t)G * (size_t)(d + 2), sizeof *acc, "attention accumulator", err) : NULL;
+    if (!acc) {
+        mkv_free(rows);
+        mkv_free(w);
         return MKV_ENOMEM;
-    for (int g = 0; g < q->G; g++) {
-        const float *qg = q->q + (size_t)g * d;
-        mkv_osm s;
-        mkv_osm_init(&s, acc, d);
-        for (int64_t r = 0; r < n; r++)
-            if (!mask || mask[r])
-                mkv_osm_add(&s, q->scale * mkv_bl_dot(qg, k + r * d, d), v + r * d);
-        mkv_osm_finish(&s, res->out + (size_t)g * d);
-        if (res->lse)
-            res->lse[g] = mkv_osm_lse(&s);
     }
+    double *mx = acc + (size_t)G * d, *l = mx + G;
+    count = 0;
+    for (int64_t r = 0; r < n; r++)
+        if (!mask || mask[r])
+            rows[count++] = r;
+    for (int g = 0; g < G; g++) {
+        mx[g] = -INFINITY;
+        l[g] = 0;
+    }
+    for (int64_t j = 0; j < count; j++) {
+        const float *kr = k + rows[j] * d;
+        for (int g = 0; g < G; g++) {
+            double sc = q->scale * dot4(q->q + (size_t)g * d, kr, d);
+            w[j * G + g] = sc;
+            mx[g] = sc > mx[g] ? sc : mx[g];
+        }
+    }
+    for (int64_t j = 0; j < count; j++)
+        for (int g = 0; g < G; g++) {
+            double e = exp(w[j * G + g] - mx[g]);
+            w[j * G + g] = e;
+            l[g] += e;
+        }
+    memset(acc, 0, sizeof(double) * (size_t)G * (size_t)d);
+    for (int64_t j = 0; j < count; j++) {
+        const float *vr = v + rows[j] * d;
+        for (int g = 0; g < G; g++)
+            add_scaled(acc + (size_t)g * d, w[j * G + g], vr, d);
+    }
+    for (int g = 0; g < G; g++) {
+        float *out = res->out + (size_t)g * d;
+        for (int i = 0; i < d; i++)
+            out[i] = l[g] > 0 ? (float)(acc[(size_t)g * d + i] / l[g]) : 0.0f;
+        if (res->lse)
+            res->lse[g] = l[g] > 0 ? mx[g] + log(l[g]) : -INFINITY;
+    }
+    mkv_free(rows);
+    mkv_free(w);
     mkv_free(acc);
     return MKV_OK;
 }

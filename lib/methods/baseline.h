@@ -131,8 +131,8 @@ double mkv_bl_dot_idx(const float *q, const int *idx, const float *k, int n);
  * outside the cache. */
 int mkv_bl_observe(const mkv_head_kv *in, int64_t wq, int64_t n, double *score, mkv_error *err);
 /* Attention of the q->G heads over rows [0, n) of k, v [n][q->d] (only the
- * rows with mask[r] != 0 when mask is given), scores q.k scale, online
- * softmax in double; r->out [G][d] and r->lse when asked for. */
+ * rows with mask[r] != 0 when mask is given), scores q.k scale, an exact
+ * softmax in double (two passes); r->out [G][d] and r->lse when asked for. */
 int mkv_bl_attend_rows(const mkv_attend_query *q, const float *k, const float *v, int64_t n,
                        const uint8_t *mask, mkv_attend_result *r, mkv_error *err);
 /* Channels of `keep` kept out of d: ceil(keep d) clamped to 1..d. */

@@ -1152,6 +1152,8 @@ typedef struct {
     double *acc;          /* [G][d] accumulators of tot */
     double *sacc;         /* [G][d] accumulators of seg */
     double *back;         /* [d] one segment's accumulator rotated back */
+    double *dots;         /* [2][G] one token's scores and weights */
+    double *spill;        /* [d] where sparse_add's unused lanes go */
 } attend_work;
 
 static void work_free(attend_work *w)
@@ -1162,6 +1164,8 @@ static void work_free(attend_work *w)
     mkv_free(w->acc);
     mkv_free(w->sacc);
     mkv_free(w->back);
+    mkv_free(w->dots);
+    mkv_free(w->spill);
 }
 
 static int work_alloc(attend_work *w, int64_t nsc, int G, int d, mkv_error *err)
@@ -1173,11 +1177,82 @@ static int work_alloc(attend_work *w, int64_t nsc, int G, int d, mkv_error *err)
         !(w->seg = mkv_alloc((size_t)G, sizeof *w->seg, "softmax states", err)) ||
         !(w->acc = mkv_alloc(gd, sizeof *w->acc, "accumulators", err)) ||
         !(w->sacc = mkv_alloc(gd, sizeof *w->sacc, "accumulators", err)) ||
-        !(w->back = mkv_alloc((size_t)d, sizeof *w->back, "accumulators", err))) {
+        !(w->back = mkv_alloc((size_t)d, sizeof *w->back, "accumulators", err)) ||
+        !(w->dots = mkv_alloc(2 * (size_t)G, sizeof *w->dots, "scores", err)) ||
+        !(w->spill = mkv_alloc((size_t)d, sizeof *w->spill, "scores", err))) {
         work_free(w);
         return err ? err->code : MKV_ENOMEM;
     }
+    memset(w->spill, 0, sizeof(double) * (size_t)d);
     return MKV_OK;
+}
+
+/* dot[g] = sum_j q[g][pos[j]] x[j] for the G heads, each summed in j
+ * order like a loop of its own, four heads at a time so that their adds
+ * overlap instead of waiting on one another. */
+static void sparse_dots(const double *q, int d, int G, const int *pos, const float *x, int n, double *dot)
+{
+    for (int g0 = 0; g0 < G; g0 += 4) {
+        const double *q0 = q + (size_t)g0 * d;
+        const double *q1 = g0 + 1 < G ? q0 + d : q0, *q2 = g0 + 2 < G ? q0 + 2 * d : q0;
+        const double *q3 = g0 + 3 < G ? q0 + 3 * d : q0;
+        double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        for (int j = 0; j < n; j++) {
+            double xj = x[j];
+            int c = pos[j];
+            s0 += q0[c] * xj;
+            s1 += q1[c] * xj;
+            s2 += q2[c] * xj;
+            s3 += q3[c] * xj;
+        }
+        double s[4] = {s0, s1, s2, s3};
+        for (int g = g0; g < G && g < g0 + 4; g++)
+            dot[g] = s[g - g0];
+    }
+}
+
+/* acc[g][pos[j]] += wt[g] x[j] for the G heads, in j order for each head
+ * as mkv_osm_add_sparse does, four heads per pass over the value; the
+ * lanes of a pass with fewer heads add into spill [d]. */
+static void sparse_add(double *acc, double *spill, int d, int G, const double *wt, const int *pos, const float *x,
+                       int n)
+{
+    for (int g0 = 0; g0 < G; g0 += 4) {
+        double *a0 = acc + (size_t)g0 * d;
+        double *a1 = g0 + 1 < G ? a0 + d : spill, *a2 = g0 + 2 < G ? a0 + 2 * d : spill;
+        double *a3 = g0 + 3 < G ? a0 + 3 * d : spill;
+        double w0 = wt[g0], w1 = g0 + 1 < G ? wt[g0 + 1] : 0, w2 = g0 + 2 < G ? wt[g0 + 2] : 0;
+        double w3 = g0 + 3 < G ? wt[g0 + 3] : 0;
+        for (int j = 0; j < n; j++) {
+            double xj = x[j];
+            int c = pos[j];
+            a0[c] += w0 * xj;
+            a1[c] += w1 * xj;
+            a2[c] += w2 * xj;
+            a3[c] += w3 * xj;
+        }
+    }
+}
+
+/* The same for a dense key: dot[g] = sum_j q[g][j] k[j]. */
+static void dense_dots(const float *q, int d, int G, const float *k, double *dot)
+{
+    for (int g0 = 0; g0 < G; g0 += 4) {
+        const float *q0 = q + (size_t)g0 * d;
+        const float *q1 = g0 + 1 < G ? q0 + d : q0, *q2 = g0 + 2 < G ? q0 + 2 * d : q0;
+        const float *q3 = g0 + 3 < G ? q0 + 3 * d : q0;
+        double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        for (int j = 0; j < d; j++) {
+            double kj = k[j];
+            s0 += (double)q0[j] * kj;
+            s1 += (double)q1[j] * kj;
+            s2 += (double)q2[j] * kj;
+            s3 += (double)q3[j] * kj;
+        }
+        double s[4] = {s0, s1, s2, s3};
+        for (int g = g0; g < G && g < g0 + 4; g++)
+            dot[g] = s[g - g0];
+    }
 }
 
 /* Attend the selected compressed tokens (att) of segment si, <= p, and
@@ -1200,13 +1275,11 @@ static int64_t attend_segment(const mkv_mosaic_head *h, int64_t si, const double
         const float *vv = h->v.values + h->v.off_values[si] + i * vs->r;
         mkv_mosaic_positions(kbb ? h->k.bitmap + h->k.off_bitmap[si] + i * kbb : NULL, ks, kpos);
         mkv_mosaic_positions(vbb ? h->v.bitmap + h->v.off_bitmap[si] + i * vbb : NULL, vs, vpos);
-        for (int g = 0; g < G; g++) {
-            const double *qg = qt + (size_t)g * d;
-            double dot = 0;
-            for (int j = 0; j < ks->r; j++)
-                dot += qg[kpos[j]] * kv[j];
-            mkv_osm_add_sparse(&w->seg[g], dot * q->scale, vv, vpos, vs->r);
-        }
+        double *dot = w->dots, *wt = w->dots + G;
+        sparse_dots(qt, d, G, kpos, kv, ks->r, dot);
+        for (int g = 0; g < G; g++)
+            wt[g] = mkv_osm_weigh(&w->seg[g], dot[g] * q->scale);
+        sparse_add(w->sacc, w->spill, d, G, wt, vpos, vv, vs->r);
         res->bytes_read += (uint64_t)(mkv_mosaic_vector_bytes(ks) + mkv_mosaic_vector_bytes(vs) + kbb + vbb) +
                            mkv_mosaic_qparams_read(ks, i, &kgroup) + mkv_mosaic_qparams_read(vs, i, &vgroup);
         n++;
@@ -1261,12 +1334,9 @@ int mkv_mosaic_attend(const mkv_mosaic_head *h, const mkv_mosaic_attn_opts *o,
         if (t > p)
             continue;
         const float *kd = h->dense_k + i * d, *vd = h->dense_v + i * d;
-        for (int g = 0; g < G; g++) {
-            double s = 0;
-            for (int j = 0; j < d; j++)
-                s += (double)q->q[(size_t)g * d + j] * kd[j];
-            mkv_osm_add(&w.tot[g], s * q->scale, vd);
-        }
+        dense_dots(q->q, d, G, kd, w.dots);
+        for (int g = 0; g < G; g++)
+            mkv_osm_add(&w.tot[g], w.dots[g] * q->scale, vd);
         res->bytes_read += (uint64_t)d * 2 * 2;
     }
 

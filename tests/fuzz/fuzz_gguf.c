@@ -88,11 +88,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fuzz_check_refusal(rc, &err, "mkv_gguf_extra_get");
     if (!rc)
         mkv_gguf_extra_free(&x);
-    mkv_model *m = NULL;
-    rc = mkv_gguf_model(g, 0, &m, &err);
-    fuzz_check_refusal(rc, &err, "mkv_gguf_model");
-    if (!rc)
-        mkv_model_free(m);
+    for (int blocks = 0; blocks < 2; blocks++) { /* float32, then the matrices in blocks */
+        mkv_model *m = NULL;
+        rc = mkv_gguf_model(g, blocks, &m, &err);
+        fuzz_check_refusal(rc, &err, "mkv_gguf_model");
+        if (!rc)
+            mkv_model_free(m);
+    }
     mkv_gguf_close(g);
     return 0;
 }

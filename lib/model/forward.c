@@ -337,10 +337,7 @@ int mkv_forward_create(const mkv_model *model, const mkv_forward_opts *opts, mkv
         goto fail;
     }
     if (mkv_model_has_blocks(model)) {
-        int widest = c->dim > c->hidden_dim ? c->dim : c->hidden_dim;
-        if (f->q_dim > widest)
-            widest = f->q_dim;
-        f->tile_floats = (size_t)TILE_ROWS * (size_t)widest;
+        f->tile_floats = (size_t)TILE_ROWS * (size_t)mkv_model_widest_input(c);
         if (!(f->weight_tiles = alloc_floats((size_t)f->threads, f->tile_floats, "weight tiles", err))) {
             rc = err ? err->code : MKV_ENOMEM;
             goto fail;

@@ -197,28 +197,6 @@ typedef struct {
 
 static uint64_t aligned_bytes(uint64_t n) { return (n + BLOCK_ALIGN - 1) / BLOCK_ALIGN * BLOCK_ALIGN; }
 
-/* Bytes of the blocks of every matrix of the file's model (0 on a missing
- * tensor or overflow, which the checks of mkv_gguf_model then report). */
-static size_t matrix_block_bytes(const mkv_gguf *g, const mkv_model_config *c)
-{
-    static const char *const suffixes[] = {"attn_q", "attn_k", "attn_v", "attn_output",
-                                           "ffn_gate", "ffn_down", "ffn_up"};
-    uint64_t total = 0;
-    const mkv_gguf_tensor *t;
-    if ((t = mkv_gguf_find_tensor(g, "token_embd.weight")))
-        total += aligned_bytes(t->nbytes);
-    if (!c->tied_classifier && (t = mkv_gguf_find_tensor(g, "output.weight")))
-        total += aligned_bytes(t->nbytes);
-    for (int l = 0; l < c->n_layers; l++)
-        for (size_t i = 0; i < sizeof suffixes / sizeof suffixes[0]; i++) {
-            char name[64];
-            snprintf(name, sizeof name, "blk.%d.%s.weight", l, suffixes[i]);
-            if ((t = mkv_gguf_find_tensor(g, name)))
-                total += aligned_bytes(t->nbytes);
-        }
-    return total > SIZE_MAX / 2 ? 0 : (size_t)total;
-}
-
 /* Copy matrix t's blocks to m->blocks at *at and point q at them; the
  * rows must be whole blocks and every value finite (checked a chunk of
  * rows at a time through scratch, `cols` * SCRATCH_ROWS floats). */
@@ -261,8 +239,7 @@ int mkv_gguf_model(const mkv_gguf *g, int blocks, mkv_model **out, mkv_error *er
     if (rc)
         return rc;
     mkv_model *m;
-    if ((rc = blocks ? mkv_model_create_blocks(&c, matrix_block_bytes(g, &c), &m, err)
-                     : mkv_model_create(&c, &m, err)))
+    if ((rc = blocks ? mkv_model_create_blocks(&c, &m, err) : mkv_model_create(&c, &m, err)))
         return rc;
     float *scratch = NULL;
     size_t n_expected = 3 + (size_t)c.n_layers * 12;
@@ -341,11 +318,18 @@ int mkv_gguf_model(const mkv_gguf *g, int blocks, mkv_model **out, mkv_error *er
             goto done;
         }
     }
-    if (blocks && !(scratch = mkv_calloc((size_t)SCRATCH_ROWS * (hid > dim ? (hid > qd ? hid : qd)
-                                                                        : (dim > qd ? dim : qd)),
-                                         sizeof(float), "weight rows", err))) {
-        rc = err ? err->code : MKV_ENOMEM;
-        goto done;
+    if (blocks) {
+        uint64_t total = 0;
+        for (size_t i = 0; i < k; i++)
+            if (!ex[i].dst)
+                total += aligned_bytes(mkv_gguf_find_tensor(g, ex[i].name)->nbytes);
+        if ((rc = mkv_model_alloc_blocks(m, (size_t)total, err)))
+            goto done;
+        if (!(scratch = mkv_calloc((size_t)SCRATCH_ROWS * (size_t)mkv_model_widest_input(&c), sizeof(float),
+                                   "weight rows", err))) {
+            rc = err ? err->code : MKV_ENOMEM;
+            goto done;
+        }
     }
     size_t at = 0;
     for (size_t i = 0; i < k; i++) {

@@ -184,8 +184,7 @@ size_t mkv_model_storage_floats(const mkv_model_config *cfg)
     return layout(cfg, NULL, 0);
 }
 
-static int create(const mkv_model_config *cfg, int blocks, size_t block_bytes, mkv_model **out,
-                  mkv_error *err)
+static int create(const mkv_model_config *cfg, int blocks, mkv_model **out, mkv_error *err)
 {
     *out = NULL;
     int rc = mkv_model_config_check(cfg, cfg->name, err);
@@ -207,13 +206,6 @@ static int create(const mkv_model_config *cfg, int blocks, size_t block_bytes, m
         free(m);
         return err ? err->code : MKV_ENOMEM;
     }
-    if (blocks) {
-        m->block_bytes = block_bytes;
-        if (!(m->blocks = mkv_calloc(block_bytes ? block_bytes : 1, 1, "model weight blocks", err))) {
-            mkv_model_free(m);
-            return err ? err->code : MKV_ENOMEM;
-        }
-    }
     layout(cfg, m, blocks);
     if (cfg->tied_classifier)
         m->classifier = m->tok_embedding;
@@ -223,13 +215,26 @@ static int create(const mkv_model_config *cfg, int blocks, size_t block_bytes, m
 
 int mkv_model_create(const mkv_model_config *cfg, mkv_model **out, mkv_error *err)
 {
-    return create(cfg, 0, 0, out, err);
+    return create(cfg, 0, out, err);
 }
 
-int mkv_model_create_blocks(const mkv_model_config *cfg, size_t block_bytes, mkv_model **out,
-                            mkv_error *err)
+int mkv_model_create_blocks(const mkv_model_config *cfg, mkv_model **out, mkv_error *err)
 {
-    return create(cfg, 1, block_bytes, out, err);
+    return create(cfg, 1, out, err);
+}
+
+int mkv_model_alloc_blocks(mkv_model *m, size_t bytes, mkv_error *err)
+{
+    if (!(m->blocks = mkv_calloc(bytes ? bytes : 1, 1, "model weight blocks", err)))
+        return err ? err->code : MKV_ENOMEM;
+    m->block_bytes = bytes;
+    return MKV_OK;
+}
+
+int mkv_model_widest_input(const mkv_model_config *cfg)
+{
+    int q_dim = cfg->n_heads * cfg->head_dim, w = cfg->dim > cfg->hidden_dim ? cfg->dim : cfg->hidden_dim;
+    return q_dim > w ? q_dim : w;
 }
 
 int mkv_model_has_blocks(const mkv_model *m)

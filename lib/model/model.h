@@ -126,11 +126,14 @@ size_t mkv_model_storage_floats(const mkv_model_config *cfg);
 /* Check cfg and allocate a model with zeroed weights. */
 int mkv_model_create(const mkv_model_config *cfg, mkv_model **out, mkv_error *err);
 /* The same with float32 storage for the vectors only: every matrix pointer
- * (tok_embedding and classifier included) is NULL, and block_bytes bytes
- * of m->blocks are allocated for the loader to fill and point the
- * mkv_qmatrix fields into. */
-int mkv_model_create_blocks(const mkv_model_config *cfg, size_t block_bytes, mkv_model **out,
-                            mkv_error *err);
+ * (tok_embedding and classifier included) is NULL, for the loader to
+ * allocate m->blocks (mkv_model_alloc_blocks), fill it and point the
+ * mkv_qmatrix fields into it. */
+int mkv_model_create_blocks(const mkv_model_config *cfg, mkv_model **out, mkv_error *err);
+/* bytes of zeroed m->blocks, freed with m. */
+int mkv_model_alloc_blocks(mkv_model *m, size_t bytes, mkv_error *err);
+/* The widest input of a matrix of cfg: max(dim, hidden_dim, n_heads x head_dim). */
+int mkv_model_widest_input(const mkv_model_config *cfg);
 void mkv_model_free(mkv_model *m);
 
 /* 1 when some matrix of m is kept in blocks (m->blocks). */

@@ -546,11 +546,15 @@ static void ref_attend(const mkv_mosaic_head *h, const float *q, int G, int64_t 
                     continue;
                 for (int64_t t = ks->start + b * B; t < ks->start + b * B + B && t < ks->start + ks->len && t <= pos; t++) {
                     const int64_t i = t - ks->start;
+                    int kpos[MKV_MOSAIC_MAX_D], vpos[MKV_MOSAIC_MAX_D];
+                    float kbuf[MKV_MOSAIC_MAX_D], vbuf[MKV_MOSAIC_MAX_D];
+                    mkv_mosaic_positions(kbb ? h->k.bitmap + h->k.off_bitmap[si] + i * kbb : NULL, ks, kpos);
+                    mkv_mosaic_positions(vbb ? h->v.bitmap + h->v.off_bitmap[si] + i * vbb : NULL, vs, vpos);
                     sc[n] = scale * packed_token(ks, vs, ks->rotate ? h->k.rotation + h->k.off_rotation[si] : NULL,
                                                  vs->rotate ? h->v.rotation + h->v.off_rotation[si] : NULL,
-                                                 h->k.values + h->k.off_values[si] + i * ks->r,
+                                                 mkv_mosaic_vector_values(&h->k, si, i, kpos, kbuf),
                                                  kbb ? h->k.bitmap + h->k.off_bitmap[si] + i * kbb : NULL,
-                                                 h->v.values + h->v.off_values[si] + i * vs->r,
+                                                 mkv_mosaic_vector_values(&h->v, si, i, vpos, vbuf),
                                                  vbb ? h->v.bitmap + h->v.off_bitmap[si] + i * vbb : NULL, qg, d,
                                                  val + n * d);
                     n++;

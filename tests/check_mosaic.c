@@ -13,6 +13,7 @@
 #include "io/cdump.h"
 #include "core/eigen.h"
 #include "core/half.h"
+#include "core/rng.h"
 #include "methods/method.h"
 #include "mosaic/mosaic.h"
 #include "testutil.h"
@@ -145,9 +146,50 @@ static int ref_positions(const uint8_t *bm, const mkv_mosaic_strategy *s, int *p
     return n;
 }
 
+/* The k-th b-bit code of a vector, bit k*b of the bytes, LSB first. */
+static unsigned ref_code(const uint8_t *bytes, int k, int b)
+{
+    unsigned c = 0;
+    for (int i = 0; i < b; i++) {
+        int at = k * b + i;
+        c |= (unsigned)((bytes[at / 8] >> (at % 8)) & 1) << i;
+    }
+    return c;
+}
+
+/* Offsets of segment s's part of a tensor's arrays, summed over the
+ * segments before it here (not the library's layout). */
+typedef struct {
+    int64_t values, codes, qparams;
+} ref_offsets;
+
+static void ref_advance(const mkv_mosaic_strategy *st, ref_offsets *o)
+{
+    if (st->bits == 16) {
+        o->values += st->len * st->r;
+        return;
+    }
+    int64_t per = st->qgroup ? st->qgroup : st->len;
+    o->codes += st->len * ((st->r * st->bits + 7) / 8);
+    o->qparams += 2 * st->dprime * ((st->len + per - 1) / per);
+}
+
+/* Value m of vector i of a segment at offsets o, channel pos: fp16 as
+ * stored, or fp16(zero + code x step) of its token group's zero and step. */
+static double ref_value(const mkv_mosaic_tensor *t, const mkv_mosaic_strategy *st, const ref_offsets *o,
+                        int64_t i, int m, int pos)
+{
+    if (st->bits == 16)
+        return t->values[o->values + i * st->r + m];
+    int64_t per = st->qgroup ? st->qgroup : st->len;
+    const float *qp = t->qparams + o->qparams + 2 * (i / per) * st->dprime;
+    unsigned code = ref_code(t->codes + o->codes + i * ((st->r * st->bits + 7) / 8), m, st->bits);
+    return mkv_f16_to_f32(mkv_f32_to_f16((float)((double)qp[2 * pos] + (double)code * qp[2 * pos + 1])));
+}
+
 /* X^ [T][d] in double: dense rows as stored, compressed rows as
- * (sparse x~) R^T from the stored values, bitmaps and rotations, with
- * offsets summed here. */
+ * (sparse x~) R^T from the stored values (or codes), bitmaps and
+ * rotations, with offsets summed here. */
 static void ref_reconstruct(const mkv_mosaic_head *h, const mkv_mosaic_tensor *t, const float *dense,
                             int is_key, double *X)
 {
@@ -157,15 +199,18 @@ static void ref_reconstruct(const mkv_mosaic_head *h, const mkv_mosaic_tensor *t
         for (int j = 0; j < d; j++)
             X[tok * d + j] = dense[i * d + j];
     }
-    int64_t ov = 0, ob = 0, orot = 0;
+    int64_t ob = 0, orot = 0;
+    ref_offsets ov = {0, 0, 0};
     for (int64_t s = 0; s < t->nseg; s++) {
         const mkv_mosaic_strategy *st = &t->seg[s];
         int bb = ref_bitmap_bytes(st), pos[MKV_MOSAIC_MAX_D], cols = ref_rot_cols(st, is_key);
         const float *R = st->rotate ? t->rotation + orot : NULL;
+        double val[MKV_MOSAIC_MAX_D];
         for (int64_t i = 0; i < st->len; i++) {
             int n = ref_positions(bb ? t->bitmap + ob + i * bb : NULL, st, pos);
             ck_assert_int_eq(n, st->r);
-            const float *val = t->values + ov + i * st->r;
+            for (int m = 0; m < st->r; m++)
+                val[m] = ref_value(t, st, &ov, i, m, pos[m]);
             double *x = X + (st->start + i) * d;
             for (int j = 0; j < d; j++) {
                 double acc = 0;
@@ -174,7 +219,7 @@ static void ref_reconstruct(const mkv_mosaic_head *h, const mkv_mosaic_tensor *t
                 x[j] = acc;
             }
         }
-        ov += st->len * st->r;
+        ref_advance(st, &ov);
         ob += st->len * bb;
         orot += (int64_t)d * cols;
     }
@@ -339,6 +384,49 @@ START_TEST(select_hand_made_vector)
     ck_assert_int_eq(mkv_mosaic_positions(pattern, &s, back), 3);
     ck_assert_int_eq(back[0], 1);
     ck_assert_int_eq(back[2], 5);
+}
+END_TEST
+
+/* Codes read back as the format defines them (ref_code, fp16 of zero +
+ * code x step in double), by the library's vector path and its scalar
+ * path, bit for bit: random codes at every width, scattered channels and
+ * the first r in a row, zeros and steps from fp16 subnormals to values
+ * whose sums overflow fp16. */
+START_TEST(dequantize_vector_equals_reference)
+{
+    mkv_rng rng;
+    mkv_rng_seed(&rng, 77);
+    static const int widths[] = {8, 4, 2};
+    for (int trial = 0; trial < 400; trial++) {
+        int bits = widths[trial % 3], dprime = 8 + (int)mkv_rng_below(&rng, 121);
+        int r = 1 + (int)mkv_rng_below(&rng, (uint64_t)dprime), pos[128], n = 0;
+        for (int c = 0; c < dprime && n < r; c++)   /* r ascending channels of dprime */
+            if (trial % 4 == 3 || mkv_rng_below(&rng, (uint64_t)(dprime - c)) < (uint64_t)(r - n))
+                pos[n++] = c;   /* every fourth trial: the first r, as without a bitmap */
+        float qp[2 * 128];
+        for (int c = 0; c < dprime; c++) {
+            double mag = ldexp(1.0, (int)mkv_rng_below(&rng, 46) - 30);   /* 2^-30 .. 2^15 */
+            qp[2 * c] = mkv_f16_to_f32(mkv_f32_to_f16((float)((mkv_rng_uniform(&rng) - 0.5) * mag)));
+            qp[2 * c + 1] = mkv_f16_to_f32(mkv_f32_to_f16((float)(mkv_rng_uniform(&rng) * mag / 16)));
+        }
+        uint8_t packed[128];
+        int nbytes = (r * bits + 7) / 8;
+        for (int i = 0; i < nbytes; i++)
+            packed[i] = (uint8_t)mkv_rng_below(&rng, 256);
+        if (r * bits % 8)
+            packed[nbytes - 1] &= (uint8_t)((1u << (r * bits % 8)) - 1);   /* pad bits zero */
+        float fast[128], scalar[128];
+        mkv_mosaic_dequantize_vector(packed, bits, r, pos, qp, fast);
+        mkv_mosaic_dequantize_vector_scalar(packed, bits, r, pos, qp, scalar);
+        for (int k = 0; k < r; k++) {
+            unsigned code = ref_code(packed, k, bits);
+            float want = mkv_f16_to_f32(mkv_f32_to_f16((float)((double)qp[2 * pos[k]] +
+                                                               (double)code * qp[2 * pos[k] + 1])));
+            ck_assert_msg(memcmp(&fast[k], &want, sizeof want) == 0 && memcmp(&scalar[k], &want, sizeof want) == 0,
+                          "trial %d, %d bits, value %d (channel %d, code %u): %a and %a for %a", trial, bits, k,
+                          pos[k], code, fast[k], scalar[k], want);
+        }
+    }
 }
 END_TEST
 
@@ -1594,8 +1682,13 @@ START_TEST(quantized_round_trip)
             const mkv_mosaic_tensor *t = x ? &l->v : &l->k, *tm = x ? &h.v : &h.k;
             const float *raw = x ? hd.v : hd.k;
             ck_assert_int_eq(t->n_values, tm->n_values);
-            ck_assert_mem_eq(t->values, tm->values, (size_t)t->n_values * sizeof *t->values);
-            for (int64_t si = 0; si < t->nseg; si++) {
+            ck_assert_int_eq(t->n_codes, tm->n_codes);
+            if (t->n_values)
+                ck_assert_mem_eq(t->values, tm->values, (size_t)t->n_values * sizeof *t->values);
+            if (t->n_codes)
+                ck_assert_mem_eq(t->codes, tm->codes, (size_t)t->n_codes);
+            ref_offsets ro = {0, 0, 0};
+            for (int64_t si = 0; si < t->nseg; ref_advance(&t->seg[si], &ro), si++) {
                 const mkv_mosaic_strategy *st = &t->seg[si];
                 if (st->bits == 16)
                     continue;
@@ -1614,7 +1707,7 @@ START_TEST(quantized_round_trip)
                         double xt = 0;
                         for (int i = 0; i < 32; i++)
                             xt += (double)xr[i] * (R ? R[i * cols + pos[e]] : i == pos[e]);
-                        double got = t->values[t->off_values[si] + j * st->r + e];
+                        double got = ref_value(t, st, &ro, j, e, pos[e]);
                         ck_assert_msg(fabs(got - xt) <= qp[2 * pos[e] + 1] / 2 * (1 + 1e-6) + fabs(xt) * 0x1p-10 + 1e-6,
                                       "%s: segment %lld token %lld value %d: %g for %g, step %g", cases[k],
                                       (long long)si, (long long)j, e, got, xt, qp[2 * pos[e] + 1]);
@@ -1789,6 +1882,7 @@ static Suite *mosaic_suite(void)
     tcase_add_test(tc, rotation_orthonormal_and_sorted);
     tcase_add_test(tc, dprime_by_energy_hand_count);
     tcase_add_test(tc, select_hand_made_vector);
+    tcase_add_test(tc, dequantize_vector_equals_reference);
     tcase_add_test(tc, encode_keeps_values_exactly);
     tcase_add_test(tc, block_keys_hand_made);
     tcase_add_test(tc, popcount_is_r_for_every_vector);

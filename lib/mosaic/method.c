@@ -871,7 +871,7 @@ static int encode_tensor(const mkv_mosaic_head *h, const float *data, int is_key
         mkv_mosaic_strategy_bytes(s, d, block, &b);
         float *pv, *pq, *pk, *pr;
         uint8_t *pb, *pc;
-        if (!(pv = flat_extend(&values, s->len * s->r, "packed values", err)) ||
+        if (!(pv = flat_extend(&values, s->bits == 16 ? s->len * s->r : 0, "packed values", err)) ||
             !(pc = flat_extend(&codes, s->bits == 16 ? 0 : (int64_t)b.values, "codes", err)) ||
             !(pq = flat_extend(&qparams, (int64_t)b.qparams / 2, "zeros and steps", err)) ||
             !(pb = flat_extend(&bitmap, (int64_t)b.bitmap, "bitmaps", err)) ||
@@ -880,7 +880,7 @@ static int encode_tensor(const mkv_mosaic_head *h, const float *data, int is_key
             rc = err ? err->code : MKV_ENOMEM;
             break;
         }
-        rc = mkv_mosaic_encode(s, data + s->start * d, d, rot_of(w, !is_key, i, d), block, pv,
+        rc = mkv_mosaic_encode(s, data + s->start * d, d, rot_of(w, !is_key, i, d), block, s->bits == 16 ? pv : NULL,
                                b.bitmap ? pb : NULL, s->bits == 16 ? NULL : pc, s->bits == 16 ? NULL : pq, pk, pr,
                                err);
     }
@@ -1145,20 +1145,28 @@ int64_t mkv_mosaic_select_tokens(const mkv_mosaic_head *h, const mkv_mosaic_attn
     return count;
 }
 
+/* Attended tokens of a segment handled together: their scores are
+ * summed side by side, each in its own order. */
+#define TOKEN_BATCH 8
+
 /* Working memory of one attention step. */
 typedef struct {
     double *qt;           /* [nsc][G][d] rotated queries */
+    double *quad;         /* [ceil(G/4)][d][4] one segment's rotated queries, heads side by side */
     mkv_osm *tot, *seg;   /* [G] per head: all tokens (original space), one segment (rotated) */
     double *acc;          /* [G][d] accumulators of tot */
     double *sacc;         /* [G][d] accumulators of seg */
     double *back;         /* [d] one segment's accumulator rotated back */
-    double *dots;         /* [2][G] one token's scores and weights */
+    double *dots;         /* [TOKEN_BATCH][G] scores, then [G] weights */
     double *spill;        /* [d] where sparse_add's unused lanes go */
+    int *kpos, *vpos;     /* [TOKEN_BATCH][d] the batch's channels */
+    float *kbuf, *vbuf;   /* [TOKEN_BATCH][d] the batch's quantized vectors read back */
 } attend_work;
 
 static void work_free(attend_work *w)
 {
     mkv_free(w->qt);
+    mkv_free(w->quad);
     mkv_free(w->tot);
     mkv_free(w->seg);
     mkv_free(w->acc);
@@ -1166,20 +1174,29 @@ static void work_free(attend_work *w)
     mkv_free(w->back);
     mkv_free(w->dots);
     mkv_free(w->spill);
+    mkv_free(w->kpos);
+    mkv_free(w->vpos);
+    mkv_free(w->kbuf);
+    mkv_free(w->vbuf);
 }
 
 static int work_alloc(attend_work *w, int64_t nsc, int G, int d, mkv_error *err)
 {
     memset(w, 0, sizeof *w);
-    size_t gd = (size_t)G * (size_t)d;
+    size_t gd = (size_t)G * (size_t)d, bd = (size_t)TOKEN_BATCH * (size_t)d;
     if (!(w->qt = mkv_alloc((size_t)(nsc ? nsc : 1) * gd, sizeof *w->qt, "rotated queries", err)) ||
+        !(w->quad = mkv_calloc((size_t)(G + 3) / 4 * 4 * (size_t)d, sizeof *w->quad, "rotated queries", err)) ||
         !(w->tot = mkv_alloc((size_t)G, sizeof *w->tot, "softmax states", err)) ||
         !(w->seg = mkv_alloc((size_t)G, sizeof *w->seg, "softmax states", err)) ||
         !(w->acc = mkv_alloc(gd, sizeof *w->acc, "accumulators", err)) ||
         !(w->sacc = mkv_alloc(gd, sizeof *w->sacc, "accumulators", err)) ||
         !(w->back = mkv_alloc((size_t)d, sizeof *w->back, "accumulators", err)) ||
-        !(w->dots = mkv_alloc(2 * (size_t)G, sizeof *w->dots, "scores", err)) ||
-        !(w->spill = mkv_alloc((size_t)d, sizeof *w->spill, "scores", err))) {
+        !(w->dots = mkv_alloc((TOKEN_BATCH + 1) * (size_t)G, sizeof *w->dots, "scores", err)) ||
+        !(w->spill = mkv_alloc((size_t)d, sizeof *w->spill, "scores", err)) ||
+        !(w->kpos = mkv_alloc(bd, sizeof *w->kpos, "channels", err)) ||
+        !(w->vpos = mkv_alloc(bd, sizeof *w->vpos, "channels", err)) ||
+        !(w->kbuf = mkv_alloc(bd, sizeof *w->kbuf, "values", err)) ||
+        !(w->vbuf = mkv_alloc(bd, sizeof *w->vbuf, "values", err))) {
         work_free(w);
         return err ? err->code : MKV_ENOMEM;
     }
@@ -1187,28 +1204,78 @@ static int work_alloc(attend_work *w, int64_t nsc, int G, int d, mkv_error *err)
     return MKV_OK;
 }
 
-/* dot[g] = sum_j q[g][pos[j]] x[j] for the G heads, each summed in j
- * order like a loop of its own, four heads at a time so that their adds
- * overlap instead of waiting on one another. */
-static void sparse_dots(const double *q, int d, int G, const int *pos, const float *x, int n, double *dot)
+/* dot[b * G + g] = sum_j q[g][pos[b][j]] x[b][j] for the nb tokens of a
+ * batch (pos [nb][ldp]) and the G heads, each summed in j order like a
+ * loop of its own: the scalar form. */
+static void batch_dots_scalar(const double *q, int d, int G, const int *pos, int ldp, const float *const *x,
+                              int nb, int r, double *dot)
 {
-    for (int g0 = 0; g0 < G; g0 += 4) {
-        const double *q0 = q + (size_t)g0 * d;
-        const double *q1 = g0 + 1 < G ? q0 + d : q0, *q2 = g0 + 2 < G ? q0 + 2 * d : q0;
-        const double *q3 = g0 + 3 < G ? q0 + 3 * d : q0;
-        double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-        for (int j = 0; j < n; j++) {
-            double xj = x[j];
-            int c = pos[j];
-            s0 += q0[c] * xj;
-            s1 += q1[c] * xj;
-            s2 += q2[c] * xj;
-            s3 += q3[c] * xj;
+    for (int b = 0; b < nb; b++)
+        for (int g = 0; g < G; g++) {
+            const double *qg = q + (size_t)g * d;
+            const int *p = pos + (size_t)b * ldp;
+            double s = 0;
+            for (int j = 0; j < r; j++)
+                s += qg[p[j]] * (double)x[b][j];
+            dot[b * G + g] = s;
         }
-        double s[4] = {s0, s1, s2, s3};
-        for (int g = g0; g < G && g < g0 + 4; g++)
-            dot[g] = s[g - g0];
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+/* The same with four heads in the lanes of one vector (quad [d][4]) and
+ * four tokens at a time, so that four sums advance together; each lane
+ * multiplies and then adds, as the scalar form does. */
+__attribute__((target("avx2"))) static void quad_dots_avx2(const double *quad, const int *pos, int ldp,
+                                                         const float *const *x, int nb, int r, double *out)
+{
+    int b = 0;
+    for (; b + 4 <= nb; b += 4) {
+        const int *p0 = pos + (size_t)b * ldp, *p1 = p0 + ldp, *p2 = p1 + ldp, *p3 = p2 + ldp;
+        const float *x0 = x[b], *x1 = x[b + 1], *x2 = x[b + 2], *x3 = x[b + 3];
+        __m256d s0 = _mm256_setzero_pd(), s1 = s0, s2 = s0, s3 = s0;
+        for (int j = 0; j < r; j++) {
+            s0 = _mm256_add_pd(s0, _mm256_mul_pd(_mm256_loadu_pd(quad + 4 * p0[j]), _mm256_set1_pd(x0[j])));
+            s1 = _mm256_add_pd(s1, _mm256_mul_pd(_mm256_loadu_pd(quad + 4 * p1[j]), _mm256_set1_pd(x1[j])));
+            s2 = _mm256_add_pd(s2, _mm256_mul_pd(_mm256_loadu_pd(quad + 4 * p2[j]), _mm256_set1_pd(x2[j])));
+            s3 = _mm256_add_pd(s3, _mm256_mul_pd(_mm256_loadu_pd(quad + 4 * p3[j]), _mm256_set1_pd(x3[j])));
+        }
+        _mm256_storeu_pd(out + 4 * b, s0);
+        _mm256_storeu_pd(out + 4 * b + 4, s1);
+        _mm256_storeu_pd(out + 4 * b + 8, s2);
+        _mm256_storeu_pd(out + 4 * b + 12, s3);
     }
+    for (; b < nb; b++) {
+        const int *p = pos + (size_t)b * ldp;
+        __m256d s = _mm256_setzero_pd();
+        for (int j = 0; j < r; j++)
+            s = _mm256_add_pd(s, _mm256_mul_pd(_mm256_loadu_pd(quad + 4 * p[j]), _mm256_set1_pd(x[b][j])));
+        _mm256_storeu_pd(out + 4 * b, s);
+    }
+}
+
+static int have_avx2(void) { return __builtin_cpu_supports("avx2"); }
+#endif
+
+/* batch_dots_scalar's sums; quad holds the same queries, four heads side
+ * by side. */
+static void batch_dots(const double *q, const double *quad, int d, int G, const int *pos, int ldp,
+                       const float *const *x, int nb, int r, double *dot)
+{
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    if (have_avx2()) {
+        double lanes[4 * TOKEN_BATCH];
+        for (int g0 = 0; g0 < G; g0 += 4) {
+            quad_dots_avx2(quad + (size_t)g0 * d, pos, ldp, x, nb, r, lanes);
+            for (int b = 0; b < nb; b++)
+                for (int g = g0; g < G && g < g0 + 4; g++)
+                    dot[b * G + g] = lanes[4 * b + g - g0];
+        }
+        return;
+    }
+#endif
+    (void)quad;
+    batch_dots_scalar(q, d, G, pos, ldp, x, nb, r, dot);
 }
 
 /* acc[g][pos[j]] += wt[g] x[j] for the G heads, in j order for each head
@@ -1265,24 +1332,36 @@ static int64_t attend_segment(const mkv_mosaic_head *h, int64_t si, const double
     int64_t n = 0, end = ks->start + ks->len < q->pos + 1 ? ks->start + ks->len : q->pos + 1;
     for (int g = 0; g < G; g++)
         mkv_osm_init(&w->seg[g], w->sacc + (size_t)g * d, d);
-    int kpos[MKV_MOSAIC_MAX_D], vpos[MKV_MOSAIC_MAX_D];
-    int64_t kgroup = -1, vgroup = -1;
-    for (int64_t t = ks->start; t < end; t++) {
-        if (!att[t])
-            continue;
-        int64_t i = t - ks->start;
-        const float *kv = h->k.values + h->k.off_values[si] + i * ks->r;
-        const float *vv = h->v.values + h->v.off_values[si] + i * vs->r;
-        mkv_mosaic_positions(kbb ? h->k.bitmap + h->k.off_bitmap[si] + i * kbb : NULL, ks, kpos);
-        mkv_mosaic_positions(vbb ? h->v.bitmap + h->v.off_bitmap[si] + i * vbb : NULL, vs, vpos);
-        double *dot = w->dots, *wt = w->dots + G;
-        sparse_dots(qt, d, G, kpos, kv, ks->r, dot);
-        for (int g = 0; g < G; g++)
-            wt[g] = mkv_osm_weigh(&w->seg[g], dot[g] * q->scale);
-        sparse_add(w->sacc, w->spill, d, G, wt, vpos, vv, vs->r);
-        res->bytes_read += (uint64_t)(mkv_mosaic_vector_bytes(ks) + mkv_mosaic_vector_bytes(vs) + kbb + vbb) +
-                           mkv_mosaic_qparams_read(ks, i, &kgroup) + mkv_mosaic_qparams_read(vs, i, &vgroup);
-        n++;
+    for (int g0 = 0; g0 < G; g0 += 4)
+        for (int c = 0; c < d; c++)
+            for (int l = 0; l < 4; l++)
+                w->quad[((size_t)g0 * d) + 4 * (size_t)c + l] = g0 + l < G ? qt[(size_t)(g0 + l) * d + c] : 0;
+    int64_t kgroup = -1, vgroup = -1, tok[TOKEN_BATCH];
+    const float *kval[TOKEN_BATCH], *vval[TOKEN_BATCH];
+    for (int64_t t = ks->start; t < end;) {
+        int nb = 0;
+        for (; t < end && nb < TOKEN_BATCH; t++)
+            if (att[t])
+                tok[nb++] = t - ks->start;
+        for (int b = 0; b < nb; b++) {
+            int64_t i = tok[b];
+            int *kp = w->kpos + (size_t)b * d, *vp = w->vpos + (size_t)b * d;
+            mkv_mosaic_positions(kbb ? h->k.bitmap + h->k.off_bitmap[si] + i * kbb : NULL, ks, kp);
+            mkv_mosaic_positions(vbb ? h->v.bitmap + h->v.off_bitmap[si] + i * vbb : NULL, vs, vp);
+            kval[b] = mkv_mosaic_vector_values(&h->k, si, i, kp, w->kbuf + (size_t)b * d);
+            vval[b] = mkv_mosaic_vector_values(&h->v, si, i, vp, w->vbuf + (size_t)b * d);
+        }
+        double *dot = w->dots, *wt = w->dots + (size_t)TOKEN_BATCH * G;
+        batch_dots(qt, w->quad, d, G, w->kpos, d, kval, nb, ks->r, dot);
+        for (int b = 0; b < nb; b++) {
+            int64_t i = tok[b];
+            for (int g = 0; g < G; g++)
+                wt[g] = mkv_osm_weigh(&w->seg[g], dot[b * G + g] * q->scale);
+            sparse_add(w->sacc, w->spill, d, G, wt, w->vpos + (size_t)b * d, vval[b], vs->r);
+            res->bytes_read += (uint64_t)(mkv_mosaic_vector_bytes(ks) + mkv_mosaic_vector_bytes(vs) + kbb + vbb) +
+                               mkv_mosaic_qparams_read(ks, i, &kgroup) + mkv_mosaic_qparams_read(vs, i, &vgroup);
+        }
+        n += nb;
     }
     if (n == 0)
         return 0;

@@ -323,7 +323,6 @@ int mkv_mosaic_encode(const mkv_mosaic_strategy *s, const float *X, int d, const
             const float *gq = qparams + 2 * mkv_mosaic_qgroup_of(s, t) * dp;
             const float zero = gq[2 * pos[i]], step = gq[2 * pos[i] + 1];
             code[i] = (uint8_t)mkv_bl_quant_code((float)x[pos[i]], step, zero, s->bits);
-            values[t * s->r + i] = mkv_mosaic_dequantize(code[i], zero, step);
         }
         if (s->bits != 16)
             mkv_bl_pack(code, (size_t)s->r, s->bits, codes + t * vb);

@@ -71,7 +71,8 @@ void mkv_mosaic_channel_qparams(const double *xt, int64_t n, int ldx, int nc, in
 
 /* Encode one segment X [s->len][d] with strategy s and rotation R (d x d,
  * fp16-rounded by mkv_mosaic_round_f16; ignored when s->rotate = 0) into
- * values [len][r] (the values attention reads), bitmap
+ * values [len][r] (16-bit strategies: fp16 values; quantized ones write
+ * none, values may be NULL), bitmap
  * [len][bitmap_bytes] (NULL when none), codes [len][vector bytes] and
  * qparams [token groups][d'][2] (quantized strategies; NULL at 16 bits), blockkeys
  * [nblocks][keydim + bound] (block > 0, keys) and rotation

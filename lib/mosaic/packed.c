@@ -40,6 +40,119 @@ float mkv_mosaic_dequantize(unsigned code, float zero, float step)
     return mkv_f16_to_f32(mkv_f32_to_f16((float)((double)zero + (double)code * step)));
 }
 
+/* The codes of one vector as bytes, one per value. */
+static void unpack_codes(const uint8_t *packed, int bits, int r, uint8_t *code)
+{
+    switch (bits) {
+    case 8: memcpy(code, packed, (size_t)r); break;
+    case 4:
+        for (int k = 0; k < r; k++)
+            code[k] = (uint8_t)((packed[k >> 1] >> ((k & 1) * 4)) & 15u);
+        break;
+    case 2:
+        for (int k = 0; k < r; k++)
+            code[k] = (uint8_t)((packed[k >> 2] >> ((k & 3) * 2)) & 3u);
+        break;
+    default:
+        for (int k = 0; k < r; k++)
+            code[k] = (uint8_t)mkv_bl_unpack(packed, (size_t)k, bits);
+    }
+}
+
+void mkv_mosaic_dequantize_vector_scalar(const uint8_t *packed, int bits, int r, const int *pos, const float *qp,
+                                         float *out)
+{
+    uint8_t code[MKV_MOSAIC_MAX_D];
+    unpack_codes(packed, bits, r, code);
+    for (int k = 0; k < r; k++)
+        out[k] = mkv_mosaic_dequantize(code[k], qp[2 * pos[k]], qp[2 * pos[k] + 1]);
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+/* Eight codes k0..k0+7 as 32-bit integers (k0 a multiple of 8). */
+__attribute__((target("avx2"), always_inline)) static inline __m256i codes8(const uint8_t *packed, int bits, int k0,
+                                                                           const uint8_t *code)
+{
+    if (bits == 8)
+        return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(packed + k0)));
+    if (bits == 4) {
+        uint32_t w;
+        memcpy(&w, packed + k0 / 2, 4);
+        __m128i x = _mm_cvtsi32_si128((int)w), m = _mm_set1_epi8(15);
+        /* code 2i is the low nibble of byte i, code 2i + 1 its high one */
+        __m128i lo = _mm_and_si128(x, m), hi = _mm_and_si128(_mm_srli_epi16(x, 4), m);
+        return _mm256_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi));
+    }
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(code + k0)));
+}
+
+/* Eight values at a time with mkv_mosaic_dequantize's result: zeros and
+ * steps are fp16 values and codes have at most 8 bits, so code x step is
+ * exact in float and zero + code x step is a multiple of 2^-24 below
+ * 2^25, exact in double: the float sum rounds the exact value once, as
+ * the double sum's conversion does, and the fp16 rounding (to nearest
+ * even) is mkv_f32_to_f16's. Channels in a row (pos[k] = k, no bitmap)
+ * load the zeros and steps; scattered ones gather them. */
+__attribute__((target("avx2,f16c"))) static void dequantize_avx2(const uint8_t *packed, int bits, int r,
+                                                               const int *pos, const float *qp, float *out)
+{
+    uint8_t code[MKV_MOSAIC_MAX_D];
+    if (bits != 8 && bits != 4)
+        unpack_codes(packed, bits, r, code);
+    int dense = pos[r - 1] == r - 1, k = 0;
+    for (; k + 8 <= r; k += 8) {
+        __m256 zero, step;
+        if (dense) {
+            /* qp pairs (zero, step) of channels k..k+7 */
+            __m256 a = _mm256_loadu_ps(qp + 2 * k), b = _mm256_loadu_ps(qp + 2 * k + 8);
+            __m256 z = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));   /* z0 z1 z4 z5 | z2 z3 z6 z7 */
+            __m256 st = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
+            zero = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(z), _MM_SHUFFLE(3, 1, 2, 0)));
+            step = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(st), _MM_SHUFFLE(3, 1, 2, 0)));
+        } else {
+            __m256i p2 = _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(pos + k)), 1);
+            zero = _mm256_i32gather_ps(qp, p2, 4);
+            step = _mm256_i32gather_ps(qp + 1, p2, 4);
+        }
+        __m256 c = _mm256_cvtepi32_ps(codes8(packed, bits, k, code));
+        __m256 f = _mm256_add_ps(zero, _mm256_mul_ps(c, step));
+        _mm256_storeu_ps(out + k, _mm256_cvtph_ps(_mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+    }
+    for (; k < r; k++)
+        out[k] = mkv_mosaic_dequantize(mkv_bl_unpack(packed, (size_t)k, bits), qp[2 * pos[k]], qp[2 * pos[k] + 1]);
+}
+
+/* libgcc reads the CPU's features once, in a constructor. */
+static int have_avx2(void)
+{
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+}
+#endif
+
+void mkv_mosaic_dequantize_vector(const uint8_t *packed, int bits, int r, const int *pos, const float *qp,
+                                  float *out)
+{
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    if (have_avx2() && r > 0) {
+        dequantize_avx2(packed, bits, r, pos, qp, out);
+        return;
+    }
+#endif
+    mkv_mosaic_dequantize_vector_scalar(packed, bits, r, pos, qp, out);
+}
+
+const float *mkv_mosaic_vector_values(const mkv_mosaic_tensor *t, int64_t si, int64_t i, const int *pos, float *buf)
+{
+    const mkv_mosaic_strategy *s = &t->seg[si];
+    if (s->bits == 16)
+        return t->values + t->off_values[si] + i * s->r;
+    const float *qp = t->qparams + t->off_qparams[si] + 2 * mkv_mosaic_qgroup_of(s, i) * s->dprime;
+    mkv_mosaic_dequantize_vector(t->codes + t->off_codes[si] + i * mkv_mosaic_vector_bytes(s), s->bits, s->r, pos,
+                                 qp, buf);
+    return buf;
+}
+
 uint64_t mkv_mosaic_attended_segment_bytes(const mkv_mosaic_strategy *vs, int d)
 {
     return vs->rotate ? (uint64_t)d * (uint64_t)vs->dprime * 2 : 0;
@@ -145,7 +258,7 @@ int mkv_mosaic_layout(mkv_mosaic_tensor *t, int d, int block, int64_t first, int
         t->off_rotation[i] = nr;
         t->off_codes[i] = nc;
         t->off_qparams[i] = nq;
-        nv += s->len * s->r;
+        nv += s->bits == 16 ? s->len * s->r : 0;
         nc += s->bits == 16 ? 0 : s->len * mkv_mosaic_vector_bytes(s);
         nq += mkv_mosaic_qparam_count(s);
         nb += s->len * mkv_mosaic_bitmap_bytes(s);
@@ -199,37 +312,13 @@ static int put_flat(mkv_cdump_writer *w, int layer, int head, const char *name, 
         return MKV_OK;
     return mkv_cdump_put(w, layer, head, name, type, 1, &n, data, err);
 }
-/* Values of the 16-bit segments (the others store codes). */
-static int64_t f16_value_count(const mkv_mosaic_tensor *t)
-{
-    int64_t n = 0;
-    for (int64_t i = 0; i < t->nseg; i++)
-        n += t->seg[i].bits == 16 ? t->seg[i].len * t->seg[i].r : 0;
-    return n;
-}
-
+/* The fp16 values of the 16-bit segments (the others store codes). */
 static int store_values(const mkv_mosaic_tensor *t, char x, mkv_cdump_writer *w, int layer, int head,
                         mkv_error *err)
 {
     char name[32];
-    int64_t n = f16_value_count(t), at = 0;
-    if (n == t->n_values || n == 0) {
-        snprintf(name, sizeof name, "%c/values", x);
-        return put_flat(w, layer, head, name, MKV_EL_F16, n, t->values, err);
-    }
-    float *vals = mkv_alloc((size_t)n, sizeof *vals, "packed values", err);
-    if (!vals)
-        return err ? err->code : MKV_ENOMEM;
-    for (int64_t i = 0; i < t->nseg; i++)
-        if (t->seg[i].bits == 16) {
-            size_t k = (size_t)(t->seg[i].len * t->seg[i].r);
-            memcpy(vals + at, t->values + t->off_values[i], k * sizeof *vals);
-            at += (int64_t)k;
-        }
     snprintf(name, sizeof name, "%c/values", x);
-    int rc = put_flat(w, layer, head, name, MKV_EL_F16, n, vals, err);
-    mkv_free(vals);
-    return rc;
+    return put_flat(w, layer, head, name, MKV_EL_F16, t->n_values, t->values, err);
 }
 
 static int store_tensor(const mkv_mosaic_tensor *t, const mkv_mosaic_head *h, char x,
@@ -357,37 +446,23 @@ static int check_bitmaps(mkv_cdump *c, int layer, int head, char x, const mkv_mo
     return MKV_OK;
 }
 
-/* The values attention reads: the fp16 values of the 16-bit segments,
- * the codes of the others dequantized (bitmaps already checked), after
- * checking the codes' pad bits and the steps. */
+/* The fp16 values of the 16-bit segments, the codes and the zeros and
+ * steps of the others, checking the codes' pad bits and the steps. */
 static int load_values(mkv_cdump *c, int layer, int head, char x, mkv_mosaic_tensor *t, mkv_error *err)
 {
     char vname[32], cname[32], qname[32];
     snprintf(vname, sizeof vname, "%c/values", x);
     snprintf(cname, sizeof cname, "%c/codes", x);
     snprintf(qname, sizeof qname, "%c/qparams", x);
-    int64_t n16 = f16_value_count(t);
-    float *f16 = NULL;
-    int rc = get_flat(c, layer, head, vname, MKV_EL_F16, n16, (void **)&f16, err);
+    int rc = get_flat(c, layer, head, vname, MKV_EL_F16, t->n_values, (void **)&t->values, err);
     if (rc == MKV_OK)
         rc = get_flat(c, layer, head, cname, MKV_EL_U8, t->n_codes, (void **)&t->codes, err);
     if (rc == MKV_OK)
         rc = get_flat(c, layer, head, qname, MKV_EL_F16, t->n_qparams, (void **)&t->qparams, err);
-    if (rc == MKV_OK && n16 == t->n_values) {
-        t->values = f16;
-        return MKV_OK;
-    }
-    if (rc == MKV_OK && !(t->values = mkv_alloc((size_t)t->n_values, sizeof *t->values, "packed values", err)))
-        rc = err ? err->code : MKV_ENOMEM;
-    int64_t at = 0;
     for (int64_t i = 0; rc == MKV_OK && i < t->nseg; i++) {
         const mkv_mosaic_strategy *s = &t->seg[i];
-        float *out = t->values + t->off_values[i];
-        if (s->bits == 16) {
-            memcpy(out, f16 + at, (size_t)(s->len * s->r) * sizeof *out);
-            at += s->len * s->r;
+        if (s->bits == 16)
             continue;
-        }
         const float *qp = t->qparams + t->off_qparams[i];
         const int64_t nq = mkv_mosaic_qgroups(s);
         for (int64_t q = 0; q < nq * s->dprime && rc == MKV_OK; q++)
@@ -395,23 +470,12 @@ static int load_values(mkv_cdump *c, int layer, int head, char x, mkv_mosaic_ten
                 rc = bad_array(c, layer, head, qname, err, "segment %lld, token group %lld, channel %d: negative "
                                "step %g", (long long)i, (long long)(q / s->dprime), (int)(q % s->dprime),
                                qp[2 * q + 1]);
-        const int vb = mkv_mosaic_vector_bytes(s), bb = mkv_mosaic_bitmap_bytes(s), pad = vb * 8 - s->r * s->bits;
-        int pos[MKV_MOSAIC_MAX_D];
-        for (int64_t j = 0; j < s->len && rc == MKV_OK; j++) {
-            const uint8_t *code = t->codes + t->off_codes[i] + j * vb;
-            if (pad && code[vb - 1] >> (8 - pad)) {
+        const int vb = mkv_mosaic_vector_bytes(s), pad = vb * 8 - s->r * s->bits;
+        for (int64_t j = 0; j < s->len && rc == MKV_OK && pad; j++)
+            if (t->codes[t->off_codes[i] + j * vb + vb - 1] >> (8 - pad))
                 rc = bad_array(c, layer, head, cname, err, "token %lld (segment %lld) sets pad bits",
                                (long long)(s->start + j), (long long)i);
-                break;
-            }
-            mkv_mosaic_positions(bb ? t->bitmap + t->off_bitmap[i] + j * bb : NULL, s, pos);
-            const float *gq = qp + 2 * mkv_mosaic_qgroup_of(s, j) * s->dprime;
-            for (int k = 0; k < s->r; k++)
-                out[j * s->r + k] = mkv_mosaic_dequantize(mkv_bl_unpack(code, (size_t)k, s->bits),
-                                                          gq[2 * pos[k]], gq[2 * pos[k] + 1]);
-        }
     }
-    mkv_free(f16);
     return rc;
 }
 
@@ -693,8 +757,12 @@ int mkv_gpu_layout_build(const mkv_mosaic_head *const *hs, int n, int64_t temp_t
                 const int row = (int)(t % B);
                 uint16_t *kv = (uint16_t *)r + row * sg->rk;
                 uint16_t *vv = (uint16_t *)(r + sg->vval_off) + row * sg->rv;
-                const float *ksrc = h->k.values + h->k.off_values[s] + t * ks->r;
-                const float *vsrc = h->v.values + h->v.off_values[s] + t * vs->r;
+                int kpos[MKV_MOSAIC_MAX_D], vpos[MKV_MOSAIC_MAX_D];
+                float kbuf[MKV_MOSAIC_MAX_D], vbuf[MKV_MOSAIC_MAX_D];
+                mkv_mosaic_positions(kbb ? h->k.bitmap + h->k.off_bitmap[s] + t * kbb : NULL, ks, kpos);
+                mkv_mosaic_positions(vbb ? h->v.bitmap + h->v.off_bitmap[s] + t * vbb : NULL, vs, vpos);
+                const float *ksrc = mkv_mosaic_vector_values(&h->k, s, t, kpos, kbuf);
+                const float *vsrc = mkv_mosaic_vector_values(&h->v, s, t, vpos, vbuf);
                 for (int e = 0; e < ks->r; e++)
                     kv[e] = mkv_f32_to_f16(ksrc[e]);
                 for (int e = 0; e < vs->r; e++)

@@ -58,7 +58,8 @@
  *     (written when every token is attended, budget 1).
  *   - Stored floats are fp16; in memory they are float32 holding exact fp16
  *     values (the CPU reference); the GPU conversion turns them back into
- *     fp16.
+ *     fp16. Codes stay codes in memory: attention reads a quantized
+ *     vector back when it attends it (mkv_mosaic_vector_values).
  *
  * STORED ARRAYS (group /layers/NN/HH of the compressed dump; X is k or v;
  * flat arrays concatenate the segments in order; a segment's offsets
@@ -188,8 +189,9 @@ typedef struct {
     int64_t nseg;
     mkv_mosaic_strategy *seg;   /* [nseg] */
     float *loss;                /* [nseg][2] */
-    float *values;              /* concatenated per segment [len][r], the values attention
-                                   reads (quantized segments: dequantized) */
+    float *values;              /* the 16-bit segments' values, concatenated [len][r] each
+                                   (quantized segments: none; mkv_mosaic_vector_values reads
+                                   their codes) */
     uint8_t *codes;             /* quantized segments: [len][vector bytes] */
     float *qparams;             /* quantized segments: [token groups][d'][2] zero, step */
     uint8_t *bitmap;            /* [len][bitmap_bytes] */
@@ -214,6 +216,19 @@ typedef struct {
 /* A fractional budget (<= 1) scaled by a head's budget_scale, at most 1;
  * a token count (> 1) stays as it is. */
 double mkv_mosaic_scaled_budget(float scale, double budget);
+
+/* The r values of the segment's vector i as attention reads them, pos
+ * [r] its channels (mkv_mosaic_positions): a 16-bit segment's in place;
+ * a quantized one's codes read back into buf [r] (mkv_mosaic_dequantize
+ * with the zero and step of the value's channel in the token's group). */
+const float *mkv_mosaic_vector_values(const mkv_mosaic_tensor *t, int64_t si, int64_t i, const int *pos, float *buf);
+/* out [r] = the r codes of `bits` bits packed in `packed` read back with
+ * qp [d'][2] (zero, step per channel) at the channels pos [r]; in AVX2 and
+ * F16C where the CPU has them, equal bit for bit to the scalar form. */
+void mkv_mosaic_dequantize_vector(const uint8_t *packed, int bits, int r, const int *pos, const float *qp,
+                                  float *out);
+void mkv_mosaic_dequantize_vector_scalar(const uint8_t *packed, int bits, int r, const int *pos, const float *qp,
+                                         float *out);
 
 /* Offsets and totals of t from its strategy table (keys: block > 0), the
  * segments tiling tokens [first, last). MKV_EFORMAT when the table is

@@ -6,11 +6,16 @@
 
 #include <float.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "core/attn.h"
 #include "core/half.h"
 #include "core/log.h"
+#include "core/tasks.h"
 #include "core/tensor.h"
 #include "testutil.h"
 
@@ -310,6 +315,103 @@ START_TEST(error_one_line)
 }
 END_TEST
 
+/* ---------------------------------------------------------------- tasks */
+
+typedef struct {
+    atomic_int *runs;   /* [n] times each task ran */
+    int fail_from;      /* tasks >= this fail (-1: none) */
+    int nested;         /* each task also runs 5 tasks of its own */
+} task_ctx;
+
+static int count_task(void *ctx, int t, mkv_error *err);
+
+static int nested_task(void *ctx, int t, mkv_error *err)
+{
+    atomic_fetch_add((atomic_int *)ctx + t, 1);
+    return MKV_OK;
+}
+
+static int count_task(void *ctx, int t, mkv_error *err)
+{
+    task_ctx *c = ctx;
+    atomic_fetch_add(&c->runs[t], 1);
+    if (c->nested) {
+        atomic_int inner[5] = {0};
+        int failed;
+        if (mkv_run_tasks(5, 2, nested_task, inner, &failed, err) != MKV_OK)
+            return err->code;
+        for (int i = 0; i < 5; i++)
+            if (atomic_load(&inner[i]) != 1)
+                return mkv_fail(err, MKV_EFORMAT, "nested task %d ran %d times", i, atomic_load(&inner[i]));
+    }
+    if (c->fail_from >= 0 && t >= c->fail_from)
+        return mkv_fail(err, MKV_EFORMAT, "task %d fails", t);
+    return MKV_OK;
+}
+
+/* Every task runs exactly once, call after call, whatever the threads. */
+static void run_and_count(int n, int threads, int nested)
+{
+    atomic_int runs[64];
+    for (int i = 0; i < n; i++)
+        atomic_init(&runs[i], 0);
+    task_ctx c = {runs, -1, nested};
+    mkv_error err;
+    int failed = 7;
+    ck_assert_int_eq(mkv_run_tasks(n, threads, count_task, &c, &failed, &err), MKV_OK);
+    ck_assert_int_eq(failed, -1);
+    for (int i = 0; i < n; i++)
+        ck_assert_msg(atomic_load(&runs[i]) == 1, "n %d threads %d: task %d ran %d times", n, threads, i,
+                      atomic_load(&runs[i]));
+}
+
+static void *run_from_thread(void *arg)
+{
+    for (int k = 0; k < 50; k++)
+        run_and_count(1 + k % 40, 1 + k % 3, 0);
+    return arg;
+}
+
+START_TEST(tasks_run_once_each)
+{
+    for (int k = 0; k < 300; k++)
+        run_and_count(1 + k % 64, 1 + k % 4, 0);
+    run_and_count(12, 2, 1);   /* a task's own call while the workers are taken */
+    pthread_t other;           /* two callers at once */
+    ck_assert_int_eq(pthread_create(&other, NULL, run_from_thread, NULL), 0);
+    run_from_thread(NULL);
+    pthread_join(other, NULL);
+    /* a failure: the lowest failing index and its message */
+    atomic_int runs[20];
+    for (int i = 0; i < 20; i++)
+        atomic_init(&runs[i], 0);
+    task_ctx c = {runs, 5, 0};
+    mkv_error err;
+    int failed;
+    ck_assert_int_eq(mkv_run_tasks(20, 3, count_task, &c, &failed, &err), MKV_EFORMAT);
+    ck_assert_int_eq(failed, 5);
+    ck_assert_str_eq(err.msg, "task 5 fails");
+    for (int i = 0; i < 5; i++)
+        ck_assert_int_eq(atomic_load(&runs[i]), 1);
+    /* a forked child has none of the parent's threads and still runs tasks */
+    pid_t pid = fork();
+    ck_assert(pid >= 0);
+    if (pid == 0) {
+        atomic_int r[9];
+        for (int i = 0; i < 9; i++)
+            atomic_init(&r[i], 0);
+        task_ctx cc = {r, -1, 0};
+        int f, ok = mkv_run_tasks(9, 2, count_task, &cc, &f, &err) == MKV_OK;
+        for (int i = 0; i < 9; i++)
+            ok = ok && atomic_load(&r[i]) == 1;
+        _exit(ok ? 0 : 1);
+    }
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+END_TEST
+
 int main(void)
 {
     mkv_log_init("check_core");
@@ -325,6 +427,7 @@ int main(void)
     tcase_add_test(tc, error_context);
     tcase_add_test(tc, error_one_line);
     tcase_add_test(tc, rank_and_topk);
+    tcase_add_test(tc, tasks_run_once_each);
     suite_add_tcase(s, tc);
     return test_run(s);
 }

@@ -1153,12 +1153,13 @@ int64_t mkv_mosaic_select_tokens(const mkv_mosaic_head *h, const mkv_mosaic_attn
 typedef struct {
     double *qt;           /* [nsc][G][d] rotated queries */
     double *quad;         /* [ceil(G/4)][d][4] one segment's rotated queries, heads side by side */
-    mkv_osm *tot, *seg;   /* [G] per head: all tokens (original space), one segment (rotated) */
+    mkv_osm *tot;         /* [G] per head: all tokens (original space) */
     double *acc;          /* [G][d] accumulators of tot */
-    double *sacc;         /* [G][d] accumulators of seg */
-    double *back;         /* [d] one segment's accumulator rotated back */
-    double *dots;         /* [TOKEN_BATCH][G] scores, then [G] weights */
-    double *spill;        /* [d] where sparse_add's unused lanes go */
+    /* one segment's online softmax in its rotated space (mkv_osm's rules),
+     * four heads side by side: maxima, sums, accumulators [quads][d][4] */
+    double *seg_m, *seg_l, *quad_acc;
+    double *back;         /* [4][d] one quad's accumulators rotated back */
+    double *dots;         /* [TOKEN_BATCH][G] scores, then [quads][4] weights */
     int *kpos, *vpos;     /* [TOKEN_BATCH][d] the batch's channels */
     float *kbuf, *vbuf;   /* [TOKEN_BATCH][d] the batch's quantized vectors read back */
 } attend_work;
@@ -1168,12 +1169,12 @@ static void work_free(attend_work *w)
     mkv_free(w->qt);
     mkv_free(w->quad);
     mkv_free(w->tot);
-    mkv_free(w->seg);
     mkv_free(w->acc);
-    mkv_free(w->sacc);
+    mkv_free(w->seg_m);
+    mkv_free(w->seg_l);
+    mkv_free(w->quad_acc);
     mkv_free(w->back);
     mkv_free(w->dots);
-    mkv_free(w->spill);
     mkv_free(w->kpos);
     mkv_free(w->vpos);
     mkv_free(w->kbuf);
@@ -1183,16 +1184,16 @@ static void work_free(attend_work *w)
 static int work_alloc(attend_work *w, int64_t nsc, int G, int d, mkv_error *err)
 {
     memset(w, 0, sizeof *w);
-    size_t gd = (size_t)G * (size_t)d, bd = (size_t)TOKEN_BATCH * (size_t)d;
+    size_t gd = (size_t)G * (size_t)d, bd = (size_t)TOKEN_BATCH * (size_t)d, lanes = (size_t)(G + 3) / 4 * 4;
     if (!(w->qt = mkv_alloc((size_t)(nsc ? nsc : 1) * gd, sizeof *w->qt, "rotated queries", err)) ||
-        !(w->quad = mkv_calloc((size_t)(G + 3) / 4 * 4 * (size_t)d, sizeof *w->quad, "rotated queries", err)) ||
+        !(w->quad = mkv_calloc(lanes * (size_t)d, sizeof *w->quad, "rotated queries", err)) ||
         !(w->tot = mkv_alloc((size_t)G, sizeof *w->tot, "softmax states", err)) ||
-        !(w->seg = mkv_alloc((size_t)G, sizeof *w->seg, "softmax states", err)) ||
         !(w->acc = mkv_alloc(gd, sizeof *w->acc, "accumulators", err)) ||
-        !(w->sacc = mkv_alloc(gd, sizeof *w->sacc, "accumulators", err)) ||
-        !(w->back = mkv_alloc((size_t)d, sizeof *w->back, "accumulators", err)) ||
-        !(w->dots = mkv_alloc((TOKEN_BATCH + 1) * (size_t)G, sizeof *w->dots, "scores", err)) ||
-        !(w->spill = mkv_alloc((size_t)d, sizeof *w->spill, "scores", err)) ||
+        !(w->seg_m = mkv_alloc(lanes, sizeof *w->seg_m, "softmax states", err)) ||
+        !(w->seg_l = mkv_alloc(lanes, sizeof *w->seg_l, "softmax states", err)) ||
+        !(w->quad_acc = mkv_alloc(lanes * (size_t)d, sizeof *w->quad_acc, "accumulators", err)) ||
+        !(w->back = mkv_alloc(4 * (size_t)d, sizeof *w->back, "accumulators", err)) ||
+        !(w->dots = mkv_alloc(TOKEN_BATCH * (size_t)G + lanes, sizeof *w->dots, "scores", err)) ||
         !(w->kpos = mkv_alloc(bd, sizeof *w->kpos, "channels", err)) ||
         !(w->vpos = mkv_alloc(bd, sizeof *w->vpos, "channels", err)) ||
         !(w->kbuf = mkv_alloc(bd, sizeof *w->kbuf, "values", err)) ||
@@ -1200,7 +1201,6 @@ static int work_alloc(attend_work *w, int64_t nsc, int G, int d, mkv_error *err)
         work_free(w);
         return err ? err->code : MKV_ENOMEM;
     }
-    memset(w->spill, 0, sizeof(double) * (size_t)d);
     return MKV_OK;
 }
 
@@ -1278,26 +1278,38 @@ static void batch_dots(const double *q, const double *quad, int d, int G, const 
     batch_dots_scalar(q, d, G, pos, ldp, x, nb, r, dot);
 }
 
-/* acc[g][pos[j]] += wt[g] x[j] for the G heads, in j order for each head
- * as mkv_osm_add_sparse does, four heads per pass over the value; the
- * lanes of a pass with fewer heads add into spill [d]. */
-static void sparse_add(double *acc, double *spill, int d, int G, const double *wt, const int *pos, const float *x,
-                       int n)
+/* The weight of a token of score `score` for head g of the segment's
+ * softmax (w->seg_m, seg_l, quad_acc), as mkv_osm_weigh gives it: a new
+ * maximum rescales the head's sum and accumulator first. */
+static double quad_weigh(attend_work *w, int d, int g, double score)
 {
-    for (int g0 = 0; g0 < G; g0 += 4) {
-        double *a0 = acc + (size_t)g0 * d;
-        double *a1 = g0 + 1 < G ? a0 + d : spill, *a2 = g0 + 2 < G ? a0 + 2 * d : spill;
-        double *a3 = g0 + 3 < G ? a0 + 3 * d : spill;
-        double w0 = wt[g0], w1 = g0 + 1 < G ? wt[g0 + 1] : 0, w2 = g0 + 2 < G ? wt[g0 + 2] : 0;
-        double w3 = g0 + 3 < G ? wt[g0 + 3] : 0;
-        for (int j = 0; j < n; j++) {
-            double xj = x[j];
-            int c = pos[j];
-            a0[c] += w0 * xj;
-            a1[c] += w1 * xj;
-            a2[c] += w2 * xj;
-            a3[c] += w3 * xj;
-        }
+    double *m = &w->seg_m[g], *l = &w->seg_l[g];
+    if (score > *m) {
+        double f = *m == -INFINITY ? 0 : exp(*m - score), *a = w->quad_acc + (size_t)(g / 4) * 4 * d + g % 4;
+        *l *= f;
+        for (int c = 0; c < d; c++)
+            a[4 * c] *= f;
+        *m = score;
+        *l += 1.0;
+        return 1.0;
+    }
+    double wt = exp(score - *m);
+    *l += wt;
+    return wt;
+}
+
+/* acc[pos[j]][l] += wt[l] x[j] for the four heads of one quad (acc
+ * [d][4]), in j order for each head as mkv_osm_add_sparse adds; a lane
+ * without a head has weight 0 and is never read. */
+static void quad_add(double *acc, const double *wt, const int *pos, const float *x, int n)
+{
+    double w0 = wt[0], w1 = wt[1], w2 = wt[2], w3 = wt[3];
+    for (int j = 0; j < n; j++) {
+        double xj = x[j], *a = acc + 4 * (size_t)pos[j];
+        a[0] += w0 * xj;
+        a[1] += w1 * xj;
+        a[2] += w2 * xj;
+        a[3] += w3 * xj;
     }
 }
 
@@ -1330,14 +1342,25 @@ static int64_t attend_segment(const mkv_mosaic_head *h, int64_t si, const double
     const mkv_mosaic_strategy *ks = &h->k.seg[si], *vs = &h->v.seg[si];
     int d = h->d, G = q->G, kbb = mkv_mosaic_bitmap_bytes(ks), vbb = mkv_mosaic_bitmap_bytes(vs);
     int64_t n = 0, end = ks->start + ks->len < q->pos + 1 ? ks->start + ks->len : q->pos + 1;
-    for (int g = 0; g < G; g++)
-        mkv_osm_init(&w->seg[g], w->sacc + (size_t)g * d, d);
+    int quads = (G + 3) / 4;
+    for (int l = 0; l < 4 * quads; l++) {
+        w->seg_m[l] = -INFINITY;
+        w->seg_l[l] = 0;
+    }
+    memset(w->quad_acc, 0, sizeof *w->quad_acc * 4 * (size_t)quads * (size_t)d);
     for (int g0 = 0; g0 < G; g0 += 4)
         for (int c = 0; c < d; c++)
             for (int l = 0; l < 4; l++)
                 w->quad[((size_t)g0 * d) + 4 * (size_t)c + l] = g0 + l < G ? qt[(size_t)(g0 + l) * d + c] : 0;
     int64_t kgroup = -1, vgroup = -1, tok[TOKEN_BATCH];
     const float *kval[TOKEN_BATCH], *vval[TOKEN_BATCH];
+    /* without a bitmap every vector has the first r channels */
+    for (int b = 0; b < TOKEN_BATCH; b++) {
+        if (!kbb)
+            mkv_mosaic_positions(NULL, ks, w->kpos + (size_t)b * d);
+        if (!vbb)
+            mkv_mosaic_positions(NULL, vs, w->vpos + (size_t)b * d);
+    }
     for (int64_t t = ks->start; t < end;) {
         int nb = 0;
         for (; t < end && nb < TOKEN_BATCH; t++)
@@ -1346,8 +1369,10 @@ static int64_t attend_segment(const mkv_mosaic_head *h, int64_t si, const double
         for (int b = 0; b < nb; b++) {
             int64_t i = tok[b];
             int *kp = w->kpos + (size_t)b * d, *vp = w->vpos + (size_t)b * d;
-            mkv_mosaic_positions(kbb ? h->k.bitmap + h->k.off_bitmap[si] + i * kbb : NULL, ks, kp);
-            mkv_mosaic_positions(vbb ? h->v.bitmap + h->v.off_bitmap[si] + i * vbb : NULL, vs, vp);
+            if (kbb)
+                mkv_mosaic_positions(h->k.bitmap + h->k.off_bitmap[si] + i * kbb, ks, kp);
+            if (vbb)
+                mkv_mosaic_positions(h->v.bitmap + h->v.off_bitmap[si] + i * vbb, vs, vp);
             kval[b] = mkv_mosaic_vector_values(&h->k, si, i, kp, w->kbuf + (size_t)b * d);
             vval[b] = mkv_mosaic_vector_values(&h->v, si, i, vp, w->vbuf + (size_t)b * d);
         }
@@ -1355,9 +1380,10 @@ static int64_t attend_segment(const mkv_mosaic_head *h, int64_t si, const double
         batch_dots(qt, w->quad, d, G, w->kpos, d, kval, nb, ks->r, dot);
         for (int b = 0; b < nb; b++) {
             int64_t i = tok[b];
-            for (int g = 0; g < G; g++)
-                wt[g] = mkv_osm_weigh(&w->seg[g], dot[b * G + g] * q->scale);
-            sparse_add(w->sacc, w->spill, d, G, wt, w->vpos + (size_t)b * d, vval[b], vs->r);
+            for (int l = 0; l < 4 * quads; l++)
+                wt[l] = l < G ? quad_weigh(w, d, l, dot[b * G + l] * q->scale) : 0;
+            for (int qd = 0; qd < quads; qd++)
+                quad_add(w->quad_acc + (size_t)qd * 4 * d, wt + 4 * qd, w->vpos + (size_t)b * d, vval[b], vs->r);
             res->bytes_read += (uint64_t)(mkv_mosaic_vector_bytes(ks) + mkv_mosaic_vector_bytes(vs) + kbb + vbb) +
                                mkv_mosaic_qparams_read(ks, i, &kgroup) + mkv_mosaic_qparams_read(vs, i, &vgroup);
         }
@@ -1367,21 +1393,28 @@ static int64_t attend_segment(const mkv_mosaic_head *h, int64_t si, const double
         return 0;
     const float *Rv = vs->rotate ? h->v.rotation + h->v.off_rotation[si] : NULL;
     res->bytes_read += mkv_mosaic_attended_segment_bytes(vs, d);
-    for (int g = 0; g < G; g++) {
-        /* o = o~ R_v^T once per segment: linear, so valid unnormalised */
-        const double *a = w->seg[g].acc;
+    for (int qd = 0; qd < quads; qd++) {
+        /* o = o~ R_v^T once per segment: linear, so valid unnormalised;
+         * each head's sums in c order */
+        const double *a = w->quad_acc + (size_t)qd * 4 * d;
         for (int j = 0; j < d; j++) {
-            double s = 0;
+            double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
             if (Rv)
-                for (int c = 0; c < vs->dprime; c++)
-                    s += a[c] * Rv[(size_t)j * vs->dprime + c];
+                for (int c = 0; c < vs->dprime; c++) {
+                    double r = Rv[(size_t)j * vs->dprime + c];
+                    s0 += a[4 * c] * r;
+                    s1 += a[4 * c + 1] * r;
+                    s2 += a[4 * c + 2] * r;
+                    s3 += a[4 * c + 3] * r;
+                }
             else
-                s = a[j];
-            w->back[j] = s;
+                s0 = a[4 * j], s1 = a[4 * j + 1], s2 = a[4 * j + 2], s3 = a[4 * j + 3];
+            w->back[j] = s0, w->back[d + j] = s1, w->back[2 * d + j] = s2, w->back[3 * d + j] = s3;
         }
-        mkv_osm back = w->seg[g];
-        back.acc = w->back;
-        mkv_osm_merge(&w->tot[g], &back);
+        for (int g = 4 * qd; g < G && g < 4 * qd + 4; g++) {
+            mkv_osm back = {.m = w->seg_m[g], .l = w->seg_l[g], .acc = w->back + (size_t)(g - 4 * qd) * d, .d = d};
+            mkv_osm_merge(&w->tot[g], &back);
+        }
     }
     return n;
 }

@@ -520,19 +520,25 @@ START_TEST(block_keys_hand_made)
     const double q1[3] = {2, -1, 0.5}, q2[3] = {-1, 0, 0};
     ck_assert_double_eq_tol(mkv_mosaic_block_score(q1, out, 3, 1), 3.5, 1e-15);
     ck_assert_double_eq_tol(mkv_mosaic_block_score(q2, out, 3, 1), 3, 1e-15);
-    /* many rows at once: 11 random rows (two groups of four and a rest)
-     * give the hand-checked single-row score of each, to the bit */
+    /* many rows and four queries at once: 11 random rows (two groups of
+     * four and a rest) give the hand-checked single-row score of each
+     * query, to the bit */
     {
         float rows[11 * 6];
-        double q[4] = {0.7, -1.3, 2.1, -0.4}, got[11];
+        double q[4][4] = {{0.7, -1.3, 2.1, -0.4}, {-0.2, 0.9, 0, 1.7}, {3.1, 2.2, -1.1, 0.05}, {-1, -1, 1, 1}};
+        double q4[4 * 4], got[11 * 4];
         uint64_t st = 5;
         for (int i = 0; i < 11 * 6; i++) {
             st = st * 6364136223846793005ULL + 1442695040888963407ULL;
             rows[i] = (float)((double)(st >> 40) / (double)(1 << 24) * 4 - 2);
         }
-        mkv_mosaic_block_scores(q, rows, 11, 4, 2, got);
+        for (int c = 0; c < 4; c++)
+            for (int l = 0; l < 4; l++)
+                q4[4 * c + l] = q[l][c];
+        mkv_mosaic_block_scores4(q4, rows, 11, 4, 2, got);
         for (int b = 0; b < 11; b++)
-            ck_assert(got[b] == mkv_mosaic_block_score(q, rows + b * 6, 4, 2));
+            for (int l = 0; l < 4; l++)
+                ck_assert(got[4 * b + l] == mkv_mosaic_block_score(q[l], rows + b * 6, 4, 2));
         /* q0 = 0.7 > 0 takes the max of the bound pair, q1 < 0 the min */
         double hand = fmax(0.7 * rows[0], 0.7 * rows[2]) + fmax(-1.3 * rows[1], -1.3 * rows[3]) +
                       2.1 * rows[4] - 0.4 * rows[5];

@@ -129,6 +129,12 @@
 #include "core/half.h"
 #include "core/tensor.h"
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+/* libgcc reads the CPU's features once, in a constructor. */
+static int have_avx2(void) { return __builtin_cpu_supports("avx2"); }
+#endif
+
 /* Query vectors the dynamic search measures losses on. */
 #define OBS_MAX 64
 
@@ -1040,6 +1046,39 @@ static int64_t visible(const mkv_mosaic_tensor *K, int B, int64_t p, int64_t *nb
     return nsc;
 }
 
+/* out[c] = sum_j q[j] R[j][c] for the columns c < a multiple of eight,
+ * in AVX2 where the CPU has it: each column summed over j in order,
+ * multiply then add, as the scalar loop below; returns the columns done. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("avx2"))) static int rotate_columns_avx2_impl(const float *q, const float *R, int d, int cols,
+                                                                  double *out)
+{
+    int c0 = 0;
+    for (; c0 + 8 <= cols; c0 += 8) {
+        __m256d s0 = _mm256_setzero_pd(), s1 = s0;
+        for (int j = 0; j < d; j++) {
+            __m256d x = _mm256_set1_pd((double)q[j]);
+            __m256 r = _mm256_loadu_ps(R + (size_t)j * cols + c0);
+            s0 = _mm256_add_pd(s0, _mm256_mul_pd(x, _mm256_cvtps_pd(_mm256_castps256_ps128(r))));
+            s1 = _mm256_add_pd(s1, _mm256_mul_pd(x, _mm256_cvtps_pd(_mm256_extractf128_ps(r, 1))));
+        }
+        _mm256_storeu_pd(out + c0, s0);
+        _mm256_storeu_pd(out + c0 + 4, s1);
+    }
+    return c0;
+}
+#endif
+
+static int rotate_columns_avx2(const float *q, const float *R, int d, int cols, double *out)
+{
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    if (have_avx2())
+        return rotate_columns_avx2_impl(q, R, d, cols, out);
+#endif
+    (void)q, (void)R, (void)d, (void)cols, (void)out;
+    return 0;
+}
+
 /* q~ [G][d] = q R_k over the stored columns of segment si (q itself when
  * not rotated). */
 static void rotate_queries(const mkv_mosaic_head *h, int64_t si, const float *q, int G, double *qt)
@@ -1057,7 +1096,7 @@ static void rotate_queries(const mkv_mosaic_head *h, int64_t si, const float *q,
             continue;
         }
         /* eight columns at a time in registers, each summing j = 0..d-1 in order */
-        int c0 = 0;
+        int c0 = rotate_columns_avx2(qg, Rk, d, cols, out);
         for (; c0 + 8 <= cols; c0 += 8) {
             double s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
             for (int j = 0; j < d; j++) {
@@ -1093,7 +1132,8 @@ int64_t mkv_mosaic_select_tokens(const mkv_mosaic_head *h, const mkv_mosaic_attn
     }
     int64_t nsc = visible(K, B, p, &nblk), n = 0;
     scored_block *blk = malloc(sizeof *blk * (size_t)(nblk ? nblk : 1));
-    double *gscore = malloc(sizeof *gscore * (size_t)(nblk ? nblk : 1));   /* one query head's block scores */
+    double *gscore = malloc(sizeof *gscore * 4 * (size_t)(nblk ? nblk : 1));   /* four query heads' block scores */
+    double q4[4 * MKV_MOSAIC_MAX_D];
     if (!blk || !gscore) {
         free(blk);
         free(gscore);
@@ -1112,12 +1152,16 @@ int64_t mkv_mosaic_select_tokens(const mkv_mosaic_head *h, const mkv_mosaic_attn
         int64_t nb = mkv_mosaic_nblocks(ks->len, B), upto = (p - ks->start) / B + 1;
         int64_t nv = upto < nb ? upto : nb;
         const float *rows = K->blockkeys + K->off_blockkeys[si];
-        for (int g = 0; g < G; g++) {
-            mkv_mosaic_block_scores(qs + (size_t)g * d, rows, nv, ks->keydim, ks->bound, gscore);
-            for (int64_t b = 0; b < nv; b++) {
-                double s = gscore[b] * scale, *agg = &blk[n + b].score;
-                *agg = g == 0 ? s : o->agg_sum ? *agg + s : s > *agg ? s : *agg;
-            }
+        for (int g0 = 0; g0 < G; g0 += 4) {
+            for (int c = 0; c < ks->keydim; c++)
+                for (int l = 0; l < 4; l++)
+                    q4[4 * c + l] = g0 + l < G ? qs[(size_t)(g0 + l) * d + c] : 0;
+            mkv_mosaic_block_scores4(q4, rows, nv, ks->keydim, ks->bound, gscore);
+            for (int g = g0; g < G && g < g0 + 4; g++)
+                for (int64_t b = 0; b < nv; b++) {
+                    double s = gscore[4 * b + g - g0] * scale, *agg = &blk[n + b].score;
+                    *agg = g == 0 ? s : o->agg_sum ? *agg + s : s > *agg ? s : *agg;
+                }
         }
         for (int64_t b = 0; b < nv; b++, n++) {
             blk[n].seg = si;
@@ -1222,7 +1266,6 @@ static void batch_dots_scalar(const double *q, int d, int G, const int *pos, int
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
 /* The same with four heads in the lanes of one vector (quad [d][4]) and
  * four tokens at a time, so that four sums advance together; each lane
  * multiplies and then adds, as the scalar form does. */
@@ -1254,7 +1297,6 @@ __attribute__((target("avx2"))) static void quad_dots_avx2(const double *quad, c
     }
 }
 
-static int have_avx2(void) { return __builtin_cpu_supports("avx2"); }
 #endif
 
 /* batch_dots_scalar's sums; quad holds the same queries, four heads side

@@ -240,33 +240,76 @@ double mkv_mosaic_block_score(const double *qt, const float *row, int keydim, in
     return s;
 }
 
-void mkv_mosaic_block_scores(const double *qt, const float *rows, int64_t n, int keydim, int bound, double *out)
+static void block_scores4_scalar(const double *q4, const float *rows, int64_t n, int keydim, int bound,
+                                 double *out)
+{
+    int w = keydim + bound;
+    for (int64_t b = 0; b < n; b++)
+        for (int l = 0; l < 4; l++) {
+            const float *row = rows + b * w;
+            double s = 0;
+            for (int c = 0; c < bound; c++) {
+                double a = q4[4 * c + l] * row[c], e = q4[4 * c + l] * row[bound + c];
+                s += a > e ? a : e;
+            }
+            for (int c = bound; c < keydim; c++)
+                s += q4[4 * c + l] * row[bound + c];
+            out[4 * b + l] = s;
+        }
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+/* The four queries in the lanes of a vector, four rows at a time; each
+ * lane multiplies, takes the larger (_mm256_max_pd(a, e) is a > e ? a : e)
+ * and adds as the scalar form does. */
+__attribute__((target("avx2"))) static void block_scores4_avx2(const double *q4, const float *rows, int64_t n,
+                                                             int keydim, int bound, double *out)
 {
     int w = keydim + bound;
     int64_t b = 0;
-    /* four rows at a time: four independent sums, each in the order of
-     * mkv_mosaic_block_score */
     for (; b + 4 <= n; b += 4) {
         const float *r0 = rows + b * w, *r1 = r0 + w, *r2 = r1 + w, *r3 = r2 + w;
-        double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        __m256d s0 = _mm256_setzero_pd(), s1 = s0, s2 = s0, s3 = s0;
         for (int c = 0; c < bound; c++) {
-            double q = qt[c], a, e;
-            a = q * r0[c], e = q * r0[bound + c], s0 += a > e ? a : e;
-            a = q * r1[c], e = q * r1[bound + c], s1 += a > e ? a : e;
-            a = q * r2[c], e = q * r2[bound + c], s2 += a > e ? a : e;
-            a = q * r3[c], e = q * r3[bound + c], s3 += a > e ? a : e;
+            __m256d q = _mm256_loadu_pd(q4 + 4 * c);
+#define BOUND_TERM(s, r)                                                                                   \
+    s = _mm256_add_pd(s, _mm256_max_pd(_mm256_mul_pd(q, _mm256_set1_pd(r[c])),                              \
+                                       _mm256_mul_pd(q, _mm256_set1_pd(r[bound + c]))))
+            BOUND_TERM(s0, r0);
+            BOUND_TERM(s1, r1);
+            BOUND_TERM(s2, r2);
+            BOUND_TERM(s3, r3);
+#undef BOUND_TERM
         }
         for (int c = bound; c < keydim; c++) {
-            double q = qt[c];
-            s0 += q * r0[bound + c];
-            s1 += q * r1[bound + c];
-            s2 += q * r2[bound + c];
-            s3 += q * r3[bound + c];
+            __m256d q = _mm256_loadu_pd(q4 + 4 * c);
+            s0 = _mm256_add_pd(s0, _mm256_mul_pd(q, _mm256_set1_pd(r0[bound + c])));
+            s1 = _mm256_add_pd(s1, _mm256_mul_pd(q, _mm256_set1_pd(r1[bound + c])));
+            s2 = _mm256_add_pd(s2, _mm256_mul_pd(q, _mm256_set1_pd(r2[bound + c])));
+            s3 = _mm256_add_pd(s3, _mm256_mul_pd(q, _mm256_set1_pd(r3[bound + c])));
         }
-        out[b] = s0, out[b + 1] = s1, out[b + 2] = s2, out[b + 3] = s3;
+        _mm256_storeu_pd(out + 4 * b, s0);
+        _mm256_storeu_pd(out + 4 * b + 4, s1);
+        _mm256_storeu_pd(out + 4 * b + 8, s2);
+        _mm256_storeu_pd(out + 4 * b + 12, s3);
     }
-    for (; b < n; b++)
-        out[b] = mkv_mosaic_block_score(qt, rows + b * w, keydim, bound);
+    if (b < n)
+        block_scores4_scalar(q4, rows + b * w, n - b, keydim, bound, out + 4 * b);
+}
+
+static int have_avx2(void) { return __builtin_cpu_supports("avx2"); }
+#endif
+
+void mkv_mosaic_block_scores4(const double *q4, const float *rows, int64_t n, int keydim, int bound, double *out)
+{
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    if (have_avx2()) {
+        block_scores4_avx2(q4, rows, n, keydim, bound, out);
+        return;
+    }
+#endif
+    block_scores4_scalar(q4, rows, n, keydim, bound, out);
 }
 
 void mkv_mosaic_channel_qparams(const double *xt, int64_t n, int ldx, int nc, int bits, int qgroup,

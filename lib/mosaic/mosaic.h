@@ -56,9 +56,10 @@ void mkv_mosaic_block_keys(const double *xt, int64_t n, int ldx, int keydim, int
 /* Unscaled score of one block-key row for a query q~ [keydim] in the
  * segment's key space. */
 double mkv_mosaic_block_score(const double *qt, const float *row, int keydim, int bound);
-/* The same for n consecutive rows rows [n][keydim + bound] into out [n],
- * each equal to mkv_mosaic_block_score's. */
-void mkv_mosaic_block_scores(const double *qt, const float *rows, int64_t n, int keydim, int bound, double *out);
+/* The same for four queries and n consecutive rows [n][keydim + bound],
+ * q4 [keydim][4] (query l's channel c at q4[4 c + l]): out [n][4], each
+ * equal to mkv_mosaic_block_score's; in AVX2 where the CPU has it. */
+void mkv_mosaic_block_scores4(const double *q4, const float *rows, int64_t n, int keydim, int bound, double *out);
 
 /* Zero and step (qparams [groups][nc][2]) of nc channels quantized to
  * `bits` bits, per group of qgroup consecutive vectors of xt [n][ldx]

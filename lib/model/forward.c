@@ -12,6 +12,7 @@
 
 #include "core/blas.h"
 #include "model/forward.h"
+#include "model/ggml_quant.h"
 #include "core/tensor.h"
 
 #define DEFAULT_CHUNK 128
@@ -136,7 +137,8 @@ struct mkv_forward {
     float *rope_cos, *rope_sin;   /* [chunk][rope_dim/2] */
     float *scores;                /* [threads][ATT_ROWS][max_seq] */
     float *weight_tiles;          /* [threads][TILE_ROWS][widest input]: matrices kept in
-                                     blocks, dequantized a tile at a time; NULL when none are */
+                                     blocks, dequantized a tile at a time (a single token's
+                                     products: x's block sums and the dots); NULL when none are */
     size_t tile_floats;
     mkv_capture_fn capture;
     void *capture_user;
@@ -384,6 +386,17 @@ static void matmul_task(void *ctx, int task, int worker)
     const matmul *mm = &job->mm[i];
     int r0 = task * TILE_ROWS;
     int nr = mm->out - r0 < TILE_ROWS ? mm->out - r0 : TILE_ROWS;
+    float *y = mm->y + r0;
+    if (job->rows == 1 && !mm->w && mkv_ggml_can_dot(mm->qw->type)) {
+        /* one token: the rows' blocks dotted with x as they are read */
+        float *tile = job->f->weight_tiles + (size_t)worker * job->f->tile_floats;
+        float *dots = tile + mm->in / 4;
+        mkv_ggml_dot_rows(mm->qw->type, mm->qw->data + (size_t)r0 * mm->qw->row_bytes, mm->qw->row_bytes,
+                          (size_t)mm->in, (size_t)nr, mm->x, tile, dots);
+        for (int j = 0; j < nr; j++)
+            y[j] = (mm->beta == 0.0f ? 0.0f : mm->beta * y[j]) + dots[j] + (mm->bias ? mm->bias[r0 + j] : 0.0f);
+        return;
+    }
     const float *w;
     if (mm->w) {
         w = mm->w + (size_t)r0 * (size_t)mm->in;
@@ -393,7 +406,6 @@ static void matmul_task(void *ctx, int task, int worker)
         mkv_matrix_rows(NULL, mm->qw, (size_t)mm->in, (size_t)r0, (size_t)nr, tile);
         w = tile;
     }
-    float *y = mm->y + r0;
     if (job->rows == 1)
         cblas_sgemv(CblasRowMajor, CblasNoTrans, nr, mm->in, 1.0f, w, mm->in, mm->x, 1, mm->beta, y, 1);
     else

@@ -95,6 +95,71 @@ static int have_avx2(void)
 {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
 }
+
+/* ---- rows dotted with x, the blocks never written out as floats */
+
+/* The 32 values of a block as four vectors of 8 floats, from its bytes:
+ * lo holds elements 0..15, hi 16..31. */
+__attribute__((target("avx2,fma"), always_inline)) static inline __m256 block_dot(__m128i lo, __m128i hi,
+                                                                                 const float *x)
+{
+    __m256 t = _mm256_mul_ps(widen(lo), _mm256_loadu_ps(x));
+    t = _mm256_fmadd_ps(widen(_mm_srli_si128(lo, 8)), _mm256_loadu_ps(x + 8), t);
+    t = _mm256_fmadd_ps(widen(hi), _mm256_loadu_ps(x + 16), t);
+    return _mm256_fmadd_ps(widen(_mm_srli_si128(hi, 8)), _mm256_loadu_ps(x + 24), t);
+}
+
+__attribute__((target("avx2"), always_inline)) static inline float hsum8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* One row of `blocks` blocks dotted with x.  A block's sum is
+ * d * sum(q x) (+ m * sum(x) for Q4_1, the block sums of x precomputed in
+ * xs, 8 lanes a block). */
+__attribute__((target("avx2,fma,f16c"))) static float row_dot_avx2(uint32_t type, const unsigned char *p,
+                                                                  size_t blocks, const float *x,
+                                                                  const float *xs)
+{
+    const __m128i low4 = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (size_t b = 0; b < blocks; b++, x += 32) {
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(get_u16(p)));
+        if (type == MKV_GGML_Q8_0) {
+            acc = _mm256_fmadd_ps(d, block_dot(_mm_loadu_si128((const __m128i *)(p + 2)),
+                                               _mm_loadu_si128((const __m128i *)(p + 18)), x), acc);
+            p += 34;
+            continue;
+        }
+        int with_min = type == MKV_GGML_Q4_1;
+        __m128i q = _mm_loadu_si128((const __m128i *)(p + (with_min ? 4 : 2)));
+        __m128i lo = _mm_and_si128(q, low4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), low4);
+        if (with_min) {
+            __m256 m = _mm256_set1_ps(_cvtsh_ss(get_u16(p + 2)));
+            accm = _mm256_fmadd_ps(m, _mm256_loadu_ps(xs + 8 * b), accm);
+            p += 20;
+        } else {
+            lo = _mm_sub_epi8(lo, eight);
+            hi = _mm_sub_epi8(hi, eight);
+            p += 18;
+        }
+        acc = _mm256_fmadd_ps(d, block_dot(lo, hi, x), acc);
+    }
+    return hsum8(_mm256_add_ps(acc, accm));
+}
+
+__attribute__((target("avx2"))) static void block_sums_avx2(const float *x, size_t blocks, float *xs)
+{
+    for (size_t b = 0; b < blocks; b++, x += 32)
+        _mm256_storeu_ps(xs + 8 * b, _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8)),
+                                                   _mm256_add_ps(_mm256_loadu_ps(x + 16),
+                                                                 _mm256_loadu_ps(x + 24))));
+}
+
+static int have_fma(void) { return have_avx2() && __builtin_cpu_supports("fma"); }
 #endif
 
 static int check_request(uint32_t type, uint64_t n, mkv_error *err)
@@ -199,4 +264,42 @@ int mkv_gguf_dequantize(const mkv_gguf *g, const mkv_gguf_tensor *t, float *dst,
     if (rc && err)
         mkv_error_prefix(err, "'%s': tensor '%s'", mkv_gguf_path(g), t->name);
     return rc;
+}
+
+int mkv_ggml_can_dot(uint32_t type)
+{
+    return type == MKV_GGML_Q8_0 || type == MKV_GGML_Q4_0 || type == MKV_GGML_Q4_1;
+}
+
+void mkv_ggml_dot_rows_scalar(uint32_t type, const void *rows, size_t row_bytes, size_t cols, size_t n,
+                              const float *x, float *y)
+{
+    float w[32];
+    for (size_t r = 0; r < n; r++) {
+        const unsigned char *p = (const unsigned char *)rows + r * row_bytes;
+        double sum = 0.0;
+        for (size_t k = 0; k < cols; k += 32, p += mkv_ggml_type_size(type)) {
+            mkv_ggml_dequantize_scalar(type, p, w, 32, NULL);
+            for (int j = 0; j < 32; j++)
+                sum += (double)w[j] * x[k + (size_t)j];
+        }
+        y[r] = (float)sum;
+    }
+}
+
+void mkv_ggml_dot_rows(uint32_t type, const void *rows, size_t row_bytes, size_t cols, size_t n, const float *x,
+                       float *scratch, float *y)
+{
+#ifdef HAVE_AVX2_PATH
+    if (have_fma()) {
+        size_t blocks = cols / 32;
+        if (type == MKV_GGML_Q4_1)
+            block_sums_avx2(x, blocks, scratch);
+        for (size_t r = 0; r < n; r++)
+            y[r] = row_dot_avx2(type, (const unsigned char *)rows + r * row_bytes, blocks, x, scratch);
+        return;
+    }
+#endif
+    (void)scratch;
+    mkv_ggml_dot_rows_scalar(type, rows, row_bytes, cols, n, x, y);
 }

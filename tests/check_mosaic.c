@@ -6,6 +6,7 @@
 #include "config.h"
 
 #include <math.h>
+#include <pthread.h>
 
 #include <hdf5.h>
 
@@ -740,6 +741,81 @@ START_TEST(packed_attention_equals_reconstruction)
         }
         mkv_mosaic_head_free(&h);
     }
+    head_data_free(&hd);
+}
+END_TEST
+
+/* The attention in pieces (what the decoder's threads share) gives
+ * mkv_mosaic_attend's floats, whichever thread runs which piece and in
+ * which order: here the last piece first, on a thread of its own. */
+typedef struct {
+    mkv_mosaic_attend_job *job;
+    int piece;
+} piece_arg;
+
+static void *run_piece(void *arg)
+{
+    piece_arg *a = arg;
+    mkv_mosaic_attend_piece(a->job, a->piece);
+    return NULL;
+}
+
+START_TEST(pieces_equal_attend)
+{
+    head_data hd;
+    head_data_make(&hd, 23, 437, 32, 3, 8);
+    mkv_head_kv in = as_input(&hd);
+    mkv_error err;
+    mkv_mosaic_config c = fixed_config(32, 0.25, 1, 0.8);
+    c.segment = 64;
+    mkv_mosaic_head h;
+    ck_assert_int_eq(mkv_mosaic_compress(&c, &in, &h, &err), MKV_OK);
+    ck_assert_int_ge(h.k.nseg, 4);
+    mkv_mosaic_attn_opts o = {.budget = 0.3};
+    const int64_t positions[] = {436, 200, 30};
+    for (int i = 0; i < 3; i++) {
+        float q[3 * 32], out_a[3 * 32], out_b[3 * 32];
+        double lse_a[3], lse_b[3];
+        uint8_t att_a[437] = {0}, att_b[437] = {0};
+        gen_queries(77 + (uint64_t)i, hd.k, positions[i] + 1, 32, 3, q);
+        mkv_attend_query aq = {.G = 3, .d = 32, .q = q, .pos = positions[i], .scale = 1 / sqrt(32)};
+        mkv_attend_result ra = {.out = out_a, .attended = att_a, .lse = lse_a};
+        mkv_attend_result rb = {.out = out_b, .attended = att_b, .lse = lse_b};
+        ck_assert_int_eq(mkv_mosaic_attend(&h, &o, &aq, &ra, &err), MKV_OK);
+        mkv_mosaic_attend_job *job;
+        ck_assert_int_eq(mkv_mosaic_attend_begin(&h, &o, &aq, &rb, &job, &err), MKV_OK);
+        pthread_t th;
+        piece_arg last = {job, MKV_MOSAIC_PIECES - 1};
+        ck_assert_int_eq(pthread_create(&th, NULL, run_piece, &last), 0);
+        ck_assert_int_eq(pthread_join(th, NULL), 0);
+        for (int piece = MKV_MOSAIC_PIECES - 2; piece >= 0; piece--)
+            mkv_mosaic_attend_piece(job, piece);
+        mkv_mosaic_attend_end(job, &rb);
+        ck_assert(memcmp(out_a, out_b, sizeof out_a) == 0);
+        ck_assert(memcmp(lse_a, lse_b, sizeof lse_a) == 0);
+        ck_assert(memcmp(att_a, att_b, sizeof att_a) == 0);
+        ck_assert_uint_eq(ra.bytes_read, rb.bytes_read);
+        /* and both are the attention over what was attended */
+        double ref[3 * 32];
+        double *K = malloc(sizeof(double) * 437 * 32), *V = malloc(sizeof(double) * 437 * 32);
+        ck_assert(K && V);
+        ref_reconstruct(&h, &h.k, h.dense_k, 1, K);
+        ref_reconstruct(&h, &h.v, h.dense_v, 0, V);
+        ref_attend(K, V, positions[i] + 1, 32, att_a, q, 3, 1 / sqrt(32), ref);
+        ck_assert_double_le(rel_err(out_a, ref, 3 * 32), 2e-3);
+        free(K);
+        free(V);
+    }
+    /* begun and ended without running its pieces: freed (ASan) */
+    float q[3 * 32], out[3 * 32];
+    uint8_t att[437] = {0};
+    gen_queries(5, hd.k, 437, 32, 3, q);
+    mkv_attend_query aq = {.G = 3, .d = 32, .q = q, .pos = 436, .scale = 1 / sqrt(32)};
+    mkv_attend_result r = {.out = out, .attended = att};
+    mkv_mosaic_attend_job *job;
+    ck_assert_int_eq(mkv_mosaic_attend_begin(&h, &o, &aq, &r, &job, &err), MKV_OK);
+    mkv_mosaic_attend_end(job, NULL);
+    mkv_mosaic_head_free(&h);
     head_data_free(&hd);
 }
 END_TEST
@@ -1897,6 +1973,7 @@ static Suite *mosaic_suite(void)
     tc = tcase_create("attention");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, packed_attention_equals_reconstruction);
+    tcase_add_test(tc, pieces_equal_attend);
     tcase_add_test(tc, bytes_read_hand_count);
     tcase_add_test(tc, full_keep_equals_exact_attention);
     tcase_add_test(tc, uniform2d_is_fixed_channel_truncation);

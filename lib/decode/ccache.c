@@ -5,6 +5,8 @@
 #endif
 
 #include <math.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -311,6 +313,81 @@ static int head_task_appending(attention_ctx *a, int h, mkv_error *err)
     return rc;
 }
 
+/* One decode token over a method that attends in pieces: tasks
+ * [0, H) append each head's token and begin its attention, tasks
+ * [H, H + H * pieces) run the pieces.  Tasks are taken in index order, so
+ * a head's begin is always taken before its pieces; a piece whose begin
+ * is still running on another thread waits for it (ready: 0 running, 1
+ * done, -1 failed). */
+typedef struct {
+    mkv_ccache *cc;
+    const mkv_capture_batch *b;
+    float *out;
+    size_t n_att;
+    uint8_t *attended;          /* [H][n_att] */
+    mkv_attend_query *aq;       /* [H] */
+    mkv_attend_result *r;       /* [H] */
+    void **jobs;                /* [H] */
+    atomic_int *ready;          /* [H] */
+} pieces_ctx;
+
+static int pieces_task(void *ctx, int t, mkv_error *err)
+{
+    pieces_ctx *a = ctx;
+    mkv_ccache *cc = a->cc;
+    const mkv_method *m = cc->method;
+    int H = cc->n_kv_heads;
+    if (t >= H) {
+        int h = (t - H) / m->attend_pieces, piece = (t - H) % m->attend_pieces, st;
+        while ((st = atomic_load_explicit(&a->ready[h], memory_order_acquire)) == 0)
+            sched_yield();
+        if (st > 0)
+            m->attend_piece(a->jobs[h], piece);
+        return MKV_OK;
+    }
+    int h = t, l = a->b->layer, d = cc->d, G = cc->G;
+    void *state = cc->states[head_index(cc, l, h)];
+    int rc = m->append(state, a->b->k + (size_t)h * d, a->b->v + (size_t)h * d, err);
+    if (!rc) {
+        a->aq[h] = (mkv_attend_query){.G = G, .d = d, .q = a->b->q + (size_t)h * G * d,
+                                      .pos = cc->prefix + cc->tail_len[l], .scale = 1.0 / sqrt((double)d)};
+        a->r[h] = (mkv_attend_result){.out = a->out + (size_t)h * G * d, .attended = a->attended + (size_t)h * a->n_att};
+        rc = m->attend_begin(state, &a->aq[h], &a->r[h], &a->jobs[h], err);
+    }
+    if (rc)
+        mkv_error_prefix(err, "method '%s': layer %d head %d", m->name, l, h);
+    atomic_store_explicit(&a->ready[h], rc ? -1 : 1, memory_order_release);
+    return rc;
+}
+
+static int attention_in_pieces(mkv_ccache *cc, const mkv_capture_batch *b, float *out, mkv_error *err)
+{
+    int H = cc->n_kv_heads, failed;
+    pieces_ctx a = {cc, b, out, (size_t)(cc->prefix + cc->tail_cap), NULL, NULL, NULL, NULL, NULL};
+    a.attended = mkv_calloc((size_t)H, a.n_att, "attended tokens", err);
+    a.aq = mkv_calloc((size_t)H, sizeof *a.aq, "attention queries", err);
+    a.r = mkv_calloc((size_t)H, sizeof *a.r, "attention results", err);
+    a.jobs = mkv_calloc((size_t)H, sizeof *a.jobs, "attention jobs", err);
+    a.ready = mkv_calloc((size_t)H, sizeof *a.ready, "attention jobs", err);
+    int rc = a.attended && a.aq && a.r && a.jobs && a.ready ? MKV_OK : MKV_ENOMEM;
+    for (int h = 0; !rc && h < H; h++)
+        atomic_init(&a.ready[h], 0);
+    if (!rc)
+        rc = mkv_run_tasks(H * (1 + cc->method->attend_pieces), cc->threads, pieces_task, &a, &failed, err);
+    /* after a failure some pieces never ran: the jobs are only freed */
+    for (int h = 0; a.jobs && h < H; h++)
+        if (a.jobs[h]) {
+            cc->method->attend_end(a.jobs[h], rc ? NULL : &a.r[h]);
+            cc->head_bytes[h] = rc ? 0 : a.r[h].bytes_read;
+        }
+    mkv_free(a.attended);
+    mkv_free(a.aq);
+    mkv_free(a.r);
+    mkv_free(a.jobs);
+    mkv_free((void *)a.ready);
+    return rc;
+}
+
 static int head_task(void *ctx, int h, mkv_error *err)
 {
     attention_ctx *a = ctx;
@@ -381,10 +458,14 @@ int mkv_ccache_attention(void *user, const mkv_capture_batch *b, float *out, mkv
     if (b->n > cc->tail_cap - cc->tail_len[b->layer])
         return mkv_fail(err, MKV_EUSAGE, "the decode tail holds %d tokens; %d more do not fit", cc->tail_cap,
                         b->n);
-    attention_ctx a = {cc, b, out};
-    int failed;
-    int threads = cc->threads < cc->n_kv_heads ? cc->threads : cc->n_kv_heads;
-    int rc = mkv_run_tasks(cc->n_kv_heads, threads, head_task, &a, &failed, err);
+    int rc;
+    if (cc->appends && b->n == 1 && cc->threads > 1 && cc->method->attend_pieces > 1) {
+        rc = attention_in_pieces(cc, b, out, err);
+    } else {
+        attention_ctx a = {cc, b, out};
+        int failed, threads = cc->threads < cc->n_kv_heads ? cc->threads : cc->n_kv_heads;
+        rc = mkv_run_tasks(cc->n_kv_heads, threads, head_task, &a, &failed, err);
+    }
     if (rc)
         return rc;
     cc->tail_len[b->layer] += b->n;

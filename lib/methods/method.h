@@ -156,6 +156,18 @@ struct mkv_method {
     /* Load the arrays of (layer, head) into a state for attend. */
     int (*load)(const mkv_params *p, mkv_cdump *c, int layer, int head, void **state, mkv_error *err);
     int (*attend)(void *state, const mkv_attend_query *q, mkv_attend_result *r, mkv_error *err);
+    /* Optional: attend's answer in attend_pieces pieces that several
+     * threads can share (a head's attention is otherwise one thread's
+     * task).  attend_begin does what the pieces share (the checks and the
+     * token selection: r->attended) and returns a job; attend_piece(job,
+     * i) for every i < attend_pieces, on any threads, concurrently;
+     * attend_end merges them into r in a fixed order and frees the job, so
+     * the floats are attend's whatever the threads (r NULL: only frees it,
+     * the pieces run or not).  q and r stay in place until attend_end. */
+    int attend_pieces;
+    int (*attend_begin)(void *state, const mkv_attend_query *q, mkv_attend_result *r, void **job, mkv_error *err);
+    void (*attend_piece)(void *job, int piece);
+    void (*attend_end)(void *job, mkv_attend_result *r);
     void (*free_state)(void *state);
     /* Decode-time growth (optional). append adds the token at position T
      * of the state (T = the tokens it holds: the compressed context, then

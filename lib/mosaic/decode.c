@@ -302,6 +302,20 @@ int mkv_mosaic_method_attend(void *state, const mkv_attend_query *q, mkv_attend_
     return mkv_mosaic_attend(&s->h, &s->o, q, r, err);
 }
 
+int mkv_mosaic_method_attend_begin(void *state, const mkv_attend_query *q, mkv_attend_result *r, void **job,
+                                   mkv_error *err)
+{
+    mosaic_state *s = state;
+    mkv_mosaic_attend_job *j;
+    int rc = mkv_mosaic_attend_begin(&s->h, &s->o, q, r, &j, err);
+    *job = j;
+    return rc;
+}
+
+void mkv_mosaic_method_attend_piece(void *job, int piece) { mkv_mosaic_attend_piece(job, piece); }
+
+void mkv_mosaic_method_attend_end(void *job, mkv_attend_result *r) { mkv_mosaic_attend_end(job, r); }
+
 void mkv_mosaic_method_free(void *state)
 {
     if (state)

@@ -1195,7 +1195,6 @@ int64_t mkv_mosaic_select_tokens(const mkv_mosaic_head *h, const mkv_mosaic_attn
 
 /* Working memory of one attention step. */
 typedef struct {
-    double *qt;           /* [nsc][G][d] rotated queries */
     double *quad;         /* [ceil(G/4)][d][4] one segment's rotated queries, heads side by side */
     mkv_osm *tot;         /* [G] per head: all tokens (original space) */
     double *acc;          /* [G][d] accumulators of tot */
@@ -1210,7 +1209,6 @@ typedef struct {
 
 static void work_free(attend_work *w)
 {
-    mkv_free(w->qt);
     mkv_free(w->quad);
     mkv_free(w->tot);
     mkv_free(w->acc);
@@ -1225,12 +1223,11 @@ static void work_free(attend_work *w)
     mkv_free(w->vbuf);
 }
 
-static int work_alloc(attend_work *w, int64_t nsc, int G, int d, mkv_error *err)
+static int work_alloc(attend_work *w, int G, int d, mkv_error *err)
 {
     memset(w, 0, sizeof *w);
     size_t gd = (size_t)G * (size_t)d, bd = (size_t)TOKEN_BATCH * (size_t)d, lanes = (size_t)(G + 3) / 4 * 4;
-    if (!(w->qt = mkv_alloc((size_t)(nsc ? nsc : 1) * gd, sizeof *w->qt, "rotated queries", err)) ||
-        !(w->quad = mkv_calloc(lanes * (size_t)d, sizeof *w->quad, "rotated queries", err)) ||
+    if (!(w->quad = mkv_calloc(lanes * (size_t)d, sizeof *w->quad, "rotated queries", err)) ||
         !(w->tot = mkv_alloc((size_t)G, sizeof *w->tot, "softmax states", err)) ||
         !(w->acc = mkv_alloc(gd, sizeof *w->acc, "accumulators", err)) ||
         !(w->seg_m = mkv_alloc(lanes, sizeof *w->seg_m, "softmax states", err)) ||
@@ -1343,8 +1340,28 @@ static double quad_weigh(attend_work *w, int d, int g, double score)
 /* acc[pos[j]][l] += wt[l] x[j] for the four heads of one quad (acc
  * [d][4]), in j order for each head as mkv_osm_add_sparse adds; a lane
  * without a head has weight 0 and is never read. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+/* The same with the four lanes of a position in one vector: each lane
+ * multiplies and then adds, so the sums are quad_add's. */
+__attribute__((target("avx2"))) static void quad_add_avx2(double *acc, const double *wt, const int *pos,
+                                                        const float *x, int n)
+{
+    __m256d w = _mm256_loadu_pd(wt);
+    for (int j = 0; j < n; j++) {
+        double *a = acc + 4 * (size_t)pos[j];
+        _mm256_storeu_pd(a, _mm256_add_pd(_mm256_loadu_pd(a), _mm256_mul_pd(w, _mm256_set1_pd(x[j]))));
+    }
+}
+#endif
+
 static void quad_add(double *acc, const double *wt, const int *pos, const float *x, int n)
 {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    if (have_avx2()) {
+        quad_add_avx2(acc, wt, pos, x, n);
+        return;
+    }
+#endif
     double w0 = wt[0], w1 = wt[1], w2 = wt[2], w3 = wt[3];
     for (int j = 0; j < n; j++) {
         double xj = x[j], *a = acc + 4 * (size_t)pos[j];
@@ -1379,7 +1396,7 @@ static void dense_dots(const float *q, int d, int G, const float *k, double *dot
 /* Attend the selected compressed tokens (att) of segment si, <= p, and
  * merge into the heads' states w->tot; returns the tokens attended. */
 static int64_t attend_segment(const mkv_mosaic_head *h, int64_t si, const double *qt, const uint8_t *att,
-                              const mkv_attend_query *q, attend_work *w, mkv_attend_result *res)
+                              const mkv_attend_query *q, attend_work *w, uint64_t *bytes_read)
 {
     const mkv_mosaic_strategy *ks = &h->k.seg[si], *vs = &h->v.seg[si];
     int d = h->d, G = q->G, kbb = mkv_mosaic_bitmap_bytes(ks), vbb = mkv_mosaic_bitmap_bytes(vs);
@@ -1426,15 +1443,15 @@ static int64_t attend_segment(const mkv_mosaic_head *h, int64_t si, const double
                 wt[l] = l < G ? quad_weigh(w, d, l, dot[b * G + l] * q->scale) : 0;
             for (int qd = 0; qd < quads; qd++)
                 quad_add(w->quad_acc + (size_t)qd * 4 * d, wt + 4 * qd, w->vpos + (size_t)b * d, vval[b], vs->r);
-            res->bytes_read += (uint64_t)(mkv_mosaic_vector_bytes(ks) + mkv_mosaic_vector_bytes(vs) + kbb + vbb) +
-                               mkv_mosaic_qparams_read(ks, i, &kgroup) + mkv_mosaic_qparams_read(vs, i, &vgroup);
+            *bytes_read += (uint64_t)(mkv_mosaic_vector_bytes(ks) + mkv_mosaic_vector_bytes(vs) + kbb + vbb) +
+                           mkv_mosaic_qparams_read(ks, i, &kgroup) + mkv_mosaic_qparams_read(vs, i, &vgroup);
         }
         n += nb;
     }
     if (n == 0)
         return 0;
     const float *Rv = vs->rotate ? h->v.rotation + h->v.off_rotation[si] : NULL;
-    res->bytes_read += mkv_mosaic_attended_segment_bytes(vs, d);
+    *bytes_read += mkv_mosaic_attended_segment_bytes(vs, d);
     for (int qd = 0; qd < quads; qd++) {
         /* o = o~ R_v^T once per segment: linear, so valid unnormalised;
          * each head's sums in c order */
@@ -1461,54 +1478,158 @@ static int64_t attend_segment(const mkv_mosaic_head *h, int64_t si, const double
     return n;
 }
 
-int mkv_mosaic_attend(const mkv_mosaic_head *h, const mkv_mosaic_attn_opts *o,
-                      const mkv_attend_query *q, mkv_attend_result *res, mkv_error *err)
+/* One step's attention in MKV_MOSAIC_PIECES pieces: the selection and
+ * the rotated queries are shared; piece i attends the segments
+ * [first[i], first[i + 1]) (piece 0 also the dense tokens) into softmax
+ * states of its own, which the end merges in piece order. */
+struct mkv_mosaic_attend_job {
+    const mkv_mosaic_head *h;
+    mkv_attend_query q;
+    const uint8_t *att;
+    double *qt;                   /* [nsc][G][d] rotated queries */
+    int64_t first[MKV_MOSAIC_PIECES + 1];
+    attend_work w[MKV_MOSAIC_PIECES];
+    uint64_t bytes[MKV_MOSAIC_PIECES];
+};
+
+static void job_free(mkv_mosaic_attend_job *j)
 {
+    if (!j)
+        return;
+    for (int i = 0; i < MKV_MOSAIC_PIECES; i++)
+        work_free(&j->w[i]);
+    mkv_free(j->qt);
+    mkv_free(j);
+}
+
+/* Piece boundaries with about equal attended tokens in each (the dense
+ * tokens count towards piece 0, which attends them). */
+static void split_segments(mkv_mosaic_attend_job *j, int64_t nsc, int64_t dense)
+{
+    const mkv_mosaic_head *h = j->h;
+    int64_t total = dense;
+    for (int64_t si = 0; si < nsc; si++) {
+        const mkv_mosaic_strategy *s = &h->k.seg[si];
+        for (int64_t t = s->start; t < s->start + s->len && t <= j->q.pos; t++)
+            total += j->att[t];
+    }
+    int64_t seen = dense, si = 0;
+    j->first[0] = 0;
+    for (int i = 1; i < MKV_MOSAIC_PIECES; i++) {
+        /* segments go to piece i - 1 while it holds less than its share */
+        while (si < nsc && seen * MKV_MOSAIC_PIECES < total * i) {
+            const mkv_mosaic_strategy *s = &h->k.seg[si++];
+            for (int64_t t = s->start; t < s->start + s->len && t <= j->q.pos; t++)
+                seen += j->att[t];
+        }
+        j->first[i] = si;
+    }
+    j->first[MKV_MOSAIC_PIECES] = nsc;
+}
+
+int mkv_mosaic_attend_begin(const mkv_mosaic_head *h, const mkv_mosaic_attn_opts *o, const mkv_attend_query *q,
+                            mkv_attend_result *res, mkv_mosaic_attend_job **out, mkv_error *err)
+{
+    *out = NULL;
     int rc = mkv_bl_check_query(q, h->T, h->d, h->G, err);
     if (rc != MKV_OK)
         return rc;
-    int d = h->d, G = q->G, B = h->block;
-    int64_t p = q->pos, nblk;
-    const mkv_mosaic_tensor *K = &h->k;
-    int64_t nsc = visible(K, B, p, &nblk);
-    attend_work w;
-    if ((rc = work_alloc(&w, nsc, G, d, err)) != MKV_OK)
-        return rc;
-    if (mkv_mosaic_select_tokens(h, o, q->q, G, p, q->scale, w.qt, res->attended) < 0) {
-        work_free(&w);
+    int d = h->d, G = q->G;
+    int64_t nblk, nsc = visible(&h->k, h->block, q->pos, &nblk);
+    mkv_mosaic_attend_job *j = mkv_calloc(1, sizeof *j, "an attention step", err);
+    if (!j)
+        return MKV_ENOMEM;
+    j->h = h;
+    j->q = *q;
+    j->att = res->attended;
+    if (!(j->qt = mkv_alloc((size_t)(nsc ? nsc : 1) * (size_t)G * (size_t)d, sizeof *j->qt, "rotated queries",
+                            err))) {
+        job_free(j);
+        return MKV_ENOMEM;
+    }
+    for (int i = 0; i < MKV_MOSAIC_PIECES; i++)
+        if ((rc = work_alloc(&j->w[i], G, d, err)) != MKV_OK) {
+            job_free(j);
+            return rc;
+        }
+    if (mkv_mosaic_select_tokens(h, o, q->q, G, q->pos, q->scale, j->qt, res->attended) < 0) {
+        job_free(j);
         return mkv_fail(err, MKV_ENOMEM, "out of memory selecting blocks");
     }
-    res->bytes_read = 0;
+    int64_t dense = 0;
+    for (int64_t i = 0; i < h->sink_n + h->recent_n; i++)
+        dense += dense_token(h, i) <= q->pos;
+    split_segments(j, nsc, dense);
+    *out = j;
+    return MKV_OK;
+}
+
+void mkv_mosaic_attend_piece(mkv_mosaic_attend_job *j, int piece)
+{
+    const mkv_mosaic_head *h = j->h;
+    const mkv_attend_query *q = &j->q;
+    attend_work *w = &j->w[piece];
+    int d = h->d, G = q->G, B = h->block;
+    int64_t p = q->pos;
+    uint64_t bytes = 0;
     for (int g = 0; g < G; g++)
-        mkv_osm_init(&w.tot[g], w.acc + (size_t)g * d, d);
+        mkv_osm_init(&w->tot[g], w->acc + (size_t)g * d, d);
 
     /* dense sink and recent tokens: always, exactly */
-    for (int64_t i = 0; i < h->sink_n + h->recent_n; i++) {
+    for (int64_t i = 0; piece == 0 && i < h->sink_n + h->recent_n; i++) {
         int64_t t = dense_token(h, i);
         if (t > p)
             continue;
         const float *kd = h->dense_k + i * d, *vd = h->dense_v + i * d;
-        dense_dots(q->q, d, G, kd, w.dots);
+        dense_dots(q->q, d, G, kd, w->dots);
         for (int g = 0; g < G; g++)
-            mkv_osm_add(&w.tot[g], w.dots[g] * q->scale, vd);
-        res->bytes_read += (uint64_t)d * 2 * 2;
+            mkv_osm_add(&w->tot[g], w->dots[g] * q->scale, vd);
+        bytes += (uint64_t)d * 2 * 2;
     }
 
     /* per visible segment: table rows, R_k, block keys; then its attended tokens */
-    for (int64_t si = 0; si < nsc; si++) {
-        const mkv_mosaic_strategy *ks = &K->seg[si];
+    for (int64_t si = j->first[piece]; si < j->first[piece + 1]; si++) {
+        const mkv_mosaic_strategy *ks = &h->k.seg[si];
         int64_t nb = mkv_mosaic_nblocks(ks->len, B), upto = (p - ks->start) / B + 1;
-        res->bytes_read += (2 * MKV_MOSAIC_TABLE_COLS + MKV_MOSAIC_BLOCKDIM_COLS) * 4 +
-                           (uint64_t)d * (uint64_t)mkv_mosaic_rotation_cols(ks) * 2 +
-                           (uint64_t)(upto < nb ? upto : nb) * (uint64_t)mkv_mosaic_block_width(ks) * 2;
-        attend_segment(h, si, w.qt + (size_t)si * G * d, res->attended, q, &w, res);
+        bytes += (2 * MKV_MOSAIC_TABLE_COLS + MKV_MOSAIC_BLOCKDIM_COLS) * 4 +
+                 (uint64_t)d * (uint64_t)mkv_mosaic_rotation_cols(ks) * 2 +
+                 (uint64_t)(upto < nb ? upto : nb) * (uint64_t)mkv_mosaic_block_width(ks) * 2;
+        attend_segment(h, si, j->qt + (size_t)si * G * d, j->att, q, w, &bytes);
+    }
+    j->bytes[piece] = bytes;
+}
+
+void mkv_mosaic_attend_end(mkv_mosaic_attend_job *j, mkv_attend_result *res)
+{
+    if (!res) {
+        job_free(j);
+        return;
+    }
+    int d = j->h->d, G = j->q.G;
+    res->bytes_read = 0;
+    for (int i = 0; i < MKV_MOSAIC_PIECES; i++) {
+        res->bytes_read += j->bytes[i];
+        for (int g = 0; i > 0 && g < G; g++)
+            mkv_osm_merge(&j->w[0].tot[g], &j->w[i].tot[g]);
     }
     for (int g = 0; g < G; g++) {
-        mkv_osm_finish(&w.tot[g], res->out + (size_t)g * d);
+        mkv_osm_finish(&j->w[0].tot[g], res->out + (size_t)g * d);
         if (res->lse)
-            res->lse[g] = mkv_osm_lse(&w.tot[g]);
+            res->lse[g] = mkv_osm_lse(&j->w[0].tot[g]);
     }
-    work_free(&w);
+    job_free(j);
+}
+
+int mkv_mosaic_attend(const mkv_mosaic_head *h, const mkv_mosaic_attn_opts *o,
+                      const mkv_attend_query *q, mkv_attend_result *res, mkv_error *err)
+{
+    mkv_mosaic_attend_job *j;
+    int rc = mkv_mosaic_attend_begin(h, o, q, res, &j, err);
+    if (rc != MKV_OK)
+        return rc;
+    for (int i = 0; i < MKV_MOSAIC_PIECES; i++)
+        mkv_mosaic_attend_piece(j, i);
+    mkv_mosaic_attend_end(j, res);
     return MKV_OK;
 }
 
@@ -1585,6 +1706,10 @@ const mkv_method mkv_method_mosaic = {
     .check_result = mosaic_check_result,
     .load = mosaic_load,
     .attend = mkv_mosaic_method_attend,
+    .attend_pieces = MKV_MOSAIC_PIECES,
+    .attend_begin = mkv_mosaic_method_attend_begin,
+    .attend_piece = mkv_mosaic_method_attend_piece,
+    .attend_end = mkv_mosaic_method_attend_end,
     .free_state = mkv_mosaic_method_free,
     .append = mkv_mosaic_method_append,
     .state_bytes = mkv_mosaic_method_state_bytes,

@@ -228,6 +228,19 @@ int64_t mkv_mosaic_select_tokens(const mkv_mosaic_head *h, const mkv_mosaic_attn
 /* docs/DESIGN.md 5.2 over the packed state: see lib/mosaic/method.c. */
 int mkv_mosaic_attend(const mkv_mosaic_head *h, const mkv_mosaic_attn_opts *o,
                       const mkv_attend_query *q, mkv_attend_result *res, mkv_error *err);
+/* mkv_mosaic_attend in pieces that threads can share: begin checks the
+ * query, selects the tokens (res->attended) and splits the visible
+ * segments into MKV_MOSAIC_PIECES pieces of about equal attended tokens;
+ * each piece may then run on any thread, concurrently with the others;
+ * end merges them in piece order into res (out, lse, bytes_read) and frees
+ * the job (res NULL: only frees it).  mkv_mosaic_attend is these three on one thread, so both give
+ * the same floats.  The head and res stay in place until end. */
+#define MKV_MOSAIC_PIECES 2
+typedef struct mkv_mosaic_attend_job mkv_mosaic_attend_job;
+int mkv_mosaic_attend_begin(const mkv_mosaic_head *h, const mkv_mosaic_attn_opts *o, const mkv_attend_query *q,
+                            mkv_attend_result *res, mkv_mosaic_attend_job **job, mkv_error *err);
+void mkv_mosaic_attend_piece(mkv_mosaic_attend_job *job, int piece);
+void mkv_mosaic_attend_end(mkv_mosaic_attend_job *job, mkv_attend_result *res);
 
 /* ---- what "mosaic" and "uniform2d" share (lib/mosaic/method.c) ---- */
 /* Elements kept per vector for a fraction of d: ceil(keep d), 1..d (the
@@ -246,13 +259,18 @@ void mkv_mosaic_config_of(const mkv_params *p, int d, mkv_mosaic_config *c);
 /* A method's settings from its parameters, for a head of head_dim d. */
 typedef void (*mkv_mosaic_config_fn)(const mkv_params *p, int d, mkv_mosaic_config *c);
 /* mkv_method hooks over a packed head: load (config: the method's
- * settings, which closed segments are compressed with), attend, free;
+ * settings, which closed segments are compressed with), attend (also in
+ * pieces), free;
  * growth by the dual buffer (append, its bytes and counters, flush: wait
  * for the manager and publish everything). */
 int mkv_mosaic_state_load(const mkv_params *p, mkv_cdump *c, int layer, int head, mkv_mosaic_config_fn config,
                           void **state, mkv_error *err);
 int mkv_mosaic_method_attend(void *state, const mkv_attend_query *q, mkv_attend_result *r,
                              mkv_error *err);
+int mkv_mosaic_method_attend_begin(void *state, const mkv_attend_query *q, mkv_attend_result *r, void **job,
+                                   mkv_error *err);
+void mkv_mosaic_method_attend_piece(void *job, int piece);
+void mkv_mosaic_method_attend_end(void *job, mkv_attend_result *r);
 void mkv_mosaic_method_free(void *state);
 int mkv_mosaic_method_append(void *state, const float *k, const float *v, mkv_error *err);
 uint64_t mkv_mosaic_method_state_bytes(const void *state);

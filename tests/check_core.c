@@ -412,6 +412,66 @@ START_TEST(tasks_run_once_each)
 }
 END_TEST
 
+/* Threads someone else keeps, as mkv_task_threads: `extra` threads
+ * started for each run, and the caller. */
+typedef struct {
+    void (*body)(void *arg);
+    void *arg;
+} given_body;
+
+static void *given_thread(void *arg)
+{
+    given_body *b = arg;
+    b->body(b->arg);
+    return NULL;
+}
+
+static void given_run(void *user, void (*body)(void *arg), void *arg)
+{
+    int extra = *(int *)user;
+    pthread_t tids[4];
+    given_body b = {body, arg};
+    for (int i = 0; i < extra; i++)
+        ck_assert_int_eq(pthread_create(&tids[i], NULL, given_thread, &b), 0);
+    body(arg);
+    for (int i = 0; i < extra; i++)
+        pthread_join(tids[i], NULL);
+}
+
+START_TEST(tasks_on_given_threads)
+{
+    for (int k = 0; k < 60; k++) {
+        int extra = k % 4, n = 1 + k % 64;
+        mkv_task_threads on = {given_run, &extra};
+        atomic_int runs[64];
+        for (int i = 0; i < n; i++)
+            atomic_init(&runs[i], 0);
+        task_ctx c = {runs, -1, 0};
+        mkv_error err;
+        int failed = 7;
+        ck_assert_int_eq(mkv_run_tasks_on(&on, n, count_task, &c, &failed, &err), MKV_OK);
+        ck_assert_int_eq(failed, -1);
+        for (int i = 0; i < n; i++)
+            ck_assert_msg(atomic_load(&runs[i]) == 1, "n %d, %d extra threads: task %d ran %d times", n, extra, i,
+                          atomic_load(&runs[i]));
+    }
+    /* the same rule on failure: the lowest failing index, its message */
+    int extra = 2;
+    mkv_task_threads on = {given_run, &extra};
+    atomic_int runs[20];
+    for (int i = 0; i < 20; i++)
+        atomic_init(&runs[i], 0);
+    task_ctx c = {runs, 5, 0};
+    mkv_error err;
+    int failed;
+    ck_assert_int_eq(mkv_run_tasks_on(&on, 20, count_task, &c, &failed, &err), MKV_EFORMAT);
+    ck_assert_int_eq(failed, 5);
+    ck_assert_str_eq(err.msg, "task 5 fails");
+    for (int i = 0; i < 5; i++)
+        ck_assert_int_eq(atomic_load(&runs[i]), 1);
+}
+END_TEST
+
 int main(void)
 {
     mkv_log_init("check_core");
@@ -428,6 +488,7 @@ int main(void)
     tcase_add_test(tc, error_one_line);
     tcase_add_test(tc, rank_and_topk);
     tcase_add_test(tc, tasks_run_once_each);
+    tcase_add_test(tc, tasks_on_given_threads);
     suite_add_tcase(s, tc);
     return test_run(s);
 }

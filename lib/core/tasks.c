@@ -134,7 +134,11 @@ static void kept_finish(void)
     pthread_mutex_unlock(&kept.mu);
 }
 
-int mkv_run_tasks(int n, int threads, mkv_task_fn fn, void *ctx, int *failed, mkv_error *err)
+static void task_body(void *arg) { task_worker(arg); }
+
+/* mkv_run_tasks, on its own threads (on == NULL) or on those given. */
+static int run_tasks(const mkv_task_threads *on, int n, int threads, mkv_task_fn fn, void *ctx, int *failed,
+                     mkv_error *err)
 {
     *failed = -1;
     if (n <= 0)
@@ -155,20 +159,24 @@ int mkv_run_tasks(int n, int threads, mkv_task_fn fn, void *ctx, int *failed, mk
     openblas_set_num_threads(1);
 #endif
     pthread_mutex_init(&p.mu, NULL);
-    int workers = threads < n ? threads : n;
-    int kept_workers = workers > 1 ? kept_start(&p, workers - 1) : 0;
-    pthread_t *tids = workers > 1 && !kept_workers ? calloc((size_t)workers - 1, sizeof *tids) : NULL;
-    int started = 0;
-    if (tids)
-        for (; started < workers - 1; started++)
-            if (pthread_create(&tids[started], NULL, task_worker, &p) != 0)
-                break;   /* fewer threads: the caller does the rest */
-    task_worker(&p);
-    if (kept_workers)
-        kept_finish();
-    for (int i = 0; i < started; i++)
-        pthread_join(tids[i], NULL);
-    free(tids);
+    if (on) {
+        on->run(on->user, task_body, &p);
+    } else {
+        int workers = threads < n ? threads : n;
+        int kept_workers = workers > 1 ? kept_start(&p, workers - 1) : 0;
+        pthread_t *tids = workers > 1 && !kept_workers ? calloc((size_t)workers - 1, sizeof *tids) : NULL;
+        int started = 0;
+        if (tids)
+            for (; started < workers - 1; started++)
+                if (pthread_create(&tids[started], NULL, task_worker, &p) != 0)
+                    break;   /* fewer threads: the caller does the rest */
+        task_worker(&p);
+        if (kept_workers)
+            kept_finish();
+        for (int i = 0; i < started; i++)
+            pthread_join(tids[i], NULL);
+        free(tids);
+    }
     pthread_mutex_destroy(&p.mu);
     int rc = MKV_OK;
     for (int t = 0; t < n; t++)
@@ -183,4 +191,15 @@ int mkv_run_tasks(int n, int threads, mkv_task_fn fn, void *ctx, int *failed, mk
     free(p.rc);
     free(p.errs);
     return rc;
+}
+
+int mkv_run_tasks(int n, int threads, mkv_task_fn fn, void *ctx, int *failed, mkv_error *err)
+{
+    return run_tasks(NULL, n, threads, fn, ctx, failed, err);
+}
+
+int mkv_run_tasks_on(const mkv_task_threads *threads, int n, mkv_task_fn fn, void *ctx, int *failed,
+                     mkv_error *err)
+{
+    return run_tasks(threads, n, 0, fn, ctx, failed, err);
 }

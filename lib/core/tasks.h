@@ -17,4 +17,17 @@ typedef int (*mkv_task_fn)(void *ctx, int task, mkv_error *err);
  * divide the work among their own threads. */
 int mkv_run_tasks(int n, int threads, mkv_task_fn fn, void *ctx, int *failed, mkv_error *err);
 
+/* Threads that someone else keeps (the forward pass's, idle while it calls
+ * a hook): run(user, body, arg) calls body(arg) on each of them, the
+ * calling thread included, and returns once every call has returned. */
+typedef struct {
+    void (*run)(void *user, void (*body)(void *arg), void *arg);
+    void *user;
+} mkv_task_threads;
+
+/* mkv_run_tasks on those threads: the same tasks, taken in index order,
+ * the same rule on failure and the same result. */
+int mkv_run_tasks_on(const mkv_task_threads *threads, int n, mkv_task_fn fn, void *ctx, int *failed,
+                     mkv_error *err);
+
 #endif

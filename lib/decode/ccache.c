@@ -313,6 +313,14 @@ static int head_task_appending(attention_ctx *a, int h, mkv_error *err)
     return rc;
 }
 
+/* Tasks on the forward pass's threads where the batch brings them. */
+static int run_heads(const mkv_capture_batch *b, int n, int threads, mkv_task_fn fn, void *ctx, int *failed,
+                     mkv_error *err)
+{
+    return b->threads ? mkv_run_tasks_on(b->threads, n, fn, ctx, failed, err)
+                      : mkv_run_tasks(n, threads, fn, ctx, failed, err);
+}
+
 /* One decode token over a method that attends in pieces: tasks
  * [0, H) append each head's token and begin its attention, tasks
  * [H, H + H * pieces) run the pieces.  Tasks are taken in index order, so
@@ -373,7 +381,7 @@ static int attention_in_pieces(mkv_ccache *cc, const mkv_capture_batch *b, float
     for (int h = 0; !rc && h < H; h++)
         atomic_init(&a.ready[h], 0);
     if (!rc)
-        rc = mkv_run_tasks(H * (1 + cc->method->attend_pieces), cc->threads, pieces_task, &a, &failed, err);
+        rc = run_heads(b, H * (1 + cc->method->attend_pieces), cc->threads, pieces_task, &a, &failed, err);
     /* after a failure some pieces never ran: the jobs are only freed */
     for (int h = 0; a.jobs && h < H; h++)
         if (a.jobs[h]) {
@@ -464,7 +472,7 @@ int mkv_ccache_attention(void *user, const mkv_capture_batch *b, float *out, mkv
     } else {
         attention_ctx a = {cc, b, out};
         int failed, threads = cc->threads < cc->n_kv_heads ? cc->threads : cc->n_kv_heads;
-        rc = mkv_run_tasks(cc->n_kv_heads, threads, head_task, &a, &failed, err);
+        rc = run_heads(b, cc->n_kv_heads, threads, head_task, &a, &failed, err);
     }
     if (rc)
         return rc;

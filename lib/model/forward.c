@@ -9,6 +9,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/blas.h"
 #include "model/forward.h"
@@ -34,9 +35,9 @@ typedef struct {
     pthread_t *tids;
     pthread_mutex_t mu;
     pthread_cond_t start, done;
-    unsigned long generation;
-    int stop;
-    int running;             /* workers still in the current job */
+    atomic_ulong generation;
+    atomic_int stop;
+    atomic_int running;      /* workers still in the current job */
     task_fn fn;
     void *ctx;
     int n_tasks;
@@ -54,31 +55,80 @@ static void run_tasks(pool *p, task_fn fn, void *ctx, int n_tasks, int worker)
         fn(ctx, t, worker);
 }
 
+/* A decode step hands its workers a job every few tens of microseconds
+ * (each layer's products, then its attention); a worker that slept on the
+ * condition variable between them took a wake-up through the kernel each
+ * time.  Workers and the caller first watch the shared counter for this
+ * long, then sleep. */
+#define SPIN_NS 50000
+
+static double now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e9 + ts.tv_nsec;
+}
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* Spin until *word != value or stop is set (1), or the time is up (0). */
+static int spin_while_equal_ul(atomic_ulong *word, unsigned long value, atomic_int *stop)
+{
+    double end = now_ns() + SPIN_NS;
+    for (int i = 1;; i++) {
+        if (atomic_load_explicit(word, memory_order_acquire) != value || atomic_load_explicit(stop, memory_order_relaxed))
+            return 1;
+        cpu_relax();
+        if (i % 64 == 0 && now_ns() > end)
+            return 0;
+    }
+}
+
+static void spin_until_zero(atomic_int *word)
+{
+    double end = now_ns() + SPIN_NS;
+    for (int i = 1; atomic_load_explicit(word, memory_order_acquire) != 0; i++) {
+        cpu_relax();
+        if (i % 64 == 0 && now_ns() > end)
+            return;
+    }
+}
+
 static void *worker_main(void *arg)
 {
     worker_arg *w = arg;
     pool *p = w->p;
     unsigned long seen = 0;
-    pthread_mutex_lock(&p->mu);
     for (;;) {
-        while (p->generation == seen && !p->stop)
+        spin_while_equal_ul(&p->generation, seen, &p->stop);
+        pthread_mutex_lock(&p->mu);
+        while (atomic_load(&p->generation) == seen && !atomic_load(&p->stop))
             pthread_cond_wait(&p->start, &p->mu);
-        if (p->stop)
+        if (atomic_load(&p->stop)) {
+            pthread_mutex_unlock(&p->mu);
             break;
-        seen = p->generation;
+        }
+        seen = atomic_load(&p->generation);
         task_fn fn = p->fn;
         void *ctx = p->ctx;
         int n = p->n_tasks;
         pthread_mutex_unlock(&p->mu);
         run_tasks(p, fn, ctx, n, w->index);
         pthread_mutex_lock(&p->mu);
-        if (--p->running == 0)
+        if (atomic_fetch_sub(&p->running, 1) == 1)
             pthread_cond_signal(&p->done);
+        pthread_mutex_unlock(&p->mu);
     }
-    pthread_mutex_unlock(&p->mu);
     return NULL;
 }
 
+/* Every task of a job on the workers and the caller; a job below
+ * PARALLEL_MIN_WORK (or of one task) on the caller alone. */
 static void pool_run(pool *p, task_fn fn, void *ctx, int n_tasks, double work)
 {
     if (p->n_workers == 0 || n_tasks <= 1 || work < PARALLEL_MIN_WORK) {
@@ -91,21 +141,43 @@ static void pool_run(pool *p, task_fn fn, void *ctx, int n_tasks, double work)
     p->ctx = ctx;
     p->n_tasks = n_tasks;
     atomic_store(&p->next, 0);
-    p->running = p->n_workers;
-    p->generation++;
+    atomic_store(&p->running, p->n_workers);
+    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
     pthread_cond_broadcast(&p->start);
     pthread_mutex_unlock(&p->mu);
     run_tasks(p, fn, ctx, n_tasks, 0);
+    spin_until_zero(&p->running);
     pthread_mutex_lock(&p->mu);
-    while (p->running > 0)
+    while (atomic_load(&p->running) > 0)
         pthread_cond_wait(&p->done, &p->mu);
     pthread_mutex_unlock(&p->mu);
+}
+
+/* mkv_task_threads over the pool: body once per thread. */
+typedef struct {
+    void (*body)(void *arg);
+    void *arg;
+} body_job;
+
+static void body_task(void *ctx, int task, int worker)
+{
+    (void)task;
+    (void)worker;
+    body_job *b = ctx;
+    b->body(b->arg);
+}
+
+static void pool_run_body(void *user, void (*body)(void *arg), void *arg)
+{
+    pool *p = user;
+    body_job b = {body, arg};
+    pool_run(p, body_task, &b, p->n_workers + 1, INFINITY);
 }
 
 static void pool_stop(pool *p, worker_arg *args, int started)
 {
     pthread_mutex_lock(&p->mu);
-    p->stop = 1;
+    atomic_store(&p->stop, 1);
     pthread_cond_broadcast(&p->start);
     pthread_mutex_unlock(&p->mu);
     for (int i = 0; i < started; i++)
@@ -140,6 +212,7 @@ struct mkv_forward {
                                      blocks, dequantized a tile at a time (a single token's
                                      products: x's block sums and the dots); NULL when none are */
     size_t tile_floats;
+    mkv_task_threads task_threads; /* the pool, for the hooks */
     mkv_capture_fn capture;
     void *capture_user;
     mkv_attention_fn attention;
@@ -254,12 +327,16 @@ static int start_pool(mkv_forward *f, mkv_error *err)
 {
     pool *p = &f->pool;
     p->n_workers = f->threads - 1;
+    f->task_threads = (mkv_task_threads){pool_run_body, p};
     if (p->n_workers == 0)
         return MKV_OK;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->start, NULL);
     pthread_cond_init(&p->done, NULL);
     atomic_init(&p->next, 0);
+    atomic_init(&p->generation, 0);
+    atomic_init(&p->stop, 0);
+    atomic_init(&p->running, 0);
     p->tids = calloc((size_t)p->n_workers, sizeof *p->tids);
     f->worker_args = calloc((size_t)p->n_workers, sizeof *f->worker_args);
     if (!p->tids || !f->worker_args) {
@@ -577,7 +654,7 @@ static int layer_forward(mkv_forward *f, int l, int pos0, int n, mkv_error *err)
             memcpy(cache_row(f, f->v_cache, l, h, pos0 + i), f->v + src, (size_t)hd * sizeof(float));
         }
     }
-    mkv_capture_batch b = {l, pos0, n, f->q, f->k, f->k_pre, f->v};
+    mkv_capture_batch b = {l, pos0, n, f->q, f->k, f->k_pre, f->v, &f->task_threads};
     if (f->capture) {
         int rc = f->capture(f->capture_user, &b, err);
         if (rc)

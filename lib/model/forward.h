@@ -21,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "core/mkv.h"
+#include "core/tasks.h"
 #include "model/model.h"
 
 typedef struct mkv_forward mkv_forward;
@@ -52,6 +53,10 @@ typedef struct {
     const float *k;      /* after RoPE (and bias): what the cache holds */
     const float *k_pre;  /* before RoPE, after bias */
     const float *v;
+    /* the pass's threads, idle during the hook: an attention divides its
+     * work among them (mkv_run_tasks_on) rather than waking threads of
+     * its own */
+    const mkv_task_threads *threads;
 } mkv_capture_batch;
 
 /* Called once per layer and chunk, after RoPE and before attention, from

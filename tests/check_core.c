@@ -372,6 +372,26 @@ static void *run_from_thread(void *arg)
     return arg;
 }
 
+/* Tasks 5.. fail: the call returns the lowest failing index and its
+ * message, every task before it having run once (on: mkv_run_tasks_on,
+ * NULL: mkv_run_tasks on 3 threads). */
+static void check_failure_rule(const mkv_task_threads *on)
+{
+    atomic_int runs[20];
+    for (int i = 0; i < 20; i++)
+        atomic_init(&runs[i], 0);
+    task_ctx c = {runs, 5, 0};
+    mkv_error err;
+    int failed;
+    int rc = on ? mkv_run_tasks_on(on, 20, count_task, &c, &failed, &err)
+                : mkv_run_tasks(20, 3, count_task, &c, &failed, &err);
+    ck_assert_int_eq(rc, MKV_EFORMAT);
+    ck_assert_int_eq(failed, 5);
+    ck_assert_str_eq(err.msg, "task 5 fails");
+    for (int i = 0; i < 5; i++)
+        ck_assert_int_eq(atomic_load(&runs[i]), 1);
+}
+
 START_TEST(tasks_run_once_each)
 {
     for (int k = 0; k < 300; k++)
@@ -381,18 +401,8 @@ START_TEST(tasks_run_once_each)
     ck_assert_int_eq(pthread_create(&other, NULL, run_from_thread, NULL), 0);
     run_from_thread(NULL);
     pthread_join(other, NULL);
-    /* a failure: the lowest failing index and its message */
-    atomic_int runs[20];
-    for (int i = 0; i < 20; i++)
-        atomic_init(&runs[i], 0);
-    task_ctx c = {runs, 5, 0};
+    check_failure_rule(NULL);
     mkv_error err;
-    int failed;
-    ck_assert_int_eq(mkv_run_tasks(20, 3, count_task, &c, &failed, &err), MKV_EFORMAT);
-    ck_assert_int_eq(failed, 5);
-    ck_assert_str_eq(err.msg, "task 5 fails");
-    for (int i = 0; i < 5; i++)
-        ck_assert_int_eq(atomic_load(&runs[i]), 1);
     /* a forked child has none of the parent's threads and still runs tasks */
     pid_t pid = fork();
     ck_assert(pid >= 0);
@@ -455,20 +465,9 @@ START_TEST(tasks_on_given_threads)
             ck_assert_msg(atomic_load(&runs[i]) == 1, "n %d, %d extra threads: task %d ran %d times", n, extra, i,
                           atomic_load(&runs[i]));
     }
-    /* the same rule on failure: the lowest failing index, its message */
     int extra = 2;
     mkv_task_threads on = {given_run, &extra};
-    atomic_int runs[20];
-    for (int i = 0; i < 20; i++)
-        atomic_init(&runs[i], 0);
-    task_ctx c = {runs, 5, 0};
-    mkv_error err;
-    int failed;
-    ck_assert_int_eq(mkv_run_tasks_on(&on, 20, count_task, &c, &failed, &err), MKV_EFORMAT);
-    ck_assert_int_eq(failed, 5);
-    ck_assert_str_eq(err.msg, "task 5 fails");
-    for (int i = 0; i < 5; i++)
-        ck_assert_int_eq(atomic_load(&runs[i]), 1);
+    check_failure_rule(&on);
 }
 END_TEST
 

@@ -272,6 +272,51 @@ START_TEST(memory_dump_reads_back)
 }
 END_TEST
 
+/* A memory dump of one layer of a 3-layer shape: only that layer is
+ * taken, stored, counted (by hand: logical 1 layer x 2 heads x 2 x 7 x 4
+ * x 2 = 224 bytes; physical 12 x 2 + 4 x 4 = 40) and answered for. */
+START_TEST(memory_dump_of_one_layer)
+{
+    mkv_cdump_meta cm;
+    tiny_meta(&cm, 3);
+    mkv_cdump_writer *w;
+    mkv_cdump *c;
+    mkv_error err;
+    float a[12], y[4], back[12];
+    for (int i = 0; i < 12; i++)
+        a[i] = 0.25f * (float)i;
+    for (int i = 0; i < 4; i++)
+        y[i] = -1.5f * (float)i;
+    int64_t da[2] = {3, 4}, dy[1] = {4};
+    ck_assert_int_eq(mkv_cdump_create_memory_layer(&cm, qpos, 3, &w, &err), MKV_EUSAGE);
+    ck_assert_int_eq(mkv_cdump_create_memory_layer(&cm, qpos, -1, &w, &err), MKV_EUSAGE);
+    OK(mkv_cdump_create_memory_layer(&cm, qpos, 1, &w, &err));
+    ck_assert_int_eq(mkv_cdump_put(w, 0, 0, "a", MKV_EL_F16, 2, da, a, &err), MKV_EUSAGE);
+    ck_assert_msg(strstr(err.msg, "layer 0 is not the layer"), "%s", err.msg);
+    ck_assert_int_eq(mkv_cdump_put(w, 2, 1, "a", MKV_EL_F16, 2, da, a, &err), MKV_EUSAGE);
+    OK(mkv_cdump_put(w, 1, 0, "a", MKV_EL_F16, 2, da, a, &err));
+    OK(mkv_cdump_put(w, 1, 1, "y", MKV_EL_F32, 1, dy, y, &err));
+    OK(mkv_cdump_commit_open(w, &c, &err));
+    const mkv_cdump_meta *m = mkv_cdump_meta_of(c);
+    ck_assert_int_eq(m->raw.n_layers, 3);
+    ck_assert_uint_eq(m->logical_bytes, 224);
+    ck_assert_uint_eq(m->physical_bytes, 40);
+    OK(mkv_cdump_get(c, 1, 0, "a", MKV_EL_F16, back, 12, &err));
+    ck_assert(memcmp(a, back, sizeof a) == 0);
+    OK(mkv_cdump_get(c, 1, 1, "y", MKV_EL_F32, back, 4, &err));
+    ck_assert(memcmp(y, back, sizeof y) == 0);
+    ck_assert_int_eq(mkv_cdump_get(c, 0, 0, "a", MKV_EL_F16, back, 12, &err), MKV_EUSAGE);
+    ck_assert_msg(strstr(err.msg, "outside the dump"), "%s", err.msg);
+    ck_assert_int_eq(mkv_cdump_get(c, 2, 0, "a", MKV_EL_F16, back, 12, &err), MKV_EUSAGE);
+    mkv_cdump_close(c);
+    /* a head of the layer left empty is refused at commit */
+    OK(mkv_cdump_create_memory_layer(&cm, qpos, 2, &w, &err));
+    OK(mkv_cdump_put(w, 2, 0, "a", MKV_EL_F16, 2, da, a, &err));
+    ck_assert_int_eq(mkv_cdump_commit_open(w, &c, &err), MKV_EFORMAT);
+    ck_assert_msg(strstr(err.msg, "layer 2 head 1"), "%s", err.msg);
+}
+END_TEST
+
 START_TEST(accounting_hand_count)
 {
     char path[256];
@@ -733,6 +778,7 @@ static Suite *cdump_suite(void)
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, roundtrip_every_type);
     tcase_add_test(tc, memory_dump_reads_back);
+    tcase_add_test(tc, memory_dump_of_one_layer);
     tcase_add_test(tc, accounting_hand_count);
     tcase_add_test(tc, reader_errors);
     tcase_add_test(tc, get_errors);

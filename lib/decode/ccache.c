@@ -40,7 +40,7 @@ struct mkv_ccache {
     mkv_obs_queries obs;
     mkv_compressor comp;
     mkv_budget_plan plan;
-    mkv_cdump_writer *w;       /* the in-memory compressed dump */
+    mkv_cdump_meta cmeta;      /* of the in-memory compressed dump of each layer */
     float *scratch_k, *scratch_v;  /* [n_kv_heads][n][d]: one layer */
 };
 
@@ -54,11 +54,9 @@ static float *tail_row(const mkv_ccache *cc, float *base, int layer, int head, i
     return base + (head_index(cc, layer, head) * (size_t)cc->tail_cap + (size_t)t) * (size_t)cc->d;
 }
 
-/* The scratch of a build: the writer, the plan and the layer copies. */
+/* The scratch of a build: the plan and the layer copies. */
 static void end_build(mkv_ccache *cc)
 {
-    mkv_cdump_abort(cc->w);
-    cc->w = NULL;
     mkv_budget_plan_free(&cc->plan);
     mkv_free(cc->scratch_k);
     mkv_free(cc->scratch_v);
@@ -149,14 +147,12 @@ int mkv_ccache_begin(const mkv_model_config *cfg, int64_t n, const mkv_obs_queri
         mkv_ccache_free(cc);
         return mkv_fail(err, MKV_ENOMEM, "out of memory for the compressed cache");
     }
-    mkv_cdump_meta cm;
-    memset(&cm, 0, sizeof cm);
-    snprintf(cm.method, sizeof cm.method, "%s", o->method->name);
-    mkv_params_format(o->params, cm.params, sizeof cm.params);
-    strcpy(cm.source, "decode");
-    cm.raw = m;
-    if ((rc = mkv_cdump_create_memory(&cm, obs->pos, &cc->w, err)) ||
-        (rc = mkv_budget_plan_init(&cc->comp, &cc->meta, &cc->plan, err))) {
+    mkv_cdump_meta *cm = &cc->cmeta;
+    snprintf(cm->method, sizeof cm->method, "%s", o->method->name);
+    mkv_params_format(o->params, cm->params, sizeof cm->params);
+    strcpy(cm->source, "decode");
+    cm->raw = m;
+    if ((rc = mkv_budget_plan_init(&cc->comp, &cc->meta, &cc->plan, err))) {
         mkv_ccache_free(cc);
         return rc;
     }
@@ -216,10 +212,26 @@ int mkv_ccache_add_layer(mkv_ccache *cc, const mkv_forward *f, int layer, mkv_er
     if (layer != cc->next_layer)
         return mkv_fail(err, MKV_EUSAGE, "layer %d added to the compressed cache where layer %d comes next", layer,
                         cc->next_layer);
+    /* compressed into a dump of this layer alone and loaded from it at
+     * once: the compressed arrays of one layer exist twice, never the
+     * whole cache */
     mkv_layer_kv l;
+    mkv_cdump_writer *w = NULL;
+    mkv_cdump *c = NULL;
     int rc = layer_of(cc, f, layer, &l, err);
+    if (!rc && !(rc = mkv_cdump_create_memory_layer(&cc->cmeta, cc->obs.pos, layer, &w, err))) {
+        rc = mkv_compress_layer(&cc->comp, &cc->meta, &l, cc->threads, w, err);
+        if (rc)
+            mkv_cdump_abort(w);
+        else
+            rc = mkv_cdump_commit_open(w, &c, err);
+    }
     if (!rc)
-        rc = mkv_compress_layer(&cc->comp, &cc->meta, &l, cc->threads, cc->w, err);
+        cc->prefix_bytes += mkv_cdump_meta_of(c)->physical_bytes;
+    for (int h = 0; h < cc->n_kv_heads && !rc; h++)
+        if ((rc = cc->method->load(cc->comp.params, c, layer, h, &cc->states[head_index(cc, layer, h)], err)))
+            mkv_error_prefix(err, "method '%s': layer %d head %d", cc->method->name, layer, h);
+    mkv_cdump_close(c);
     if (!rc)
         cc->next_layer++;
     return rc;
@@ -231,20 +243,8 @@ int mkv_ccache_end(mkv_ccache *cc, mkv_error *err)
         return mkv_fail(err, MKV_EUSAGE, "the compressed cache is not being built");
     if (cc->next_layer != cc->n_layers)
         return mkv_fail(err, MKV_EUSAGE, "the compressed cache has %d of %d layers", cc->next_layer, cc->n_layers);
-    mkv_cdump *c = NULL;
-    mkv_cdump_writer *w = cc->w;
-    cc->w = NULL;
     end_build(cc);
-    int rc = mkv_cdump_commit_open(w, &c, err);
-    if (rc)
-        return rc;
-    cc->prefix_bytes = mkv_cdump_meta_of(c)->physical_bytes;
-    for (int l = 0; l < cc->n_layers && !rc; l++)
-        for (int h = 0; h < cc->n_kv_heads && !rc; h++)
-            if ((rc = cc->method->load(cc->comp.params, c, l, h, &cc->states[head_index(cc, l, h)], err)))
-                mkv_error_prefix(err, "method '%s': layer %d head %d", cc->method->name, l, h);
-    mkv_cdump_close(c);
-    return rc;
+    return MKV_OK;
 }
 
 int mkv_ccache_fill(mkv_ccache *cc, const mkv_forward *f, mkv_error *err)

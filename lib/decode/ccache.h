@@ -3,8 +3,9 @@
  *
  * The prefill's keys and values (every layer and KV head, positions
  * 0..n-1) and its observation queries go through the method's compress
- * into an in-memory compressed dump, are loaded back through the method's
- * load, and from then on answer attention through the method's attend
+ * into an in-memory compressed dump of each layer, are loaded back through
+ * the method's load as soon as the layer is compressed (the dump then
+ * freed), and from then on answer attention through the method's attend
  * exactly as mkv-attend measures them.  The cache is built layer by layer
  * (mkv_ccache_begin, mkv_ccache_add_layer for layers 0..n_layers-1,
  * mkv_ccache_end), so a prefill by layer (mkv_forward_run_by_layer) can

@@ -145,6 +145,7 @@ struct mkv_cdump {
     char *path;
     hid_t fid;
     mkv_cdump_meta meta;
+    int first_layer, end_layer;  /* the layers it holds: all, or one (mkv_cdump_create_memory_layer) */
     int32_t *query_pos;    /* [W] */
 };
 
@@ -153,6 +154,7 @@ struct mkv_cdump_writer {
     mkv_cdump_meta meta;
     hid_t f16;
     head_state *heads;     /* [n_layers][n_kv_heads] */
+    int first_layer, end_layer;  /* the layers it takes */
     int latest_layer;      /* highest layer put so far: earlier ones get written */
     uint64_t total;
     int failed;            /* a write failed: nothing more is written */
@@ -169,6 +171,9 @@ static int check_head(const mkv_cdump_writer *w, int layer, int head, mkv_error 
     if (layer < 0 || layer >= w->meta.raw.n_layers || head < 0 || head >= w->meta.raw.n_kv_heads)
         return mkv_fail(err, MKV_EUSAGE, "layer %d head %d is outside the dump (%d layers, %d KV heads)",
                         layer, head, w->meta.raw.n_layers, w->meta.raw.n_kv_heads);
+    if (layer < w->first_layer || layer >= w->end_layer)
+        return mkv_fail(err, MKV_EUSAGE, "layer %d is not the layer this in-memory dump holds (%d)", layer,
+                        w->first_layer);
     return MKV_OK;
 }
 
@@ -366,7 +371,7 @@ static int write_root_attrs(mkv_cdump_writer *w, const int32_t *query_pos, mkv_e
     hid_t layers = create_group(f, "layers");
     if (layers < 0)
         return mkv_fail(err, MKV_EIO, "cannot create group /layers");
-    for (int l = 0; l < m->n_layers && !rc; l++) {
+    for (int l = w->first_layer; l < w->end_layer && !rc; l++) {
         char name[16];
         snprintf(name, sizeof name, "%02d", l);
         hid_t lg = create_group(layers, name);
@@ -410,9 +415,9 @@ static void writer_free(mkv_cdump_writer *w)
     free(w);
 }
 
-/* path NULL: in memory */
+/* path NULL: in memory; layer >= 0: that layer alone */
 static int create_writer(const char *path, const char *protect, const mkv_cdump_meta *meta,
-                         const int32_t *query_pos, mkv_cdump_writer **out, mkv_error *err)
+                         const int32_t *query_pos, int layer, mkv_cdump_writer **out, mkv_error *err)
 {
     *out = NULL;
     const mkv_dump_meta *m = &meta->raw;
@@ -426,11 +431,16 @@ static int create_writer(const char *path, const char *protect, const mkv_cdump_
             return mkv_fail(err, MKV_EFORMAT, "query position %d at index %" PRId64 " is outside 0..%" PRId64,
                             query_pos[i], i, m->n_tokens - 1);
 
+    if (layer >= m->n_layers)
+        return mkv_fail(err, MKV_EUSAGE, "layer %d is outside the dump (%d layers)", layer, m->n_layers);
     mkv_cdump_writer *w = calloc(1, sizeof *w);
     if (!w)
         return mkv_fail(err, MKV_ENOMEM, "out of memory");
     w->meta = *meta;
-    w->meta.logical_bytes = (uint64_t)m->n_layers * (uint64_t)m->n_kv_heads * head_logical_bytes(m);
+    w->first_layer = layer >= 0 ? layer : 0;
+    w->end_layer = layer >= 0 ? layer + 1 : m->n_layers;
+    w->meta.logical_bytes = (uint64_t)(w->end_layer - w->first_layer) * (uint64_t)m->n_kv_heads *
+                            head_logical_bytes(m);
     w->meta.physical_bytes = 0;
     w->latest_layer = -1;
     w->out.fid = H5I_INVALID_HID;
@@ -460,13 +470,21 @@ static int create_writer(const char *path, const char *protect, const mkv_cdump_
 int mkv_cdump_create(const char *path, const char *protect, const mkv_cdump_meta *meta,
                      const int32_t *query_pos, mkv_cdump_writer **out, mkv_error *err)
 {
-    return create_writer(path, protect, meta, query_pos, out, err);
+    return create_writer(path, protect, meta, query_pos, -1, out, err);
 }
 
 int mkv_cdump_create_memory(const mkv_cdump_meta *meta, const int32_t *query_pos, mkv_cdump_writer **out,
                             mkv_error *err)
 {
-    return create_writer(NULL, NULL, meta, query_pos, out, err);
+    return create_writer(NULL, NULL, meta, query_pos, -1, out, err);
+}
+
+int mkv_cdump_create_memory_layer(const mkv_cdump_meta *meta, const int32_t *query_pos, int layer,
+                                  mkv_cdump_writer **out, mkv_error *err)
+{
+    if (layer < 0)
+        return mkv_fail(err, MKV_EUSAGE, "layer %d is outside the dump", layer);
+    return create_writer(NULL, NULL, meta, query_pos, layer, out, err);
 }
 
 /* "[i,j,k]" of flat index i in an array of the given dims. */
@@ -622,7 +640,7 @@ static int finalize(mkv_cdump_writer *w, mkv_error *err)
 {
     const mkv_dump_meta *m = &w->meta.raw;
     int rc = flush_layers(w, m->n_layers, err);
-    for (int l = 0; l < m->n_layers && !rc; l++)
+    for (int l = w->first_layer; l < w->end_layer && !rc; l++)
         for (int h = 0; h < m->n_kv_heads && !rc; h++) {
             head_state *hs = head_of(w, l, h);
             char path[64];
@@ -689,8 +707,11 @@ int mkv_cdump_commit_open(mkv_cdump_writer *w, mkv_cdump **out, mkv_error *err)
     } else {
         c->fid = w->out.fid;   /* the reader takes the file over */
         w->out.fid = H5I_INVALID_HID;
-        if (!(rc = read_meta(c, err)) && !(rc = read_query_pos(c, err)))
+        if (!(rc = read_meta(c, err)) && !(rc = read_query_pos(c, err))) {
+            c->first_layer = w->first_layer;
+            c->end_layer = w->end_layer;
             rc = check_accounting(c, err);
+        }
     }
     UNLOCK();
     writer_free(w);
@@ -718,6 +739,7 @@ void mkv_cdump_abort(mkv_cdump_writer *w)
 /* Sum of numel x element size per head, over every dataset under /layers. */
 typedef struct {
     const mkv_dump_meta *m;
+    int first_layer, end_layer;
     uint64_t *head_bytes;  /* [n_layers][n_kv_heads] */
     uint64_t total;
     char bad[256];         /* first object that has no place there */
@@ -745,7 +767,7 @@ static herr_t recount_visit(hid_t layers, const char *name, const H5O_info_t *in
     if (info->type != H5O_TYPE_DATASET)
         return 0;
     int l, h;
-    if (parse_head(name, ctx->m, &l, &h)) {
+    if (parse_head(name, ctx->m, &l, &h) || l < ctx->first_layer || l >= ctx->end_layer) {
         snprintf(ctx->bad, sizeof ctx->bad, "/layers/%s", name);
         return 1;
     }
@@ -776,11 +798,11 @@ static int check_accounting(mkv_cdump *c, mkv_error *err)
 {
     const mkv_dump_meta *m = &c->meta.raw;
     size_t nh = (size_t)m->n_layers * (size_t)m->n_kv_heads;
-    recount_ctx ctx = {m, calloc(nh, sizeof(uint64_t)), 0, ""};
+    recount_ctx ctx = {m, c->first_layer, c->end_layer, calloc(nh, sizeof(uint64_t)), 0, ""};
     if (!ctx.head_bytes)
         return mkv_fail(err, MKV_ENOMEM, "out of memory");
     int rc = MKV_OK;
-    for (int l = 0; l < m->n_layers && !rc; l++)
+    for (int l = c->first_layer; l < c->end_layer && !rc; l++)
         for (int h = 0; h < m->n_kv_heads && !rc; h++) {
             char path[64];
             head_path(path, sizeof path, l, h, NULL);
@@ -798,7 +820,7 @@ static int check_accounting(mkv_cdump *c, mkv_error *err)
         else if (v < 0)
             rc = mkv_fail(err, MKV_EFORMAT, "'%s': cannot list the datasets under /layers", c->path);
     }
-    for (int l = 0; l < m->n_layers && !rc; l++)
+    for (int l = c->first_layer; l < c->end_layer && !rc; l++)
         for (int h = 0; h < m->n_kv_heads && !rc; h++) {
             char path[64];
             head_path(path, sizeof path, l, h, NULL);
@@ -825,7 +847,7 @@ static int check_accounting(mkv_cdump *c, mkv_error *err)
     free(ctx.head_bytes);
     if (rc)
         return rc;
-    uint64_t logical = (uint64_t)m->n_layers * (uint64_t)m->n_kv_heads * head_logical_bytes(m);
+    uint64_t logical = (uint64_t)(c->end_layer - c->first_layer) * (uint64_t)m->n_kv_heads * head_logical_bytes(m);
     if (c->meta.physical_bytes != ctx.total)
         return mkv_fail(err, MKV_EFORMAT, "'%s': physical_bytes says %" PRIu64 " but /layers holds %" PRIu64 " bytes",
                         c->path, c->meta.physical_bytes, ctx.total);
@@ -944,8 +966,10 @@ static int open_fid(hid_t fid, const char *path, mkv_cdump **out, mkv_error *err
     int rc = read_meta(c, err);
     if (!rc)
         rc = read_query_pos(c, err);
-    if (!rc)
+    if (!rc) {
+        c->end_layer = c->meta.raw.n_layers;
         rc = check_accounting(c, err);
+    }
     if (rc) {
         /* mkv_cdump_close would take the lock held here */
         H5Fclose(c->fid);
@@ -1000,7 +1024,7 @@ static hid_t open_array(mkv_cdump *c, int layer, int head, const char *name, cha
 {
     head_path(path, size, layer, head, name);
     const mkv_dump_meta *m = &c->meta.raw;
-    if (layer < 0 || layer >= m->n_layers || head < 0 || head >= m->n_kv_heads) {
+    if (layer < c->first_layer || layer >= c->end_layer || head < 0 || head >= m->n_kv_heads) {
         mkv_fail(err, MKV_EUSAGE, "'%s': layer %d head %d is outside the dump", c->path, layer, head);
         return -1;
     }
@@ -1164,7 +1188,7 @@ int mkv_cdump_get_alloc(mkv_cdump *c, int layer, int head, const char *name, mkv
 static int get_head_attr(mkv_cdump *c, int layer, int head, const char *name, int is_int, void *v, mkv_error *err)
 {
     const mkv_dump_meta *m = &c->meta.raw;
-    if (layer < 0 || layer >= m->n_layers || head < 0 || head >= m->n_kv_heads)
+    if (layer < c->first_layer || layer >= c->end_layer || head < 0 || head >= m->n_kv_heads)
         return mkv_fail(err, MKV_EUSAGE, "'%s': layer %d head %d is outside the dump", c->path, layer, head);
     char path[64];
     head_path(path, sizeof path, layer, head, NULL);

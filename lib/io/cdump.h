@@ -83,6 +83,13 @@ typedef struct mkv_cdump mkv_cdump;
  * whatever the outcome. */
 int mkv_cdump_create_memory(const mkv_cdump_meta *meta, const int32_t *query_pos, mkv_cdump_writer **out,
                             mkv_error *err);
+/* The same for one layer of meta's shape alone (a decoder compresses and
+ * loads a layer at a time, so that the layers already loaded and the
+ * compressed arrays never exist twice over): the writer takes only that
+ * layer, and the reader holds, counts (logical and physical bytes) and
+ * answers for only that layer. */
+int mkv_cdump_create_memory_layer(const mkv_cdump_meta *meta, const int32_t *query_pos, int layer,
+                                  mkv_cdump_writer **out, mkv_error *err);
 int mkv_cdump_commit_open(mkv_cdump_writer *w, mkv_cdump **out, mkv_error *err);
 
 int mkv_cdump_open(const char *path, mkv_cdump **out, mkv_error *err);

@@ -598,6 +598,45 @@ START_TEST(test_unsupported_type_named)
 }
 END_TEST
 
+/* A released tensor (its pages dropped from the mapping) still reads
+ * back as written, bytes and floats: tensors of several pages, one inside
+ * a page, and one released twice. */
+START_TEST(test_release_keeps_contents)
+{
+    enum { BIG = 5000, SMALL = 20 };
+    float *big = malloc(BIG * 4 * sizeof(float)), small[SMALL], *back = malloc(BIG * 4 * sizeof(float));
+    ck_assert(big && back);
+    uint64_t seed = 3;
+    for (int i = 0; i < BIG * 4; i++)
+        big[i] = (float)(test_uniform(&seed) - 0.5);
+    for (int i = 0; i < SMALL; i++)
+        small[i] = (float)i;
+    gguf_w w;
+    w_init(&w);
+    w_tensor_f32(&w, "small", SMALL, 1, small);
+    w_tensor_f32(&w, "big", BIG, 4, big);
+    const char *path = tmp_file("release.gguf");
+    w_write(&w, path);
+    w_free(&w);
+    mkv_gguf *g;
+    mkv_error err;
+    ck_assert_msg(mkv_gguf_open(path, &g, &err) == MKV_OK, "%s", err.msg);
+    const mkv_gguf_tensor *tb = mkv_gguf_find_tensor(g, "big"), *ts = mkv_gguf_find_tensor(g, "small");
+    ck_assert(tb && ts);
+    for (int round = 0; round < 2; round++) {
+        mkv_gguf_release(g, tb);
+        mkv_gguf_release(g, ts);
+        ck_assert(memcmp(tb->data, big, sizeof(float) * BIG * 4) == 0);
+        ck_assert(memcmp(ts->data, small, sizeof small) == 0);
+        ck_assert_int_eq(mkv_gguf_dequantize(g, tb, back, &err), MKV_OK);
+        ck_assert(memcmp(back, big, sizeof(float) * BIG * 4) == 0);
+    }
+    mkv_gguf_close(g);
+    free(big);
+    free(back);
+}
+END_TEST
+
 /* ------------------------------------------------------------ corrupt files */
 
 /* A small valid file whose last tensor ends at the end of the file. */
@@ -2468,6 +2507,7 @@ int main(void)
     tcase_add_test(tc, test_dequantize_vector_equals_scalar);
     tcase_add_test(tc, test_dot_rows_equal_double);
     tcase_add_test(tc, test_unsupported_type_named);
+    tcase_add_test(tc, test_release_keeps_contents);
     tcase_add_test(tc, test_truncated_everywhere);
     tcase_add_test(tc, test_random_corruption);
     tcase_add_test(tc, test_corrupt_headers);

@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -540,6 +541,25 @@ int mkv_gguf_open(const char *path, mkv_gguf **out, mkv_error *err)
     }
     *out = g;
     return MKV_OK;
+}
+
+void mkv_gguf_release(const mkv_gguf *g, const mkv_gguf_tensor *t)
+{
+#ifdef MADV_DONTNEED
+    long page = sysconf(_SC_PAGESIZE);
+    uintptr_t at = (uintptr_t)t->data, lo, hi;
+    if (page <= 0 || !g->map || t->data < g->map || t->nbytes > g->size)
+        return;
+    lo = (at + (uintptr_t)page - 1) / (uintptr_t)page * (uintptr_t)page;
+    hi = (at + (uintptr_t)t->nbytes) / (uintptr_t)page * (uintptr_t)page;
+    /* a private read-only mapping of a file: dropped pages are read again
+     * from the file if touched */
+    if (hi > lo)
+        madvise((void *)lo, hi - lo, MADV_DONTNEED);
+#else
+    (void)g;
+    (void)t;
+#endif
 }
 
 uint32_t mkv_gguf_version(const mkv_gguf *g) { return g->version; }

@@ -114,6 +114,11 @@ const mkv_gguf_value *mkv_gguf_array_item(const mkv_gguf_value *arr, uint64_t i)
 uint64_t mkv_gguf_n_tensors(const mkv_gguf *g);
 const mkv_gguf_tensor *mkv_gguf_tensor_at(const mkv_gguf *g, uint64_t i);
 const mkv_gguf_tensor *mkv_gguf_find_tensor(const mkv_gguf *g, const char *name);
+/* The tensor's bytes will not be read again soon: the whole pages of the
+ * file mapping inside them are dropped from memory (a loader that copied
+ * or converted them does not hold the file twice).  Reading them later
+ * still works: they come back from the file. */
+void mkv_gguf_release(const mkv_gguf *g, const mkv_gguf_tensor *t);
 
 /* ggml type name ("Q4_K"), or NULL for an id ggml does not define. */
 const char *mkv_ggml_type_name(uint32_t type);

@@ -337,10 +337,12 @@ int mkv_gguf_model(const mkv_gguf *g, int blocks, mkv_model **out, mkv_error *er
         if (!ex[i].dst) {
             if ((rc = keep_blocks(g, t, m, &at, ex[i].q, scratch, err)))
                 goto done;
+            mkv_gguf_release(g, t);
             continue;
         }
         if ((rc = mkv_gguf_dequantize(g, t, ex[i].dst, err)))
             goto done;
+        mkv_gguf_release(g, t);
         for (uint64_t j = 0; j < t->n_elements; j++) {
             if (!isfinite(ex[i].dst[j])) {
                 rc = mkv_fail(err, MKV_EFORMAT, "'%s': tensor '%s' holds a non-finite value at "

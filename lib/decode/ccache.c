@@ -41,7 +41,6 @@ struct mkv_ccache {
     mkv_compressor comp;
     mkv_budget_plan plan;
     mkv_cdump_meta cmeta;      /* of the in-memory compressed dump of each layer */
-    float *scratch_k, *scratch_v;  /* [n_kv_heads][n][d]: one layer */
 };
 
 static size_t head_index(const mkv_ccache *cc, int layer, int head)
@@ -54,13 +53,10 @@ static float *tail_row(const mkv_ccache *cc, float *base, int layer, int head, i
     return base + (head_index(cc, layer, head) * (size_t)cc->tail_cap + (size_t)t) * (size_t)cc->d;
 }
 
-/* The scratch of a build: the plan and the layer copies. */
+/* The scratch of a build: the plan. */
 static void end_build(mkv_ccache *cc)
 {
     mkv_budget_plan_free(&cc->plan);
-    mkv_free(cc->scratch_k);
-    mkv_free(cc->scratch_v);
-    cc->scratch_k = cc->scratch_v = NULL;
     cc->building = 0;
 }
 
@@ -134,16 +130,13 @@ int mkv_ccache_begin(const mkv_model_config *cfg, int64_t n, const mkv_obs_queri
     size_t heads = (size_t)cc->n_layers * (size_t)cc->n_kv_heads;
     /* a method that appends holds new tokens itself: the tail keeps none */
     size_t tail_n = cc->appends ? 1 : heads * (size_t)cc->tail_cap * (size_t)cc->d;
-    size_t layer_n = (size_t)cc->n_kv_heads * (size_t)n * (size_t)cc->d;
     cc->states = calloc(heads, sizeof *cc->states);
     cc->tail_len = calloc((size_t)cc->n_layers, sizeof *cc->tail_len);
     cc->bytes_read = calloc((size_t)cc->n_layers, sizeof *cc->bytes_read);
     cc->head_bytes = calloc((size_t)cc->n_kv_heads, sizeof *cc->head_bytes);
     if (!cc->states || !cc->tail_len || !cc->bytes_read || !cc->head_bytes ||
         !(cc->tail_k = mkv_alloc(tail_n, sizeof(float), "decode tail keys", err)) ||
-        !(cc->tail_v = mkv_alloc(tail_n, sizeof(float), "decode tail values", err)) ||
-        !(cc->scratch_k = mkv_alloc(layer_n, sizeof(float), "keys of a layer", err)) ||
-        !(cc->scratch_v = mkv_alloc(layer_n, sizeof(float), "values of a layer", err))) {
+        !(cc->tail_v = mkv_alloc(tail_n, sizeof(float), "decode tail values", err))) {
         mkv_ccache_free(cc);
         return mkv_fail(err, MKV_ENOMEM, "out of memory for the compressed cache");
     }
@@ -166,20 +159,23 @@ int mkv_ccache_needs_every_layer(const mkv_ccache *cc)
     return cc->building && !cc->planned;
 }
 
-/* The layer's rows 0..n-1 of f into the scratch, as compress reads them. */
+/* The layer's rows 0..n-1 of f as compress reads them: in place, each
+ * KV head's rows the forward's [max_seq_len][d], one head after the
+ * other (model/forward.h). */
 static int layer_of(mkv_ccache *cc, const mkv_forward *f, int layer, mkv_layer_kv *out, mkv_error *err)
 {
     int H = cc->n_kv_heads;
-    size_t head_n = (size_t)cc->prefix * (size_t)cc->d;
     if (mkv_forward_pos(f) < cc->prefix || !mkv_forward_k(f, layer, 0))
         return mkv_fail(err, MKV_EUSAGE, "no prefill cache of %lld tokens of layer %d to compress",
                         (long long)cc->prefix, layer);
-    for (int h = 0; h < H; h++) {
-        memcpy(cc->scratch_k + (size_t)h * head_n, mkv_forward_k(f, layer, h), head_n * sizeof(float));
-        memcpy(cc->scratch_v + (size_t)h * head_n, mkv_forward_v(f, layer, h), head_n * sizeof(float));
-    }
+    const float *k = mkv_forward_k(f, layer, 0), *v = mkv_forward_v(f, layer, 0);
+    size_t stride = (size_t)mkv_forward_max_seq_len(f) * (size_t)cc->d;
+    for (int h = 1; h < H; h++)
+        if (mkv_forward_k(f, layer, h) != k + (size_t)h * stride || mkv_forward_v(f, layer, h) != v + (size_t)h * stride)
+            return mkv_fail(err, MKV_EUSAGE, "the forward cache of layer %d does not hold its heads one after the "
+                            "other", layer);
     size_t q_layer = (size_t)cc->n_heads * (size_t)cc->obs.W * (size_t)cc->d;
-    *out = (mkv_layer_kv){.layer = layer, .k = cc->scratch_k, .v = cc->scratch_v,
+    *out = (mkv_layer_kv){.layer = layer, .k = k, .v = v, .head_stride = stride,
                           .q = cc->obs.W ? cc->obs.q + (size_t)layer * q_layer : NULL, .query_pos = cc->obs.pos,
                           .budget_scale = cc->plan.scale ? cc->plan.scale + (size_t)layer * (size_t)H : NULL};
     return MKV_OK;

@@ -39,7 +39,7 @@ static int compress_task(void *ctx, int h, mkv_error *err)
     const layer_job *j = ctx;
     const mkv_dump_meta *m = j->m;
     int G = m->n_heads / m->n_kv_heads;
-    size_t kv_head = (size_t)m->n_tokens * (size_t)m->head_dim;
+    size_t kv_head = mkv_layer_head_stride(j->l, m);
     size_t q_group = (size_t)G * (size_t)m->n_queries * (size_t)m->head_dim;
     mkv_head_kv in = {
         .layer = j->l->layer,
@@ -57,6 +57,11 @@ static int compress_task(void *ctx, int h, mkv_error *err)
         .budget_scale = j->l->budget_scale ? j->l->budget_scale[h] : 0,
     };
     return mkv_compress_head(j->c, &in, j->w, err);
+}
+
+size_t mkv_layer_head_stride(const mkv_layer_kv *l, const mkv_dump_meta *m)
+{
+    return l->head_stride ? l->head_stride : (size_t)m->n_tokens * (size_t)m->head_dim;
 }
 
 /* ---------------------------------------------------------------- per-head budgets */
@@ -92,8 +97,8 @@ static int curve_task(void *ctx, int h, mkv_error *err)
     int G = m->n_heads / m->n_kv_heads;
     mkv_head_kv in = {
         .layer = j->l->layer, .head = h, .T = m->n_tokens, .d = m->head_dim, .G = G,
-        .k = j->l->k + (size_t)h * (size_t)m->n_tokens * (size_t)m->head_dim,
-        .v = j->l->v + (size_t)h * (size_t)m->n_tokens * (size_t)m->head_dim,
+        .k = j->l->k + (size_t)h * mkv_layer_head_stride(j->l, m),
+        .v = j->l->v + (size_t)h * mkv_layer_head_stride(j->l, m),
         .W = m->n_queries,
         .q = j->l->q + (size_t)h * (size_t)G * (size_t)m->n_queries * (size_t)m->head_dim,
         .query_pos = j->l->query_pos,

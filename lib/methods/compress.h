@@ -26,11 +26,15 @@ int mkv_compress_head(const mkv_compressor *c, const mkv_head_kv *in, mkv_cdump_
 /* One layer of a raw dump of shape m, in memory. */
 typedef struct {
     int layer;
-    const float *k, *v;         /* [n_kv_heads][T][head_dim] */
+    const float *k, *v;         /* [n_kv_heads][T][head_dim], head h at h * head_stride */
+    size_t head_stride;         /* floats from one KV head's rows to the next; 0: T x head_dim */
     const float *q;             /* [n_heads][W][head_dim] (NULL when W = 0) */
     const int32_t *query_pos;   /* [W] */
     const double *budget_scale; /* [n_kv_heads] planned per-head budgets (mkv_budget_plan), or NULL */
 } mkv_layer_kv;
+
+/* Floats from KV head h's rows to h + 1's in l (of a dump of shape m). */
+size_t mkv_layer_head_stride(const mkv_layer_kv *l, const mkv_dump_meta *m);
 
 /* Per-head token budgets for a method that plans them (its
  * head_budget_rule, methods/head_budget.h): the error curves of every

@@ -76,16 +76,16 @@ static inline void cpu_relax(void)
 #endif
 }
 
-/* Spin until *word != value or stop is set (1), or the time is up (0). */
-static int spin_while_equal_ul(atomic_ulong *word, unsigned long value, atomic_int *stop)
+/* Spin until *word != value or stop is set, or the time is up. */
+static void spin_while_equal_ul(atomic_ulong *word, unsigned long value, atomic_int *stop)
 {
     double end = now_ns() + SPIN_NS;
-    for (int i = 1;; i++) {
-        if (atomic_load_explicit(word, memory_order_acquire) != value || atomic_load_explicit(stop, memory_order_relaxed))
-            return 1;
+    for (int i = 1; atomic_load_explicit(word, memory_order_acquire) == value &&
+                    !atomic_load_explicit(stop, memory_order_relaxed);
+         i++) {
         cpu_relax();
         if (i % 64 == 0 && now_ns() > end)
-            return 0;
+            return;
     }
 }
 

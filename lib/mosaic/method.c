@@ -1502,17 +1502,12 @@ static void job_free(mkv_mosaic_attend_job *j)
     mkv_free(j);
 }
 
-/* Piece boundaries with about equal attended tokens in each (the dense
- * tokens count towards piece 0, which attends them). */
-static void split_segments(mkv_mosaic_attend_job *j, int64_t nsc, int64_t dense)
+/* Piece boundaries with about equal attended tokens in each, of the
+ * `total` marked (the dense tokens, `dense` of them, count towards piece
+ * 0, which attends them). */
+static void split_segments(mkv_mosaic_attend_job *j, int64_t nsc, int64_t dense, int64_t total)
 {
     const mkv_mosaic_head *h = j->h;
-    int64_t total = dense;
-    for (int64_t si = 0; si < nsc; si++) {
-        const mkv_mosaic_strategy *s = &h->k.seg[si];
-        for (int64_t t = s->start; t < s->start + s->len && t <= j->q.pos; t++)
-            total += j->att[t];
-    }
     int64_t seen = dense, si = 0;
     j->first[0] = 0;
     for (int i = 1; i < MKV_MOSAIC_PIECES; i++) {
@@ -1552,14 +1547,15 @@ int mkv_mosaic_attend_begin(const mkv_mosaic_head *h, const mkv_mosaic_attn_opts
             job_free(j);
             return rc;
         }
-    if (mkv_mosaic_select_tokens(h, o, q->q, G, q->pos, q->scale, j->qt, res->attended) < 0) {
+    int64_t marked = mkv_mosaic_select_tokens(h, o, q->q, G, q->pos, q->scale, j->qt, res->attended);
+    if (marked < 0) {
         job_free(j);
         return mkv_fail(err, MKV_ENOMEM, "out of memory selecting blocks");
     }
     int64_t dense = 0;
     for (int64_t i = 0; i < h->sink_n + h->recent_n; i++)
         dense += dense_token(h, i) <= q->pos;
-    split_segments(j, nsc, dense);
+    split_segments(j, nsc, dense, marked);
     *out = j;
     return MKV_OK;
 }

@@ -366,14 +366,19 @@ void mkv_mosaic_method_decode_stats(const void *state, mkv_decode_counters *out)
 
 /* ---------------------------------------------------------------- growth */
 
-/* Room for `need` elements of `elem` bytes in *p (used kept), doubling. */
+/* Room for `need` elements of `elem` bytes in *p (used kept).  The arrays
+ * arrive from the prefill filled to the last element, so growing by an
+ * eighth keeps appends amortised without doubling the held bytes at the
+ * first step. */
 static int grow(void **p, int64_t *cap, int64_t used, int64_t need, size_t elem, mkv_error *err)
 {
     if (need <= *cap && *p)
         return MKV_OK;
-    int64_t c = *cap > 16 ? *cap : 16;
-    while (c < need)
-        c *= 2;
+    int64_t c = *cap + *cap / 8;
+    if (c < 16)
+        c = 16;
+    if (c < need)
+        c = need;
     void *q = mkv_alloc((size_t)c, elem, "a growing mosaic array", err);
     if (!q)
         return err ? err->code : MKV_ENOMEM;

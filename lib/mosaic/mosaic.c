@@ -432,8 +432,10 @@ typedef struct {
     uint16_t *rank[N_GROUP_SIZES];    /* [n][rank_ng] group indices, best first; on first need */
     int rank_ng[N_GROUP_SIZES];       /* groups ranked: those of the first rank_d channels */
     int qgroup;                       /* tokens per zero/step group of the grouped forms */
-    double *stored[N_FORMS];          /* [n][d] xt as attention reads it back in each form
-                                         (fp16-rounded, dequantized); on first need */
+    float *stored;                    /* [n][d] xt as attention reads it back in form stored_fi
+                                         (fp16-rounded or dequantized, exact in float); one form
+                                         at a time, the candidates asking for them in order */
+    int stored_fi;                    /* -1: none */
     /* with observation queries: */
     int64_t nu;                       /* distinct tokens the queries attend */
     int32_t *utok;                    /* [nu] those tokens */
@@ -447,8 +449,7 @@ static void seg_space_free(seg_space *v)
     mkv_free(v->qt);
     for (int i = 0; i < N_GROUP_SIZES; i++)
         mkv_free(v->rank[i]);
-    for (int i = 0; i < N_FORMS; i++)
-        mkv_free(v->stored[i]);
+    mkv_free(v->stored);
     mkv_free(v->utok);
     mkv_free(v->prow);
     mkv_free(v->pcache);
@@ -538,14 +539,17 @@ static const uint16_t *space_rank(seg_space *v, int gi, mkv_error *err)
  * dequantized codes of per-channel zeros and steps over the whole segment
  * or over its token groups (mkv_mosaic_encode's, channel by channel, so
  * the same for every d'). */
-static const double *space_stored(seg_space *v, int fi, mkv_error *err)
+static const float *space_stored(seg_space *v, int fi, mkv_error *err)
 {
-    if (v->stored[fi])
-        return v->stored[fi];
+    if (v->stored && v->stored_fi == fi)
+        return v->stored;
+    mkv_free(v->stored);
+    v->stored = NULL;
+    v->stored_fi = -1;
     int bits = bit_widths[fi % N_BIT_WIDTHS], qgroup = fi >= N_BIT_WIDTHS ? v->qgroup : 0;
     int64_t per = qgroup ? qgroup : v->n, ngroups = (v->n + per - 1) / per;
     size_t nd = (size_t)v->n * (size_t)v->d;
-    double *x = mkv_alloc(nd, sizeof *x, "stored vectors", err);
+    float *x = mkv_alloc(nd, sizeof *x, "stored vectors", err);
     float *qp = mkv_alloc(2 * (size_t)v->d * (size_t)ngroups, sizeof *qp, "zeros and steps", err);
     if (!x || !qp) {
         mkv_free(x);
@@ -564,7 +568,8 @@ static const double *space_stored(seg_space *v, int fi, mkv_error *err)
         }
     }
     mkv_free(qp);
-    v->stored[fi] = x;
+    v->stored = x;
+    v->stored_fi = fi;
     return x;
 }
 
@@ -594,7 +599,7 @@ static double output_loss(seg_space *v, const uint16_t *rank, const mkv_mosaic_s
     int d = v->d, r = s->r;
     double total = 0, acc[MKV_MOSAIC_MAX_D], b[MKV_MOSAIC_MAX_D];
     const int ng = v->rank_ng[group_index(s->g)];
-    const double *xs = v->stored[form_index(s)];
+    const float *xs = v->stored;
     for (int64_t u = 0; u < v->nu; u++)
         kept_positions(rank, ng, s, v->utok[u], v->pcache + u * r);
     for (int64_t j = 0; j < obs->nq; j++) {
@@ -615,7 +620,7 @@ static double output_loss(seg_space *v, const uint16_t *rank, const mkv_mosaic_s
                 acc[c] = obs->acc_rest[j * d + c];
             for (int64_t i = p0; i < p1; i++) {
                 const int *pos = v->pcache + (int64_t)v->prow[i] * r;
-                const double *x = xs + (int64_t)obs->tok[i] * d;
+                const float *x = xs + (int64_t)obs->tok[i] * d;
                 const float *val = obs->values + (int64_t)obs->tok[i] * d;
                 double dot = 0;
                 for (int c = 0; c < r; c++)
@@ -643,7 +648,7 @@ static double output_loss(seg_space *v, const uint16_t *rank, const mkv_mosaic_s
             }
             for (int64_t i = p0; i < p1; i++) {
                 const int *pos = v->pcache + (int64_t)v->prow[i] * r;
-                const double *x = xs + (int64_t)obs->tok[i] * d;
+                const float *x = xs + (int64_t)obs->tok[i] * d;
                 l += obs->w[i];
                 for (int c = 0; c < r; c++)
                     b[pos[c]] += obs->w[i] * x[pos[c]];
@@ -683,13 +688,14 @@ static int price_and_energy(seg_space *v, mkv_mosaic_candidate *c, int block, mk
     const int ng = v->rank_ng[group_index(c->s.g)];
     /* energy kept: sum x^2 - (x - x')^2 over the kept elements, x' as
      * stored (16 bits: the rounding to fp16 is not counted) */
-    const double *xs = c->s.bits == 16 ? NULL : space_stored(v, form_index(&c->s), err);
+    const float *xs = c->s.bits == 16 ? NULL : space_stored(v, form_index(&c->s), err);
     if (c->s.bits != 16 && !xs)
         return err ? err->code : MKV_ENOMEM;
     double kept = 0;
     for (int64_t t = 0; t < v->n; t++) {
         int np = kept_positions(rank, ng, &c->s, t, pos);
-        const double *x = v->xt + t * v->d, *xq = xs ? xs + t * v->d : NULL;
+        const double *x = v->xt + t * v->d;
+        const float *xq = xs ? xs + t * v->d : NULL;
         for (int i = 0; i < np; i++) {
             double e = xq ? x[pos[i]] - xq[pos[i]] : 0;
             kept += x[pos[i]] * x[pos[i]] - e * e;

@@ -435,7 +435,7 @@ typedef struct {
     float *stored;                    /* [n][d] xt as attention reads it back in form stored_fi
                                          (fp16-rounded or dequantized, exact in float); one form
                                          at a time, the candidates asking for them in order */
-    int stored_fi;                    /* -1: none */
+    int stored_fi;                    /* the form held, while stored is set */
     /* with observation queries: */
     int64_t nu;                       /* distinct tokens the queries attend */
     int32_t *utok;                    /* [nu] those tokens */
@@ -545,7 +545,6 @@ static const float *space_stored(seg_space *v, int fi, mkv_error *err)
         return v->stored;
     mkv_free(v->stored);
     v->stored = NULL;
-    v->stored_fi = -1;
     int bits = bit_widths[fi % N_BIT_WIDTHS], qgroup = fi >= N_BIT_WIDTHS ? v->qgroup : 0;
     int64_t per = qgroup ? qgroup : v->n, ngroups = (v->n + per - 1) / per;
     size_t nd = (size_t)v->n * (size_t)v->d;
@@ -592,14 +591,14 @@ static int kept_positions(const uint16_t *rank, int ng, const mkv_mosaic_strateg
 }
 
 /* Relative output error, minus the selection's own, averaged over the
- * observation queries, of s (keys when is_key, else values). */
-static double output_loss(seg_space *v, const uint16_t *rank, const mkv_mosaic_strategy *s, int is_key,
-                          const mkv_mosaic_segobs *obs)
+ * observation queries, of s (keys when is_key, else values), with xs the
+ * vectors in s's stored form (space_stored). */
+static double output_loss(seg_space *v, const uint16_t *rank, const float *xs, const mkv_mosaic_strategy *s,
+                          int is_key, const mkv_mosaic_segobs *obs)
 {
     int d = v->d, r = s->r;
     double total = 0, acc[MKV_MOSAIC_MAX_D], b[MKV_MOSAIC_MAX_D];
     const int ng = v->rank_ng[group_index(s->g)];
-    const float *xs = v->stored;
     for (int64_t u = 0; u < v->nu; u++)
         kept_positions(rank, ng, s, v->utok[u], v->pcache + u * r);
     for (int64_t j = 0; j < obs->nq; j++) {
@@ -756,12 +755,13 @@ static int evaluate_list(const mkv_mosaic_search_opts *o, const float *X, const 
     for (int i = 0; i < *n && rc == MKV_OK && o->obs && o->obs->nq > 0; i++) {
         seg_space *v = &sp[c[i].s.rotate];
         const uint16_t *rank = space_rank(v, group_index(c[i].s.g), err);
-        if (!rank || !space_stored(v, form_index(&c[i].s), err)) {
+        const float *xs = rank ? space_stored(v, form_index(&c[i].s), err) : NULL;
+        if (!xs) {
             rc = err ? err->code : MKV_ENOMEM;
             break;
         }
         c[i].measured = 1;
-        c[i].output = output_loss(v, rank, &c[i].s, o->block > 0, o->obs);
+        c[i].output = output_loss(v, rank, xs, &c[i].s, o->block > 0, o->obs);
     }
     for (int i = 0; i < 2; i++)
         if (have[i])

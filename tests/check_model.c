@@ -1033,6 +1033,11 @@ START_TEST(test_run_by_layer)
         ck_assert_str_eq(err.msg, "done refused layer 0");
         ck_assert_int_eq(k.calls, 1);
         ck_assert_int_eq(mkv_forward_pos(f), 0);
+        /* and leaves a pass that runs again as before */
+        k = (by_layer_check){f, ref, N, 0, -1};
+        ck_assert_msg(mkv_forward_run_by_layer(f, tokens, N, got, layer_done, &k, &err) == MKV_OK, "%s", err.msg);
+        ck_assert_mem_eq(got, want, sizeof want);
+        mkv_forward_reset(f);
         int32_t bad = 40;
         ck_assert_int_eq(mkv_forward_run_by_layer(f, &bad, 1, got, NULL, NULL, &err), MKV_EFORMAT);
         ck_assert_int_eq(mkv_forward_run_by_layer(f, tokens, 33, got, NULL, NULL, &err), MKV_EFORMAT);

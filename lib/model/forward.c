@@ -288,17 +288,16 @@ void mkv_forward_drop_cache(mkv_forward *f)
     f->k_cache = f->v_cache = f->scores = NULL;
 }
 
-void mkv_forward_free(mkv_forward *f)
+/* The buffers of one chunk's activations (and the weight tiles of a model
+ * in blocks): needed while a layer runs, not between layers. */
+static void free_activations(mkv_forward *f)
 {
-    if (!f)
-        return;
-    if (f->pool.tids)
-        pool_stop(&f->pool, f->worker_args, f->pool.n_workers);
-    float *bufs[] = {f->k_cache, f->v_cache, f->x, f->xb, f->q, f->k, f->v, f->k_pre, f->att,
-                     f->h1, f->h3, f->rope_cos, f->rope_sin, f->scores, f->weight_tiles};
-    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
-        mkv_free(bufs[i]);
-    free(f);
+    float **bufs[] = {&f->x, &f->xb, &f->q, &f->k, &f->v, &f->k_pre, &f->att,
+                      &f->h1, &f->h3, &f->rope_cos, &f->rope_sin, &f->weight_tiles};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) {
+        mkv_free(*bufs[i]);
+        *bufs[i] = NULL;
+    }
 }
 
 static float *alloc_floats(size_t a, size_t b, const char *what, mkv_error *err)
@@ -309,6 +308,41 @@ static float *alloc_floats(size_t a, size_t b, const char *what, mkv_error *err)
         return NULL;
     }
     return mkv_calloc(n, sizeof(float), what, err);
+}
+
+static int alloc_activations(mkv_forward *f, mkv_error *err)
+{
+    const mkv_model_config *c = &f->c;
+    size_t ch = (size_t)f->chunk;
+    if (!(f->x = alloc_floats(ch, (size_t)c->dim, "activations", err)) ||
+        !(f->xb = alloc_floats(ch, (size_t)c->dim, "activations", err)) ||
+        !(f->q = alloc_floats(ch, (size_t)f->q_dim, "activations", err)) ||
+        !(f->k = alloc_floats(ch, (size_t)f->kv_dim, "activations", err)) ||
+        !(f->v = alloc_floats(ch, (size_t)f->kv_dim, "activations", err)) ||
+        !(f->k_pre = alloc_floats(ch, (size_t)f->kv_dim, "activations", err)) ||
+        !(f->att = alloc_floats(ch, (size_t)f->q_dim, "activations", err)) ||
+        !(f->h1 = alloc_floats(ch, (size_t)c->hidden_dim, "activations", err)) ||
+        !(f->h3 = alloc_floats(ch, (size_t)c->hidden_dim, "activations", err)) ||
+        !(f->rope_cos = alloc_floats(ch, (size_t)c->rope_dim / 2, "RoPE table", err)) ||
+        !(f->rope_sin = alloc_floats(ch, (size_t)c->rope_dim / 2, "RoPE table", err)) ||
+        (f->tile_floats && !(f->weight_tiles = alloc_floats((size_t)f->threads, f->tile_floats, "weight tiles", err)))) {
+        free_activations(f);
+        return err ? err->code : MKV_ENOMEM;
+    }
+    return MKV_OK;
+}
+
+void mkv_forward_free(mkv_forward *f)
+{
+    if (!f)
+        return;
+    if (f->pool.tids)
+        pool_stop(&f->pool, f->worker_args, f->pool.n_workers);
+    mkv_free(f->k_cache);
+    mkv_free(f->v_cache);
+    mkv_free(f->scores);
+    free_activations(f);
+    free(f);
 }
 
 /* The caches are not zeroed: attention reads only rows already written, and
@@ -396,31 +430,15 @@ int mkv_forward_create(const mkv_model *model, const mkv_forward_opts *opts, mkv
     openblas_set_num_threads(1);
 #endif
     size_t cache_rows = (size_t)f->cache_layers * (size_t)c->n_kv_heads * (size_t)f->max_seq;
-    size_t ch = (size_t)f->chunk;
+    if (mkv_model_has_blocks(model))
+        f->tile_floats = (size_t)TILE_ROWS * (size_t)mkv_model_widest_input(c);
     if (!(f->k_cache = alloc_cache(cache_rows, (size_t)c->head_dim, "key cache", err)) ||
         !(f->v_cache = alloc_cache(cache_rows, (size_t)c->head_dim, "value cache", err)) ||
-        !(f->x = alloc_floats(ch, (size_t)c->dim, "activations", err)) ||
-        !(f->xb = alloc_floats(ch, (size_t)c->dim, "activations", err)) ||
-        !(f->q = alloc_floats(ch, (size_t)f->q_dim, "activations", err)) ||
-        !(f->k = alloc_floats(ch, (size_t)f->kv_dim, "activations", err)) ||
-        !(f->v = alloc_floats(ch, (size_t)f->kv_dim, "activations", err)) ||
-        !(f->k_pre = alloc_floats(ch, (size_t)f->kv_dim, "activations", err)) ||
-        !(f->att = alloc_floats(ch, (size_t)f->q_dim, "activations", err)) ||
-        !(f->h1 = alloc_floats(ch, (size_t)c->hidden_dim, "activations", err)) ||
-        !(f->h3 = alloc_floats(ch, (size_t)c->hidden_dim, "activations", err)) ||
-        !(f->rope_cos = alloc_floats(ch, (size_t)c->rope_dim / 2, "RoPE table", err)) ||
-        !(f->rope_sin = alloc_floats(ch, (size_t)c->rope_dim / 2, "RoPE table", err)) ||
         !(f->scores = alloc_floats((size_t)f->threads * ATT_ROWS, (size_t)f->max_seq,
-                                   "attention scores", err))) {
+                                   "attention scores", err)) ||
+        alloc_activations(f, err)) {
         rc = err ? err->code : MKV_ENOMEM;
         goto fail;
-    }
-    if (mkv_model_has_blocks(model)) {
-        f->tile_floats = (size_t)TILE_ROWS * (size_t)mkv_model_widest_input(c);
-        if (!(f->weight_tiles = alloc_floats((size_t)f->threads, f->tile_floats, "weight tiles", err))) {
-            rc = err ? err->code : MKV_ENOMEM;
-            goto fail;
-        }
     }
     if ((rc = start_pool(f, err)))
         goto fail;
@@ -708,6 +726,8 @@ static int check_tokens(const mkv_forward *f, const int32_t *tokens, size_t n, m
 {
     if (n == 0)
         return mkv_fail(err, MKV_EUSAGE, "no tokens to run");
+    if (!f->x)
+        return mkv_fail(err, MKV_ENOMEM, "the forward pass lost its activation buffers to a failed allocation");
     if (n > (size_t)(f->max_seq - f->pos))
         return mkv_fail(err, MKV_EFORMAT,
                         "%zu tokens at position %d exceed the context of %d tokens", n, f->pos, f->max_seq);
@@ -810,9 +830,18 @@ int mkv_forward_run_by_layer(mkv_forward *f, const int32_t *tokens, size_t n, fl
         f->rope_cos = chunk_cos;
         f->rope_sin = chunk_sin;
         if (!rc && done) {
+            /* done (a layer's compression, say) runs without the chunk's
+             * buffers: its own memory and theirs never add up. */
+            free_activations(f);
             f->pos = pos0 + (int)n;   /* what done reads: rows 0..pos0+n-1 */
             rc = done(user, l, err);
             f->pos = pos0;
+            int got = alloc_activations(f, rc ? NULL : err);
+            if (!rc)
+                rc = got;
+            chunk_x = f->x;
+            chunk_cos = f->rope_cos;
+            chunk_sin = f->rope_sin;
         }
     }
     if (!rc && logits) {

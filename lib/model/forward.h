@@ -112,7 +112,8 @@ typedef int (*mkv_layer_done_fn)(void *user, int layer, mkv_error *err);
  * same arithmetic (logits and cache rows are bit-identical), before the
  * next; the residual stream of the n tokens (n x dim floats) is held for
  * the call.  After the last chunk of layer l, done(user, l, err) (done may
- * be NULL).  logits: NULL or the last token's vocab_size floats.  Runs the
+ * be NULL), while the pass holds no activation buffers: done's memory and
+ * theirs do not add up.  logits: NULL or the last token's vocab_size floats.  Runs the
  * pass's own attention (none may be set); with one_layer_cache only from
  * position 0.  The same checks as mkv_forward_run; on failure the position
  * is unchanged. */

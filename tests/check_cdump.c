@@ -112,6 +112,18 @@ static void put_all_types(mkv_cdump_writer *w)
     OK(mkv_cdump_put_attr_double(w, 0, 0, "energy", 0.75, &err));
 }
 
+/* A writer of the tiny dump's metadata at the test file `name` (its path in path). */
+static mkv_cdump_writer *tiny_writer(const char *name, char *path, size_t size)
+{
+    test_path(path, size, name);
+    mkv_cdump_meta cm;
+    tiny_meta(&cm, L);
+    mkv_cdump_writer *w;
+    mkv_error err;
+    OK(mkv_cdump_create(path, NULL, &cm, qpos, &w, &err));
+    return w;
+}
+
 static void write_all_types(const char *path)
 {
     mkv_cdump_meta cm;
@@ -221,6 +233,55 @@ START_TEST(roundtrip_every_type)
 END_TEST
 
 /* ---------------------------------------------------------------- accounting */
+
+/* fp16 bit patterns in memory (MKV_EL_F16_BITS) are stored as float16:
+ * hand-picked patterns (zero, one, -2, the smallest subnormal 2^-24, the
+ * largest finite, -0) read back as those values and as the same bits;
+ * the float16 array written from floats reads back as its hand-rounded
+ * bits; NaN and infinity patterns are refused, naming the element. */
+START_TEST(f16_bits_roundtrip)
+{
+    char path[256];
+    mkv_cdump_writer *w = tiny_writer("bits.h5", path, sizeof path);
+    mkv_error err;
+    const uint16_t bits[6] = {0x0000, 0x3c00, 0xc000, 0x0001, 0x7bff, 0x8000};
+    const float values[6] = {0.0f, 1.0f, -2.0f, 0x1p-24f, 65504.0f, -0.0f};
+    int64_t d6[1] = {6}, d23[2] = {2, 3};
+    OK(mkv_cdump_put(w, 0, 0, "h", MKV_EL_F16_BITS, 1, d6, bits, &err));
+    OK(mkv_cdump_put(w, 0, 0, "f16", MKV_EL_F16, 2, d23, f16_in, &err));
+    const uint16_t inf[6] = {0, 0, 0, 0, 0x7c00, 0}, nan[6] = {0xfe00, 0, 0, 0, 0, 0};
+    ck_assert_int_eq(mkv_cdump_put(w, 0, 0, "i", MKV_EL_F16_BITS, 2, d23, inf, &err), MKV_EFORMAT);
+    ck_assert_str_eq(err.msg, "layer 0 head 0: 'i': Inf at [1,1]");
+    ck_assert_int_eq(mkv_cdump_put(w, 0, 0, "n", MKV_EL_F16_BITS, 1, d6, nan, &err), MKV_EFORMAT);
+    ck_assert_str_eq(err.msg, "layer 0 head 0: 'n': NaN at [0]");
+    OK(mkv_cdump_put(w, 0, 1, "h", MKV_EL_F16_BITS, 1, d6, bits, &err));
+    OK(mkv_cdump_commit(w, &err));
+
+    mkv_cdump *c;
+    OK(mkv_cdump_open(path, &c, &err));
+    float f[6];
+    uint16_t back[6];
+    OK(mkv_cdump_get(c, 0, 0, "h", MKV_EL_F16, f, 6, &err));
+    ck_assert(memcmp(f, values, sizeof f) == 0);
+    OK(mkv_cdump_get(c, 0, 0, "h", MKV_EL_F16_BITS, back, 6, &err));
+    ck_assert(memcmp(back, bits, sizeof back) == 0);
+    /* 0, 1, -2, 0.5, 65504 and 1 + 2^-11 rounded to even: 1 */
+    const uint16_t f16_bits[6] = {0x0000, 0x3c00, 0xc000, 0x3800, 0x7bff, 0x3c00};
+    OK(mkv_cdump_get(c, 0, 0, "f16", MKV_EL_F16_BITS, back, 6, &err));
+    ck_assert(memcmp(back, f16_bits, sizeof back) == 0);
+    ck_assert_int_eq(mkv_cdump_get(c, 0, 0, "h", MKV_EL_F16_BITS, back, 5, &err), MKV_EFORMAT);
+    mkv_cdump_close(c);
+
+    hid_t fid = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    ck_assert(fid >= 0);
+    h5_check_type(fid, "/layers/00/00/h", H5T_FLOAT, 2, 0);
+    hid_t ds = H5Dopen2(fid, "/layers/00/00/h", H5P_DEFAULT);
+    ck_assert(H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, f) >= 0);
+    H5Dclose(ds);
+    H5Fclose(fid);
+    ck_assert(memcmp(f, values, sizeof f) == 0);
+}
+END_TEST
 
 /* A dump built in memory reads back like the same dump from a file: the
  * same metadata, arrays and byte count. */
@@ -539,12 +600,8 @@ END_TEST
 START_TEST(put_refusals)
 {
     char path[256];
-    test_path(path, sizeof path, "refuse.h5");
-    mkv_cdump_meta cm;
-    tiny_meta(&cm, L);
-    mkv_cdump_writer *w;
+    mkv_cdump_writer *w = tiny_writer("refuse.h5", path, sizeof path);
     mkv_error err;
-    OK(mkv_cdump_create(path, NULL, &cm, qpos, &w, &err));
     float x[4] = {1, 2, 3, 4};
     int64_t d1[1] = {4}, d4[4] = {1, 1, 1, 4}, neg[1] = {-1};
     struct { const char *name; int head; int rank; const int64_t *dims; int code; const char *msg; } cases[] = {
@@ -777,6 +834,7 @@ static Suite *cdump_suite(void)
     TCase *tc = tcase_create("cdump");
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, roundtrip_every_type);
+    tcase_add_test(tc, f16_bits_roundtrip);
     tcase_add_test(tc, memory_dump_reads_back);
     tcase_add_test(tc, memory_dump_of_one_layer);
     tcase_add_test(tc, accounting_hand_count);

@@ -133,15 +133,15 @@ static void assert_same_tensor(const mkv_mosaic_tensor *a, const mkv_mosaic_tens
     ck_assert_int_eq(a->n_codes, b->n_codes);
     ck_assert_int_eq(a->n_qparams, b->n_qparams);
     ck_assert_msg(a->n_codes == 0 || memcmp(a->codes, b->codes, (size_t)a->n_codes) == 0, "%s: codes", what);
-    ck_assert_msg(a->n_qparams == 0 || memcmp(a->qparams, b->qparams, (size_t)a->n_qparams * sizeof(float)) == 0,
+    ck_assert_msg(a->n_qparams == 0 || memcmp(a->qparams, b->qparams, (size_t)a->n_qparams * sizeof(uint16_t)) == 0,
                   "%s: zeros and steps", what);
-    ck_assert_msg(a->n_values == 0 || memcmp(a->values, b->values, (size_t)a->n_values * sizeof(float)) == 0,
+    ck_assert_msg(a->n_values == 0 || memcmp(a->values, b->values, (size_t)a->n_values * sizeof(uint16_t)) == 0,
                   "%s: values", what);
     ck_assert_msg(a->n_bitmap == 0 || memcmp(a->bitmap, b->bitmap, (size_t)a->n_bitmap) == 0, "%s: bitmaps", what);
     ck_assert_msg(a->n_blockkeys == 0 ||
-                      memcmp(a->blockkeys, b->blockkeys, (size_t)a->n_blockkeys * sizeof(float)) == 0,
+                      memcmp(a->blockkeys, b->blockkeys, (size_t)a->n_blockkeys * sizeof(uint16_t)) == 0,
                   "%s: block keys", what);
-    ck_assert_msg(a->n_rotation == 0 || memcmp(a->rotation, b->rotation, (size_t)a->n_rotation * sizeof(float)) == 0,
+    ck_assert_msg(a->n_rotation == 0 || memcmp(a->rotation, b->rotation, (size_t)a->n_rotation * sizeof(uint16_t)) == 0,
                   "%s: rotations", what);
 }
 
@@ -150,7 +150,7 @@ static void assert_same_head(const mkv_mosaic_head *a, const mkv_mosaic_head *b)
     ck_assert_int_eq(a->T, b->T);
     ck_assert_int_eq(a->sink_n, b->sink_n);
     ck_assert_int_eq(a->recent_n, b->recent_n);
-    size_t nd = (size_t)(a->sink_n + a->recent_n) * D * sizeof(float);
+    size_t nd = (size_t)(a->sink_n + a->recent_n) * D * sizeof *a->dense_k;
     ck_assert(memcmp(a->dense_k, b->dense_k, nd) == 0);
     ck_assert(memcmp(a->dense_v, b->dense_v, nd) == 0);
     assert_same_tensor(&a->k, &b->k, "keys");

@@ -205,6 +205,18 @@ static int key_bound(const mkv_mosaic_strategy *s) { (void)s; return 0; }
 static int rot_cols(const mkv_mosaic_strategy *s) { return s->rotate ? s->dprime : 0; }
 #endif
 
+/* A stored fp16 array of n values as floats, in memory of its own (NULL
+ * for NULL). */
+static float *floats_of(const uint16_t *h, size_t n)
+{
+    if (!h)
+        return NULL;
+    float *f = xmalloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++)
+        f[i] = mkv_f16_to_f32(h[i]);
+    return f;
+}
+
 /* q~ = q R (n channels; R [d][ldr]) in double; R NULL: q itself. */
 static void rotate_q(const float *q, const float *R, int d, int ldr, int n, double *qt)
 {
@@ -222,13 +234,13 @@ static void rotate_q(const float *q, const float *R, int d, int ldr, int n, doub
 /* The 8-bit block keys of mkv_cuda_mosaic_blockkeys8 (mkv_cuda.h) for one
  * row of n values as the GPU layout holds them (fp16), in double: the
  * codes into code[], the scale returned (as the float the GPU stores). */
-static double row_codes(const float *row, int n, double *code)
+static double row_codes(const uint16_t *row, int n, double *code)
 {
     double amax = 0;
     for (int c = 0; c < n; c++)
-        amax = fmax(amax, fabs((double)f16r(row[c])));
+        amax = fmax(amax, fabs((double)mkv_f16_to_f32(row[c])));
     for (int c = 0; c < n; c++)
-        code[c] = amax > 0 ? rint((double)f16r(row[c]) * 127.0 / amax) : 0;
+        code[c] = amax > 0 ? rint((double)mkv_f16_to_f32(row[c]) * 127.0 / amax) : 0;
     return (double)(float)(amax / 127.0);
 }
 
@@ -251,7 +263,7 @@ static void block_scores(const mkv_mosaic_head *h, const float *q, int G, int64_
             mag[id + b] = 0;
         }
         const int kd = key_dim(ks), kb = key_bound(ks);
-        const float *R = ks->rotate ? h->k.rotation + h->k.off_rotation[s] : NULL;
+        float *R = ks->rotate ? floats_of(h->k.rotation + h->k.off_rotation[s], (size_t)d * rot_cols(ks)) : NULL;
         for (int g = 0; g < G; g++) {
             rotate_q(q + (size_t)g * d, R, d, rot_cols(ks), kd, qt);
             for (int c = 0; c < kd; c++) {   /* |q| |R|: the magnitude of q~'s terms */
@@ -261,13 +273,13 @@ static void block_scores(const mkv_mosaic_head *h, const float *q, int G, int64_
             }
             for (int64_t b = 0; b < nb && ks->start + b * B <= pos; b++) {
                 /* [min | max] of the first kb channels, mean of the others */
-                const float *stored = h->k.blockkeys + h->k.off_blockkeys[s] + b * (kd + kb);
+                const uint16_t *stored = h->k.blockkeys + h->k.off_blockkeys[s] + b * (kd + kb);
                 double row[2 * 128 + 8], bscale = 1;
                 if (bits == 8)
                     bscale = row_codes(stored, kd + kb, row);
                 else
                     for (int c = 0; c < kd + kb; c++)
-                        row[c] = stored[c];
+                        row[c] = mkv_f16_to_f32(stored[c]);
                 double x = 0, m = 0;
                 for (int c = 0; c < kb; c++) {
                     const double lo = qt[c] * row[c], hi = qt[c] * row[kb + c];
@@ -284,6 +296,7 @@ static void block_scores(const mkv_mosaic_head *h, const float *q, int G, int64_
                 mag[id + b] = g == 0 ? m : agg_sum ? mag[id + b] + m : (m > mag[id + b] ? m : mag[id + b]);
             }
         }
+        free(R);
         id += nb;
     }
 }
@@ -480,7 +493,7 @@ static void expect_full(mkv_packed_cache *cache, int head, const float *k, const
 typedef struct {
     int64_t start, n;
     mkv_mosaic_strategy ks, vs;
-    const float *Rk, *Rv;          /* [d][d'] or NULL */
+    float *Rk, *Rv;                /* [d][d'] or NULL */
     float *kval, *vval;            /* [n][r] */
     uint8_t *kbits, *vbits;        /* [n][bytes] */
 } temp_tokens;
@@ -531,8 +544,8 @@ static void ref_attend(const mkv_mosaic_head *h, const float *q, int G, int64_t 
                 continue;
             double s = 0;
             for (int j = 0; j < d; j++) {
-                s += (double)qg[j] * h->dense_k[i * d + j];
-                val[n * d + j] = h->dense_v[i * d + j];
+                s += (double)qg[j] * mkv_f16_to_f32(h->dense_k[i * d + j]);
+                val[n * d + j] = mkv_f16_to_f32(h->dense_v[i * d + j]);
             }
             sc[n++] = s * scale;
         }
@@ -550,13 +563,17 @@ static void ref_attend(const mkv_mosaic_head *h, const float *q, int G, int64_t 
                     float kbuf[MKV_MOSAIC_MAX_D], vbuf[MKV_MOSAIC_MAX_D];
                     mkv_mosaic_positions(kbb ? h->k.bitmap + h->k.off_bitmap[si] + i * kbb : NULL, ks, kpos);
                     mkv_mosaic_positions(vbb ? h->v.bitmap + h->v.off_bitmap[si] + i * vbb : NULL, vs, vpos);
-                    sc[n] = scale * packed_token(ks, vs, ks->rotate ? h->k.rotation + h->k.off_rotation[si] : NULL,
-                                                 vs->rotate ? h->v.rotation + h->v.off_rotation[si] : NULL,
-                                                 mkv_mosaic_vector_values(&h->k, si, i, kpos, kbuf),
+                    float *Rk = ks->rotate ? floats_of(h->k.rotation + h->k.off_rotation[si],
+                                                       (size_t)d * rot_cols(ks)) : NULL;
+                    float *Rv = vs->rotate ? floats_of(h->v.rotation + h->v.off_rotation[si],
+                                                       (size_t)d * vs->dprime) : NULL;
+                    sc[n] = scale * packed_token(ks, vs, Rk, Rv, mkv_mosaic_vector_values(&h->k, si, i, kpos, kbuf),
                                                  kbb ? h->k.bitmap + h->k.off_bitmap[si] + i * kbb : NULL,
                                                  mkv_mosaic_vector_values(&h->v, si, i, vpos, vbuf),
                                                  vbb ? h->v.bitmap + h->v.off_bitmap[si] + i * vbb : NULL, qg, d,
                                                  val + n * d);
+                    free(Rk);
+                    free(Rv);
                     n++;
                 }
             }
@@ -713,8 +730,10 @@ static void run_case(const pcase *pc, pstats *st)
             t->vs = h[i].v.seg[ls];
             t->ks.start = t->vs.start = pc->T;
             t->ks.len = t->vs.len = n;
-            t->Rk = t->ks.rotate ? h[i].k.rotation + h[i].k.off_rotation[ls] : NULL;
-            t->Rv = t->vs.rotate ? h[i].v.rotation + h[i].v.off_rotation[ls] : NULL;
+            t->Rk = t->ks.rotate ? floats_of(h[i].k.rotation + h[i].k.off_rotation[ls], (size_t)d * rot_cols(&t->ks))
+                                 : NULL;
+            t->Rv = t->vs.rotate ? floats_of(h[i].v.rotation + h[i].v.off_rotation[ls], (size_t)d * t->vs.dprime)
+                                 : NULL;
             t->kval = xmalloc(sizeof(float) * (size_t)n * t->ks.r);
             t->vval = xmalloc(sizeof(float) * (size_t)n * t->vs.r);
             t->kbits = xcalloc((size_t)n * (mkv_mosaic_bitmap_bytes(&t->ks) + 1), 1);
@@ -727,11 +746,14 @@ static void run_case(const pcase *pc, pstats *st)
                 for (int j = 0; j < d; j++)
                     for (int c = 0; c < d; c++)
                         R[(size_t)j * d + c] = Rs && c < cols ? Rs[(size_t)j * cols + c] : 0;
-                float *rot = xmalloc(sizeof(float) * (size_t)d * d);
-                ck_assert_msg(mkv_mosaic_encode(s, pass ? nv : nk, d, R, 0, pass ? t->vval : t->kval,
+                uint16_t *rot = xmalloc(sizeof(uint16_t) * (size_t)d * d), *vals = xmalloc(2 * (size_t)n * s->r);
+                ck_assert_msg(mkv_mosaic_encode(s, pass ? nv : nk, d, R, 0, vals,
                                                 mkv_mosaic_bitmap_bytes(s) ? (pass ? t->vbits : t->kbits) : NULL, NULL,
                                                 NULL, NULL, rot, &err) == MKV_OK,
                               "CPU encode: %s", err.msg);
+                for (int64_t e = 0; e < n * s->r; e++)
+                    (pass ? t->vval : t->kval)[e] = mkv_f16_to_f32(vals[e]);
+                free(vals);
                 free(rot);
             }
             free(R);
@@ -882,6 +904,8 @@ static void run_case(const pcase *pc, pstats *st)
     for (int i = 0; i < nh; i++) {
         free(tmp[i].kval);
         free(tmp[i].vval);
+        free(tmp[i].Rk);
+        free(tmp[i].Rv);
         free(tmp[i].kbits);
         free(tmp[i].vbits);
         mkv_mosaic_head_free(&h[i]);
@@ -1052,15 +1076,11 @@ static void check_encode(const mkv_mosaic_strategy *s, int d, int64_t n, int blo
     mkv_mosaic_round_f16(R, (size_t)d * d);
     const int dp = s->dprime, bb = mkv_mosaic_bitmap_bytes(s);
     const int64_t nb = (n + block - 1) / block;
-    float *cv = xmalloc(sizeof(float) * (size_t)n * s->r), *ck = xmalloc(sizeof(float) * (size_t)nb * dp);
-    float *crot = xmalloc(sizeof(float) * (size_t)d * dp);
+    uint16_t *cv = xmalloc(2 * (size_t)n * s->r), *ck = xmalloc(2 * (size_t)nb * dp);
+    uint16_t *r16 = xmalloc(2 * (size_t)d * dp);   /* the GPU gets the stored rotation [d][d'] */
     uint8_t *cbits = xcalloc((size_t)n * (bb + 1), 1);
-    ck_assert_msg(mkv_mosaic_encode(s, X, d, R, block, cv, bb ? cbits : NULL, NULL, NULL, ck, crot, &err) == MKV_OK,
+    ck_assert_msg(mkv_mosaic_encode(s, X, d, R, block, cv, bb ? cbits : NULL, NULL, NULL, ck, r16, &err) == MKV_OK,
                   "%s", err.msg);
-    /* the GPU gets the stored rotation [d][d'] */
-    uint16_t *r16 = xmalloc(2 * (size_t)d * dp);
-    for (size_t i = 0; i < (size_t)d * dp; i++)
-        r16[i] = mkv_f32_to_f16(crot[i]);
     float *dX = dalloc(sizeof(float) * (size_t)n * d);
     uint16_t *dR = dalloc(2 * (size_t)d * dp), *dv = dalloc(2 * (size_t)n * s->r), *dk = dalloc(2 * (size_t)nb * dp);
     uint8_t *db = bb ? dalloc((size_t)n * bb) : NULL;
@@ -1103,7 +1123,7 @@ static void check_encode(const mkv_mosaic_strategy *s, int d, int64_t n, int blo
         int posn[128];
         mkv_mosaic_positions(bb ? cbits + t * bb : NULL, s, posn);
         for (int i = 0; i < s->r; i++) {
-            const uint16_t want = mkv_f32_to_f16(cv[t * s->r + i]);
+            const uint16_t want = cv[t * s->r + i];
             if (gv[t * s->r + i] == want)
                 continue;
             ck_assert_msg(near_rounding_boundary(xt[t * dp + posn[i]]),
@@ -1112,7 +1132,7 @@ static void check_encode(const mkv_mosaic_strategy *s, int d, int64_t n, int blo
         }
     }
     for (int64_t i = 0; i < nb * dp; i++) {
-        const uint16_t want = mkv_f32_to_f16(ck[i]);
+        const uint16_t want = ck[i];
         if (gk[i] == want)
             continue;
         const int64_t b = i / dp, c = i % dp, t0 = b * block, t1 = t0 + block < n ? t0 + block : n;
@@ -1133,7 +1153,6 @@ static void check_encode(const mkv_mosaic_strategy *s, int d, int64_t n, int blo
     free(ev);
     free(cv);
     free(ck);
-    free(crot);
     free(cbits);
     free(r16);
     free(gv);

@@ -181,31 +181,32 @@ static double ref_value(const mkv_mosaic_tensor *t, const mkv_mosaic_strategy *s
                         int64_t i, int m, int pos)
 {
     if (st->bits == 16)
-        return t->values[o->values + i * st->r + m];
+        return mkv_f16_to_f32(t->values[o->values + i * st->r + m]);
     int64_t per = st->qgroup ? st->qgroup : st->len;
-    const float *qp = t->qparams + o->qparams + 2 * (i / per) * st->dprime;
+    const uint16_t *qp = t->qparams + o->qparams + 2 * (i / per) * st->dprime;
     unsigned code = ref_code(t->codes + o->codes + i * ((st->r * st->bits + 7) / 8), m, st->bits);
-    return mkv_f16_to_f32(mkv_f32_to_f16((float)((double)qp[2 * pos] + (double)code * qp[2 * pos + 1])));
+    double zero = mkv_f16_to_f32(qp[2 * pos]), step = mkv_f16_to_f32(qp[2 * pos + 1]);
+    return mkv_f16_to_f32(mkv_f32_to_f16((float)(zero + (double)code * step)));
 }
 
 /* X^ [T][d] in double: dense rows as stored, compressed rows as
  * (sparse x~) R^T from the stored values (or codes), bitmaps and
  * rotations, with offsets summed here. */
-static void ref_reconstruct(const mkv_mosaic_head *h, const mkv_mosaic_tensor *t, const float *dense,
+static void ref_reconstruct(const mkv_mosaic_head *h, const mkv_mosaic_tensor *t, const uint16_t *dense,
                             int is_key, double *X)
 {
     int d = h->d;
     for (int64_t i = 0; i < h->sink_n + h->recent_n; i++) {
         int64_t tok = i < h->sink_n ? i : h->T - h->recent_n + (i - h->sink_n);
         for (int j = 0; j < d; j++)
-            X[tok * d + j] = dense[i * d + j];
+            X[tok * d + j] = mkv_f16_to_f32(dense[i * d + j]);
     }
     int64_t ob = 0, orot = 0;
     ref_offsets ov = {0, 0, 0};
     for (int64_t s = 0; s < t->nseg; s++) {
         const mkv_mosaic_strategy *st = &t->seg[s];
         int bb = ref_bitmap_bytes(st), pos[MKV_MOSAIC_MAX_D], cols = ref_rot_cols(st, is_key);
-        const float *R = st->rotate ? t->rotation + orot : NULL;
+        const uint16_t *R = st->rotate ? t->rotation + orot : NULL;
         double val[MKV_MOSAIC_MAX_D];
         for (int64_t i = 0; i < st->len; i++) {
             int n = ref_positions(bb ? t->bitmap + ob + i * bb : NULL, st, pos);
@@ -216,7 +217,7 @@ static void ref_reconstruct(const mkv_mosaic_head *h, const mkv_mosaic_tensor *t
             for (int j = 0; j < d; j++) {
                 double acc = 0;
                 for (int m = 0; m < st->r; m++)
-                    acc += R ? val[m] * (double)R[j * cols + pos[m]] : (pos[m] == j ? val[m] : 0);
+                    acc += R ? val[m] * (double)mkv_f16_to_f32(R[j * cols + pos[m]]) : (pos[m] == j ? val[m] : 0);
                 x[j] = acc;
             }
         }
@@ -404,11 +405,11 @@ START_TEST(dequantize_vector_equals_reference)
         for (int c = 0; c < dprime && n < r; c++)   /* r ascending channels of dprime */
             if (trial % 4 == 3 || mkv_rng_below(&rng, (uint64_t)(dprime - c)) < (uint64_t)(r - n))
                 pos[n++] = c;   /* every fourth trial: the first r, as without a bitmap */
-        float qp[2 * 128];
+        uint16_t qp[2 * 128];
         for (int c = 0; c < dprime; c++) {
             double mag = ldexp(1.0, (int)mkv_rng_below(&rng, 46) - 30);   /* 2^-30 .. 2^15 */
-            qp[2 * c] = mkv_f16_to_f32(mkv_f32_to_f16((float)((mkv_rng_uniform(&rng) - 0.5) * mag)));
-            qp[2 * c + 1] = mkv_f16_to_f32(mkv_f32_to_f16((float)(mkv_rng_uniform(&rng) * mag / 16)));
+            qp[2 * c] = mkv_f32_to_f16((float)((mkv_rng_uniform(&rng) - 0.5) * mag));
+            qp[2 * c + 1] = mkv_f32_to_f16((float)(mkv_rng_uniform(&rng) * mag / 16));
         }
         uint8_t packed[128];
         int nbytes = (r * bits + 7) / 8;
@@ -421,8 +422,8 @@ START_TEST(dequantize_vector_equals_reference)
         mkv_mosaic_dequantize_vector_scalar(packed, bits, r, pos, qp, scalar);
         for (int k = 0; k < r; k++) {
             unsigned code = ref_code(packed, k, bits);
-            float want = mkv_f16_to_f32(mkv_f32_to_f16((float)((double)qp[2 * pos[k]] +
-                                                               (double)code * qp[2 * pos[k] + 1])));
+            double zero = mkv_f16_to_f32(qp[2 * pos[k]]), step = mkv_f16_to_f32(qp[2 * pos[k] + 1]);
+            float want = mkv_f16_to_f32(mkv_f32_to_f16((float)(zero + (double)code * step)));
             ck_assert_msg(memcmp(&fast[k], &want, sizeof want) == 0 && memcmp(&scalar[k], &want, sizeof want) == 0,
                           "trial %d, %d bits, value %d (channel %d, code %u): %a and %a for %a", trial, bits, k,
                           pos[k], code, fast[k], scalar[k], want);
@@ -443,7 +444,7 @@ START_TEST(encode_keeps_values_exactly)
             X[t * D + j] = (float)((j * 7 + t * 3) % 11 - 5) * 0.3f;
     mkv_mosaic_strategy s = {.start = 0, .len = N, .rotate = 0, .r = 2, .g = 1, .dprime = D,
                              .pervector = 1, .bits = 16, .keydim = D, .bound = 0};
-    float values[N * 2], keys[2 * D];
+    uint16_t values[N * 2], keys[2 * D];
     uint8_t bm[N];
     mkv_error err;
     ck_assert_int_eq(mkv_mosaic_encode(&s, X, D, NULL, 8, values, bm, NULL, NULL, keys, NULL, &err), MKV_OK);
@@ -461,12 +462,12 @@ START_TEST(encode_keeps_values_exactly)
         }
         ck_assert_double_ge(smallest_kept, largest_dropped);
         for (int i = 0; i < 2; i++)
-            ck_assert_float_eq(values[t * 2 + i], mkv_f16_to_f32(mkv_f32_to_f16(X[t * D + pos[i]])));
+            ck_assert_uint_eq(values[t * 2 + i], mkv_f32_to_f16(X[t * D + pos[i]]));
     }
     /* block 1 holds tokens 8 and 9 */
     for (int j = 0; j < D; j++) {
         double mean = ((double)X[8 * D + j] + X[9 * D + j]) / 2;
-        ck_assert_double_eq_tol(keys[D + j], mean, fabs(mean) * 0x1p-11 + 1e-7);
+        ck_assert_double_eq_tol(mkv_f16_to_f32(keys[D + j]), mean, fabs(mean) * 0x1p-11 + 1e-7);
     }
 }
 END_TEST
@@ -525,18 +526,20 @@ START_TEST(block_keys_hand_made)
      * four and a rest) give the hand-checked single-row score of each
      * query, to the bit */
     {
-        float rows[11 * 6];
+        float rows[11 * 6];      /* fp16 values, stored as rows16 */
+        uint16_t rows16[11 * 6];
         double q[4][4] = {{0.7, -1.3, 2.1, -0.4}, {-0.2, 0.9, 0, 1.7}, {3.1, 2.2, -1.1, 0.05}, {-1, -1, 1, 1}};
         double q4[4 * 4], got[11 * 4];
         uint64_t st = 5;
         for (int i = 0; i < 11 * 6; i++) {
             st = st * 6364136223846793005ULL + 1442695040888963407ULL;
-            rows[i] = (float)((double)(st >> 40) / (double)(1 << 24) * 4 - 2);
+            rows16[i] = mkv_f32_to_f16((float)((double)(st >> 40) / (double)(1 << 24) * 4 - 2));
+            rows[i] = mkv_f16_to_f32(rows16[i]);
         }
         for (int c = 0; c < 4; c++)
             for (int l = 0; l < 4; l++)
                 q4[4 * c + l] = q[l][c];
-        mkv_mosaic_block_scores4(q4, rows, 11, 4, 2, got);
+        mkv_mosaic_block_scores4(q4, rows16, 11, 4, 2, got);
         for (int b = 0; b < 11; b++)
             for (int l = 0; l < 4; l++)
                 ck_assert(got[4 * b + l] == mkv_mosaic_block_score(q[l], rows + b * 6, 4, 2));
@@ -628,15 +631,17 @@ static uint64_t hand_count(const mkv_mosaic_head *h)
 
 /* Block score computed here: q~ = q R_k over the stored columns, bound
  * channels by max(q~ min, q~ max), the others by q~ mean. */
-static double ref_block_score(const mkv_mosaic_head *h, const mkv_mosaic_strategy *st, const float *R,
-                              const float *row, const float *q)
+static double ref_block_score(const mkv_mosaic_head *h, const mkv_mosaic_strategy *st, const uint16_t *R,
+                              const uint16_t *row16, const float *q)
 {
     int d = h->d, cols = ref_rot_cols(st, 1), m = st->bound;
-    double sc = 0;
+    double sc = 0, row[2 * MKV_MOSAIC_MAX_D];
+    for (int c = 0; c < st->keydim + m; c++)
+        row[c] = mkv_f16_to_f32(row16[c]);
     for (int c = 0; c < st->keydim; c++) {
         double qt = 0;
         for (int j = 0; j < d; j++)
-            qt += q[j] * (st->rotate ? R[j * cols + c] : (j == c));
+            qt += q[j] * (st->rotate ? mkv_f16_to_f32(R[j * cols + c]) : (j == c));
         if (c < m)
             sc += fmax(qt * row[c], qt * row[m + c]);
         else
@@ -1381,7 +1386,7 @@ START_TEST(recorded_loss_is_attention_error)
     ck_assert_int_eq(mkv_mosaic_compress(&c, &in, &whole_a, &err), MKV_OK);
     ck_assert_int_eq(mkv_mosaic_compress(&c, &in, &whole_b, &err), MKV_OK);
     ck_assert_int_eq(packed.k.nseg, 1);
-    ck_assert_mem_eq(packed.k.blockkeys, whole_a.k.blockkeys, sizeof(float) * (size_t)packed.k.n_blockkeys);
+    ck_assert_mem_eq(packed.k.blockkeys, whole_a.k.blockkeys, sizeof *packed.k.blockkeys * (size_t)packed.k.n_blockkeys);
     /* whole_a: K packed, V whole; whole_b: K whole, V packed */
     mkv_mosaic_tensor tmp = packed.k;
     packed.k = whole_a.k;
@@ -1775,24 +1780,24 @@ START_TEST(quantized_round_trip)
                 if (st->bits == 16)
                     continue;
                 quantized++;
-                const float *R = st->rotate ? t->rotation + t->off_rotation[si] : NULL;
+                const uint16_t *R = st->rotate ? t->rotation + t->off_rotation[si] : NULL;
                 int cols = mkv_mosaic_rotation_cols(st), bb = mkv_mosaic_bitmap_bytes(st), pos[32];
                 /* zeros and steps of each token's group: qgroup tokens, or the segment */
                 int64_t per = st->qgroup ? st->qgroup : st->len;
                 int64_t qend = si + 1 < t->nseg ? t->off_qparams[si + 1] : t->n_qparams;
                 ck_assert_int_eq(qend - t->off_qparams[si], 2 * st->dprime * ((st->len + per - 1) / per));
                 for (int64_t j = 0; j < st->len; j++) {
-                    const float *qp = t->qparams + t->off_qparams[si] + 2 * (j / per) * st->dprime;
+                    const uint16_t *qp = t->qparams + t->off_qparams[si] + 2 * (j / per) * st->dprime;
                     mkv_mosaic_positions(bb ? t->bitmap + t->off_bitmap[si] + j * bb : NULL, st, pos);
                     const float *xr = raw + (st->start + j) * 32;
                     for (int e = 0; e < st->r; e++) {
                         double xt = 0;
                         for (int i = 0; i < 32; i++)
-                            xt += (double)xr[i] * (R ? R[i * cols + pos[e]] : i == pos[e]);
-                        double got = ref_value(t, st, &ro, j, e, pos[e]);
-                        ck_assert_msg(fabs(got - xt) <= qp[2 * pos[e] + 1] / 2 * (1 + 1e-6) + fabs(xt) * 0x1p-10 + 1e-6,
+                            xt += (double)xr[i] * (R ? mkv_f16_to_f32(R[i * cols + pos[e]]) : i == pos[e]);
+                        double got = ref_value(t, st, &ro, j, e, pos[e]), step = mkv_f16_to_f32(qp[2 * pos[e] + 1]);
+                        ck_assert_msg(fabs(got - xt) <= step / 2 * (1 + 1e-6) + fabs(xt) * 0x1p-10 + 1e-6,
                                       "%s: segment %lld token %lld value %d: %g for %g, step %g", cases[k],
-                                      (long long)si, (long long)j, e, got, xt, qp[2 * pos[e] + 1]);
+                                      (long long)si, (long long)j, e, got, xt, step);
                     }
                 }
             }

@@ -36,6 +36,7 @@ size_t mkv_el_size(mkv_el_type t)
 {
     switch (t) {
     case MKV_EL_F16: return 2;
+    case MKV_EL_F16_BITS: return 2;
     case MKV_EL_F32: return 4;
     case MKV_EL_F32_OR_NAN: return 4;
     case MKV_EL_U8: return 1;
@@ -47,17 +48,19 @@ size_t mkv_el_size(mkv_el_type t)
 
 static const char *el_name(mkv_el_type t)
 {
-    static const char *names[] = {"float16", "float32", "uint8", "int16", "int32", "float32"};
-    return (unsigned)t < 6 ? names[t] : "unknown";
+    static const char *names[] = {"float16", "float32", "uint8", "int16", "int32", "float32", "float16"};
+    return (unsigned)t < sizeof names / sizeof *names ? names[t] : "unknown";
 }
 
-/* Size of one element in the caller's buffers (float32 for both floats). */
+/* Size of one element in the caller's buffers (float32 for the float
+ * types but MKV_EL_F16_BITS). */
 static size_t mem_size(mkv_el_type t) { return t == MKV_EL_F16 ? 4 : mkv_el_size(t); }
 
 static hid_t file_type(mkv_el_type t, hid_t f16)
 {
     switch (t) {
-    case MKV_EL_F16: return f16;
+    case MKV_EL_F16:
+    case MKV_EL_F16_BITS: return f16;
     case MKV_EL_F32:
     case MKV_EL_F32_OR_NAN: return H5T_IEEE_F32LE;
     case MKV_EL_U8: return H5T_STD_U8LE;
@@ -70,7 +73,8 @@ static hid_t file_type(mkv_el_type t, hid_t f16)
 static hid_t mem_type(mkv_el_type t, hid_t f16)
 {
     switch (t) {
-    case MKV_EL_F16: return f16;   /* converted by lib/core/half.c beforehand */
+    case MKV_EL_F16:      /* converted by lib/core/half.c beforehand */
+    case MKV_EL_F16_BITS: return f16;
     case MKV_EL_F32:
     case MKV_EL_F32_OR_NAN: return H5T_NATIVE_FLOAT;
     case MKV_EL_U8: return H5T_NATIVE_UINT8;
@@ -503,6 +507,21 @@ static void format_index(size_t i, int rank, const int64_t *dims, char *buf, siz
         snprintf(buf, size, "[%zu,%zu,%zu]", idx[0], idx[1], idx[2]);
 }
 
+/* Index of the first fp16 NaN or infinity (exponent bits all set) of x [n],
+ * or -1. */
+static int64_t find_nonfinite_f16(const uint16_t *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if ((x[i] & 0x7c00) == 0x7c00)
+            return (int64_t)i;
+    return -1;
+}
+
+static const char *f16_nonfinite_name(uint16_t h)
+{
+    return h & 0x03ff ? "NaN" : h & 0x8000 ? "-Inf" : "Inf";
+}
+
 /* Copy data into the storage form, refusing what the type cannot hold. */
 static int to_storage(const char *label, mkv_el_type type, int rank, const int64_t *dims, const void *data,
                       size_t numel, void *dst, mkv_error *err)
@@ -527,6 +546,14 @@ static int to_storage(const char *label, mkv_el_type type, int rank, const int64
         else
             memcpy(dst, x, numel * 4);
         return MKV_OK;
+    }
+    if (type == MKV_EL_F16_BITS) {
+        int64_t bad = find_nonfinite_f16(data, numel);
+        if (bad >= 0) {
+            char at[80];
+            format_index((size_t)bad, rank, dims, at, sizeof at);
+            return mkv_fail(err, MKV_EFORMAT, "%s: %s at %s", label, f16_nonfinite_name(((const uint16_t *)data)[bad]), at);
+        }
     }
     memcpy(dst, data, numel * mkv_el_size(type));
     return MKV_OK;
@@ -1069,7 +1096,7 @@ static int type_matches(hid_t ft, mkv_el_type t, char *desc, size_t size)
         int half = bytes == 2 && H5Tget_fields(ft, &spos, &epos, &esize, &mpos, &msize) >= 0 &&
                    esize == 5 && msize == 10;
         snprintf(desc, size, bytes == 2 && !half ? "a 16-bit float other than IEEE binary16" : "float%zu", bytes * 8);
-        return (t == MKV_EL_F16 && half) || ((t == MKV_EL_F32 || t == MKV_EL_F32_OR_NAN) && bytes == 4);
+        return ((t == MKV_EL_F16 || t == MKV_EL_F16_BITS) && half) || ((t == MKV_EL_F32 || t == MKV_EL_F32_OR_NAN) && bytes == 4);
     }
     if (cls == H5T_INTEGER) {
         int is_signed = H5Tget_sign(ft) == H5T_SGN_2;
@@ -1108,15 +1135,16 @@ int mkv_cdump_get(mkv_cdump *c, int layer, int head, const char *name, mkv_el_ty
     } else if ((size_t)n != numel) {
         rc = mkv_fail(err, MKV_EFORMAT, "'%s': %s has %lld elements, expected %zu", c->path, path, (long long)n, numel);
     } else if (numel > 0) {
-        hid_t mt = -1;
+        int half = type == MKV_EL_F16 || type == MKV_EL_F16_BITS;
+        hid_t mt = half ? mkv_h5_f16_type() : -1;
         void *dst = out;
-        if (type == MKV_EL_F16) {
-            mt = mkv_h5_f16_type();
+        if (type == MKV_EL_F16)
             dst = raw = mkv_alloc(numel, 2, "read buffer", err);
-        }
-        if (type == MKV_EL_F16 && (mt < 0 || !raw))
-            rc = raw ? mkv_fail(err, MKV_EIO, "cannot make the HDF5 float16 type") : MKV_ENOMEM;
-        else if (mkv_h5_dread(ds, type == MKV_EL_F16 ? mt : mem_type(type, -1), H5S_ALL, H5S_ALL, dst) < 0)
+        if (half && mt < 0)
+            rc = mkv_fail(err, MKV_EIO, "cannot make the HDF5 float16 type");
+        else if (!dst)
+            rc = MKV_ENOMEM;
+        else if (mkv_h5_dread(ds, half ? mt : mem_type(type, -1), H5S_ALL, H5S_ALL, dst) < 0)
             rc = mkv_fail(err, MKV_EFORMAT, "'%s': %s: read failed (damaged data?)", c->path, path);
         if (mt >= 0)
             H5Tclose(mt);
@@ -1135,6 +1163,12 @@ int mkv_cdump_get(mkv_cdump *c, int layer, int head, const char *name, mkv_el_ty
             if (isinf(((const float *)out)[i]))
                 rc = mkv_fail(err, MKV_EFORMAT, "'%s': %s: %s at index %zu", c->path, path,
                               ((const float *)out)[i] < 0 ? "-Inf" : "Inf", i);
+    }
+    if (!rc && type == MKV_EL_F16_BITS) {
+        int64_t bad = find_nonfinite_f16(out, numel);
+        if (bad >= 0)
+            rc = mkv_fail(err, MKV_EFORMAT, "'%s': %s: %s at index %" PRId64, c->path, path,
+                          f16_nonfinite_name(((const uint16_t *)out)[bad]), bad);
     }
     if (!rc && (type == MKV_EL_F16 || type == MKV_EL_F32)) {
         int64_t bad = mkv_find_nonfinite(out, numel);

@@ -33,10 +33,14 @@
 #define MKV_CDUMP_VERSION 1
 
 /* Element types of compressed arrays. Values handed in and out are float32
- * for the float types and the native integer type otherwise. Floats must be
- * finite on write and on read, except that MKV_EL_F32_OR_NAN (stored as
- * float32) takes NaN for "not measured"; infinities are refused always. */
-typedef enum { MKV_EL_F16 = 0, MKV_EL_F32, MKV_EL_U8, MKV_EL_I16, MKV_EL_I32, MKV_EL_F32_OR_NAN } mkv_el_type;
+ * for the float types, fp16 bit patterns (uint16_t) for MKV_EL_F16_BITS
+ * (stored as float16, like MKV_EL_F16), and the native integer type
+ * otherwise. Floats must be finite on write and on read, except that
+ * MKV_EL_F32_OR_NAN (stored as float32) takes NaN for "not measured";
+ * infinities are refused always. */
+typedef enum {
+    MKV_EL_F16 = 0, MKV_EL_F32, MKV_EL_U8, MKV_EL_I16, MKV_EL_I32, MKV_EL_F32_OR_NAN, MKV_EL_F16_BITS
+} mkv_el_type;
 size_t mkv_el_size(mkv_el_type t);
 
 typedef struct {

@@ -239,7 +239,7 @@ typedef struct {
     int have_template;
     mkv_mosaic_strategy tk, tv;
     double *rk, *rv;                  /* [d][d] their rotations (zero beyond the stored columns) */
-    float *rot_k, *rot_v;             /* [d][cols] as stored */
+    uint16_t *rot_k, *rot_v;          /* [d][cols] as stored (fp16) */
     double ref_loss[2];               /* K, V: the template's recorded energy loss */
     mkv_mosaic_manager_mode mode;     /* as set when growth started */
     double close_rise;                /* the running-loss rule's rise */
@@ -436,12 +436,12 @@ static int set_template(mosaic_state *s, mkv_error *err)
         const mkv_mosaic_tensor *t = x ? &h->v : &h->k;
         const mkv_mosaic_strategy *ts = x ? &s->tv : &s->tk;
         int cols = mkv_mosaic_rotation_cols(ts);
-        const float *R = t->rotation + t->off_rotation[last];
+        const uint16_t *R = t->rotation + t->off_rotation[last];
         double *full = x ? s->rv : s->rk;
-        float *copy = x ? s->rot_v : s->rot_k;
+        uint16_t *copy = x ? s->rot_v : s->rot_k;
         for (int j = 0; j < d; j++)
             for (int c = 0; c < cols; c++) {
-                full[j * d + c] = R[j * cols + c];
+                full[j * d + c] = mkv_f16_to_f32(R[j * cols + c]);
                 copy[j * cols + c] = R[j * cols + c];
             }
     }
@@ -481,11 +481,12 @@ static int open_segment(mosaic_state *s, int64_t start, mkv_error *err)
         t->nseg = n;
         int cols = mkv_mosaic_rotation_cols(&st);
         int64_t nr = (int64_t)d * cols;
-        int rc = grow((void **)&t->rotation, &s->cap[x][3], t->n_rotation, t->n_rotation + nr, sizeof(float), err);
+        int rc = grow((void **)&t->rotation, &s->cap[x][3], t->n_rotation, t->n_rotation + nr, sizeof *t->rotation,
+                      err);
         if (rc)
             return rc;
         if (nr)
-            memcpy(t->rotation + t->n_rotation, x ? s->rot_v : s->rot_k, (size_t)nr * sizeof(float));
+            memcpy(t->rotation + t->n_rotation, x ? s->rot_v : s->rot_k, (size_t)nr * sizeof *t->rotation);
         t->n_rotation += nr;
         s->energy[x] = s->dropped[x] = 0;
         if (s->gram[x])
@@ -541,24 +542,24 @@ static int pack_token(mosaic_state *s, int is_key, mkv_error *err)
     part.start = st->start + b0;
     part.len = j - b0 + 1;
     int nbytes = mkv_mosaic_bitmap_bytes(st), width = is_key ? mkv_mosaic_block_width(st) : 0;
-    float keyrow[2 * MKV_MOSAIC_MAX_D];
-    float *vals = mkv_alloc((size_t)part.len * (size_t)st->r, sizeof *vals, "packed values", err);
+    uint16_t keyrow[2 * MKV_MOSAIC_MAX_D];
+    uint16_t *vals = mkv_alloc((size_t)part.len * (size_t)st->r, sizeof *vals, "packed values", err);
     uint8_t *bits = mkv_alloc((size_t)part.len * (size_t)(nbytes ? nbytes : 1), 1, "bitmaps", err);
-    float *rot = mkv_alloc((size_t)d * (size_t)d, sizeof *rot, "a rotation", err);
+    uint16_t *rot = mkv_alloc((size_t)d * (size_t)d, sizeof *rot, "a rotation", err);
     int rc = vals && bits && rot ? MKV_OK : MKV_ENOMEM;
     part.rotate = st->rotate;
     if (!rc)
         rc = mkv_mosaic_encode(&part, raw + b0 * d, d, st->rotate ? (is_key ? s->rk : s->rv) : NULL,
                                is_key ? B : 0, vals, nbytes ? bits : NULL, NULL, NULL, keyrow, rot, err);
     if (!rc)
-        rc = grow((void **)&t->values, &s->cap[x][0], t->n_values, t->n_values + st->r, sizeof(float), err);
+        rc = grow((void **)&t->values, &s->cap[x][0], t->n_values, t->n_values + st->r, sizeof *t->values, err);
     if (!rc)
         rc = grow((void **)&t->bitmap, &s->cap[x][1], t->n_bitmap, t->n_bitmap + nbytes, 1, err);
     if (!rc && is_key)
-        rc = grow((void **)&t->blockkeys, &s->cap[x][2], t->n_blockkeys, t->n_blockkeys + width, sizeof(float),
-                  err);
+        rc = grow((void **)&t->blockkeys, &s->cap[x][2], t->n_blockkeys, t->n_blockkeys + width,
+                  sizeof *t->blockkeys, err);
     if (!rc) {
-        memcpy(t->values + t->n_values, vals + (j - b0) * st->r, (size_t)st->r * sizeof(float));
+        memcpy(t->values + t->n_values, vals + (j - b0) * st->r, (size_t)st->r * sizeof *t->values);
         t->n_values += st->r;
         if (nbytes)
             memcpy(t->bitmap + t->n_bitmap, bits + (j - b0) * nbytes, (size_t)nbytes);
@@ -567,7 +568,7 @@ static int pack_token(mosaic_state *s, int is_key, mkv_error *err)
             /* a new block gets a row; a block already open has its row redone */
             if (j == b0)
                 t->n_blockkeys += width;
-            memcpy(t->blockkeys + t->n_blockkeys - width, keyrow, (size_t)width * sizeof(float));
+            memcpy(t->blockkeys + t->n_blockkeys - width, keyrow, (size_t)width * sizeof *t->blockkeys);
         }
         st->len++;
     }
@@ -644,7 +645,7 @@ static int splice(mosaic_state *s, mkv_mosaic_tensor *t, int x, int64_t i, const
     void **arr[N] = {(void **)&t->values, (void **)&t->bitmap, (void **)&t->blockkeys, (void **)&t->rotation,
                      (void **)&t->codes, (void **)&t->qparams};
     const void *from[N] = {src->values, src->bitmap, src->blockkeys, src->rotation, src->codes, src->qparams};
-    size_t elem[N] = {sizeof(float), 1, sizeof(float), sizeof(float), 1, sizeof(float)};
+    size_t elem[N] = {sizeof *t->values, 1, sizeof *t->blockkeys, sizeof *t->rotation, 1, sizeof *t->qparams};
     void *next[N] = {NULL};
     int64_t size[N];
     for (int k = 0; k < N; k++) {
@@ -748,11 +749,14 @@ int mkv_mosaic_method_append(void *state, const float *k, const float *v, mkv_er
     /* the new token, in fp16, at the end of the dense rows */
     int64_t nd = h->sink_n + h->recent_n;
     float kr[MKV_MOSAIC_MAX_D], vr[MKV_MOSAIC_MAX_D];
+    uint16_t kh[MKV_MOSAIC_MAX_D], vh[MKV_MOSAIC_MAX_D];
     for (int j = 0; j < d; j++) {
         if (!(fabsf(k[j]) <= 65504.0f) || !(fabsf(v[j]) <= 65504.0f))
             return mkv_fail(err, MKV_EFORMAT, "mosaic: a new key or value does not fit float16");
-        kr[j] = mkv_f16_to_f32(mkv_f32_to_f16(k[j]));
-        vr[j] = mkv_f16_to_f32(mkv_f32_to_f16(v[j]));
+        kh[j] = mkv_f32_to_f16(k[j]);
+        vh[j] = mkv_f32_to_f16(v[j]);
+        kr[j] = mkv_f16_to_f32(kh[j]);
+        vr[j] = mkv_f16_to_f32(vh[j]);
     }
     int leaves = s->have_template && h->recent_n >= s->cfg.recent && h->recent_n > 0;
     int direct = s->have_template && s->cfg.recent == 0;
@@ -765,17 +769,22 @@ int mkv_mosaic_method_append(void *state, const float *k, const float *v, mkv_er
             (rc = grow((void **)&s->raw_v, &s->open_cap, s->open_len, s->open_len + 1, (size_t)d * sizeof(float),
                        err)))
             return rc;
-        const float *ok = direct ? kr : h->dense_k + h->sink_n * d, *ov = direct ? vr : h->dense_v + h->sink_n * d;
-        memcpy(s->raw_k + s->open_len * d, ok, (size_t)d * sizeof(float));
-        memcpy(s->raw_v + s->open_len * d, ov, (size_t)d * sizeof(float));
+        float *ok = s->raw_k + s->open_len * d, *ov = s->raw_v + s->open_len * d;
+        if (direct) {
+            memcpy(ok, kr, (size_t)d * sizeof *ok);
+            memcpy(ov, vr, (size_t)d * sizeof *ov);
+        } else {
+            mkv_f16_to_f32_n(h->dense_k + h->sink_n * d, ok, (size_t)d);
+            mkv_f16_to_f32_n(h->dense_v + h->sink_n * d, ov, (size_t)d);
+        }
         s->open_len++;
         if (!direct) {
             memmove(h->dense_k + h->sink_n * d, h->dense_k + (h->sink_n + 1) * d,
-                    (size_t)(h->recent_n - 1) * (size_t)d * sizeof(float));
+                    (size_t)(h->recent_n - 1) * (size_t)d * sizeof *h->dense_k);
             memmove(h->dense_v + h->sink_n * d, h->dense_v + (h->sink_n + 1) * d,
-                    (size_t)(h->recent_n - 1) * (size_t)d * sizeof(float));
-            memcpy(h->dense_k + (nd - 1) * d, kr, (size_t)d * sizeof(float));
-            memcpy(h->dense_v + (nd - 1) * d, vr, (size_t)d * sizeof(float));
+                    (size_t)(h->recent_n - 1) * (size_t)d * sizeof *h->dense_v);
+            memcpy(h->dense_k + (nd - 1) * d, kh, (size_t)d * sizeof *h->dense_k);
+            memcpy(h->dense_v + (nd - 1) * d, vh, (size_t)d * sizeof *h->dense_v);
         }
         if ((rc = pack_token(s, 1, err)) || (rc = pack_token(s, 0, err)))
             return rc;
@@ -785,11 +794,12 @@ int mkv_mosaic_method_append(void *state, const float *k, const float *v, mkv_er
         }
     } else {
         /* no template (or the window is not full yet): the dense window grows */
-        if ((rc = grow((void **)&h->dense_k, &(int64_t){s->dense_cap}, nd, nd + 1, (size_t)d * sizeof(float), err)) ||
-            (rc = grow((void **)&h->dense_v, &s->dense_cap, nd, nd + 1, (size_t)d * sizeof(float), err)))
+        if ((rc = grow((void **)&h->dense_k, &(int64_t){s->dense_cap}, nd, nd + 1, (size_t)d * sizeof *h->dense_k,
+                       err)) ||
+            (rc = grow((void **)&h->dense_v, &s->dense_cap, nd, nd + 1, (size_t)d * sizeof *h->dense_v, err)))
             return rc;
-        memcpy(h->dense_k + nd * d, kr, (size_t)d * sizeof(float));
-        memcpy(h->dense_v + nd * d, vr, (size_t)d * sizeof(float));
+        memcpy(h->dense_k + nd * d, kh, (size_t)d * sizeof *h->dense_k);
+        memcpy(h->dense_v + nd * d, vh, (size_t)d * sizeof *h->dense_v);
         h->recent_n++;
     }
     h->T++;

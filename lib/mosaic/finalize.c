@@ -59,12 +59,12 @@ static int pack_tensor(const mkv_mosaic_strategy *s, const float *X, int d, int 
     mkv_mosaic_bytes b;
     mkv_mosaic_strategy_bytes(s, d, block, &b);
     int quantized = s->bits != 16;
-    if (!(t->values = mkv_alloc((size_t)(quantized ? 0 : s->len * s->r) + 1, sizeof(float), "packed values", err)) ||
+    if (!(t->values = mkv_alloc((size_t)(quantized ? 0 : s->len * s->r) + 1, sizeof *t->values, "packed values", err)) ||
         (quantized && !(t->codes = mkv_alloc((size_t)b.values, 1, "codes", err))) ||
-        (quantized && !(t->qparams = mkv_alloc((size_t)b.qparams / 2, sizeof(float), "zeros and steps", err))) ||
+        (quantized && !(t->qparams = mkv_alloc((size_t)b.qparams / 2, sizeof *t->qparams, "zeros and steps", err))) ||
         (b.bitmap && !(t->bitmap = mkv_alloc((size_t)b.bitmap, 1, "bitmaps", err))) ||
-        (b.blockkeys && !(t->blockkeys = mkv_alloc((size_t)b.blockkeys / 2, sizeof(float), "block keys", err))) ||
-        (b.rotation && !(t->rotation = mkv_alloc((size_t)b.rotation / 2, sizeof(float), "a rotation", err))))
+        (b.blockkeys && !(t->blockkeys = mkv_alloc((size_t)b.blockkeys / 2, sizeof *t->blockkeys, "block keys", err))) ||
+        (b.rotation && !(t->rotation = mkv_alloc((size_t)b.rotation / 2, sizeof *t->rotation, "a rotation", err))))
         return err ? err->code : MKV_ENOMEM;
     int rc = mkv_mosaic_encode(s, X, d, R, block, quantized ? NULL : t->values, t->bitmap, t->codes, t->qparams, t->blockkeys,
                                t->rotation, err);

@@ -132,7 +132,7 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 /* libgcc reads the CPU's features once, in a constructor. */
-static int have_avx2(void) { return __builtin_cpu_supports("avx2"); }
+static int have_avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"); }
 #endif
 
 /* Query vectors the dynamic search measures losses on. */
@@ -751,13 +751,14 @@ static int key_skeleton(const mkv_mosaic_config *c, const mkv_head_kv *in, mkv_m
     double *xt = NULL, *qt = NULL, *mass = NULL;
     scored_block *blk = NULL;
     uint8_t *taken = NULL;
-    float *alt = NULL;
+    float *alt = NULL, *bk = NULL;   /* one segment's block keys, fp16 values in float */
     int rc = MKV_OK;
     if (!(hs->k.seg = mkv_calloc((size_t)(nseg ? nseg : 1), sizeof *hs->k.seg, "strategies", err)) ||
-        !(hs->k.blockkeys = mkv_alloc((size_t)(nblk ? nblk : 1) * (size_t)(kd + bound + 1), sizeof(float),
-                                      "block keys", err)) ||
+        !(hs->k.blockkeys = mkv_alloc((size_t)(nblk ? nblk : 1) * (size_t)(kd + bound + 1),
+                                      sizeof *hs->k.blockkeys, "block keys", err)) ||
         !(hs->k.rotation = mkv_alloc((size_t)(nseg && c->rotate ? nseg : 1) * (size_t)d * (size_t)d,
-                                     sizeof(float), "rotations", err)) ||
+                                     sizeof *hs->k.rotation, "rotations", err)) ||
+        !(bk = mkv_alloc((seglen / (size_t)B + 1) * (size_t)(kd + bound + 1), sizeof *bk, "block keys", err)) ||
         !(xt = mkv_alloc((seglen ? seglen : 1) * (size_t)(kd ? kd : 1), sizeof *xt, "rotated keys", err)) ||
         (choose && (!(qt = mkv_alloc((size_t)d, sizeof *qt, "rotated queries", err)) ||
                     !(mass = mkv_alloc((size_t)w->obs.nq * seglen, sizeof *mass, "attention weights", err)) ||
@@ -771,7 +772,6 @@ static int key_skeleton(const mkv_mosaic_config *c, const mkv_head_kv *in, mkv_m
         ks->keydim = kd;
         ks->bound = bound;
         mkv_mosaic_rotate(in->k + ks->start * d, ks->len, d, R, d, kd, xt);
-        float *bk = hs->k.blockkeys + off;
         mkv_mosaic_block_keys(xt, ks->len, kd, kd, bound, B, bk);
         if (choose) {
             mkv_mosaic_block_keys(xt, ks->len, kd, kd, 0, B, alt);
@@ -785,13 +785,16 @@ static int key_skeleton(const mkv_mosaic_config *c, const mkv_head_kv *in, mkv_m
                 memcpy(bk, alt, sizeof *alt * (size_t)mkv_mosaic_nblocks(ks->len, B) * (size_t)kd);
             }
         }
-        off += mkv_mosaic_nblocks(ks->len, B) * mkv_mosaic_block_width(ks);
+        int64_t width = mkv_mosaic_nblocks(ks->len, B) * mkv_mosaic_block_width(ks);
+        mkv_f32_to_f16_n(bk, hs->k.blockkeys + off, (size_t)width);
+        off += width;
         hs->k.seg[i] = (mkv_mosaic_strategy){.start = ks->start, .len = ks->len, .rotate = c->rotate, .r = d,
                                              .g = 1, .dprime = d, .pervector = 1, .bits = 16, .keydim = kd,
                                              .bound = ks->bound};
         for (size_t j = 0; R && j < (size_t)d * (size_t)d; j++)
-            hs->k.rotation[(size_t)i * d * d + j] = (float)R[j];
+            hs->k.rotation[(size_t)i * d * d + j] = mkv_f32_to_f16((float)R[j]);
     }
+    mkv_free(bk);
     mkv_free(xt);
     mkv_free(qt);
     mkv_free(mass);
@@ -868,14 +871,14 @@ static int encode_tensor(const mkv_mosaic_head *h, const float *data, int is_key
                          mkv_mosaic_tensor *t, mkv_error *err)
 {
     int d = h->d, block = is_key ? h->block : 0;
-    flat values = {.elem = sizeof(float)}, bitmap = {.elem = 1}, codes = {.elem = 1}, qparams = {.elem = sizeof(float)},
-         keys = {.elem = sizeof(float)}, rot = {.elem = sizeof(float)};
+    flat values = {.elem = 2}, bitmap = {.elem = 1}, codes = {.elem = 1}, qparams = {.elem = 2}, keys = {.elem = 2},
+         rot = {.elem = 2};
     int rc = MKV_OK;
     for (int64_t i = 0; i < t->nseg && rc == MKV_OK; i++) {
         const mkv_mosaic_strategy *s = &t->seg[i];
         mkv_mosaic_bytes b;
         mkv_mosaic_strategy_bytes(s, d, block, &b);
-        float *pv, *pq, *pk, *pr;
+        uint16_t *pv, *pq, *pk, *pr;
         uint8_t *pb, *pc;
         if (!(pv = flat_extend(&values, s->bits == 16 ? s->len * s->r : 0, "packed values", err)) ||
             !(pc = flat_extend(&codes, s->bits == 16 ? 0 : (int64_t)b.values, "codes", err)) ||
@@ -917,8 +920,8 @@ static int head_init(const mkv_mosaic_config *c, const mkv_head_kv *in, mkv_mosa
     int64_t nseg = last > first ? (last - first + c->segment - 1) / c->segment : 0, ns = nseg ? nseg : 1;
     w->nseg = h->k.nseg = h->v.nseg = nseg;
     size_t dd = (size_t)d * (size_t)d;
-    if (!(h->dense_k = mkv_alloc((size_t)(nd ? nd : 1) * (size_t)d, sizeof(float), "dense keys", err)) ||
-        !(h->dense_v = mkv_alloc((size_t)(nd ? nd : 1) * (size_t)d, sizeof(float), "dense values", err)) ||
+    if (!(h->dense_k = mkv_alloc((size_t)(nd ? nd : 1) * (size_t)d, sizeof *h->dense_k, "dense keys", err)) ||
+        !(h->dense_v = mkv_alloc((size_t)(nd ? nd : 1) * (size_t)d, sizeof *h->dense_v, "dense values", err)) ||
         !(h->k.seg = mkv_calloc((size_t)ns, sizeof *h->k.seg, "strategies", err)) ||
         !(h->v.seg = mkv_calloc((size_t)ns, sizeof *h->v.seg, "strategies", err)) ||
         !(h->k.loss = mkv_calloc((size_t)ns * MKV_MOSAIC_LOSS_COLS, sizeof *h->k.loss, "losses", err)) ||
@@ -932,8 +935,8 @@ static int head_init(const mkv_mosaic_config *c, const mkv_head_kv *in, mkv_mosa
     for (int64_t i = 0; i < nd; i++) {
         int64_t t = i < h->sink_n ? i : in->T - h->recent_n + (i - h->sink_n);
         for (int j = 0; j < d; j++) {
-            h->dense_k[i * d + j] = mkv_f16_to_f32(mkv_f32_to_f16(in->k[t * d + j]));
-            h->dense_v[i * d + j] = mkv_f16_to_f32(mkv_f32_to_f16(in->v[t * d + j]));
+            h->dense_k[i * d + j] = mkv_f32_to_f16(in->k[t * d + j]);
+            h->dense_v[i * d + j] = mkv_f32_to_f16(in->v[t * d + j]);
         }
     }
     for (int64_t i = 0; i < nseg; i++) {
@@ -1046,19 +1049,20 @@ static int64_t visible(const mkv_mosaic_tensor *K, int B, int64_t p, int64_t *nb
     return nsc;
 }
 
-/* out[c] = sum_j q[j] R[j][c] for the columns c < a multiple of eight,
- * in AVX2 where the CPU has it: each column summed over j in order,
- * multiply then add, as the scalar loop below; returns the columns done. */
+/* out[c] = sum_j q[j] R[j][c] (R fp16) for the columns c < a multiple of
+ * eight, in AVX2 and F16C where the CPU has them: each column summed over
+ * j in order, multiply then add, as the scalar loop below; returns the
+ * columns done. */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-__attribute__((target("avx2"))) static int rotate_columns_avx2_impl(const float *q, const float *R, int d, int cols,
-                                                                  double *out)
+__attribute__((target("avx2,f16c"))) static int rotate_columns_avx2_impl(const float *q, const uint16_t *R, int d,
+                                                                       int cols, double *out)
 {
     int c0 = 0;
     for (; c0 + 8 <= cols; c0 += 8) {
         __m256d s0 = _mm256_setzero_pd(), s1 = s0;
         for (int j = 0; j < d; j++) {
             __m256d x = _mm256_set1_pd((double)q[j]);
-            __m256 r = _mm256_loadu_ps(R + (size_t)j * cols + c0);
+            __m256 r = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(R + (size_t)j * cols + c0)));
             s0 = _mm256_add_pd(s0, _mm256_mul_pd(x, _mm256_cvtps_pd(_mm256_castps256_ps128(r))));
             s1 = _mm256_add_pd(s1, _mm256_mul_pd(x, _mm256_cvtps_pd(_mm256_extractf128_ps(r, 1))));
         }
@@ -1069,7 +1073,7 @@ __attribute__((target("avx2"))) static int rotate_columns_avx2_impl(const float 
 }
 #endif
 
-static int rotate_columns_avx2(const float *q, const float *R, int d, int cols, double *out)
+static int rotate_columns_avx2(const float *q, const uint16_t *R, int d, int cols, double *out)
 {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     if (have_avx2())
@@ -1086,7 +1090,8 @@ static void rotate_queries(const mkv_mosaic_head *h, int64_t si, const float *q,
     const mkv_mosaic_tensor *K = &h->k;
     const mkv_mosaic_strategy *ks = &K->seg[si];
     int d = h->d, cols = ks->rotate ? mkv_mosaic_rotation_cols(ks) : d;
-    const float *Rk = ks->rotate ? K->rotation + K->off_rotation[si] : NULL;
+    const uint16_t *Rk = ks->rotate ? K->rotation + K->off_rotation[si] : NULL;
+    float row[MKV_MOSAIC_MAX_D];
     for (int g = 0; g < G; g++) {
         const float *qg = q + (size_t)g * d;
         double *out = qt + (size_t)g * d;
@@ -1095,24 +1100,15 @@ static void rotate_queries(const mkv_mosaic_head *h, int64_t si, const float *q,
                 out[c] = qg[c];
             continue;
         }
-        /* eight columns at a time in registers, each summing j = 0..d-1 in order */
+        /* each column sums j = 0..d-1 in order */
         int c0 = rotate_columns_avx2(qg, Rk, d, cols, out);
-        for (; c0 + 8 <= cols; c0 += 8) {
-            double s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
-            for (int j = 0; j < d; j++) {
-                const float *r = Rk + (size_t)j * cols + c0;
-                double x = qg[j];
-                s0 += x * r[0], s1 += x * r[1], s2 += x * r[2], s3 += x * r[3];
-                s4 += x * r[4], s5 += x * r[5], s6 += x * r[6], s7 += x * r[7];
-            }
-            out[c0] = s0, out[c0 + 1] = s1, out[c0 + 2] = s2, out[c0 + 3] = s3;
-            out[c0 + 4] = s4, out[c0 + 5] = s5, out[c0 + 6] = s6, out[c0 + 7] = s7;
-        }
-        for (; c0 < cols; c0++) {
-            double sum = 0;
-            for (int j = 0; j < d; j++)
-                sum += (double)qg[j] * Rk[(size_t)j * cols + c0];
-            out[c0] = sum;
+        for (int c = c0; c < cols; c++)
+            out[c] = 0;
+        for (int j = 0; j < d && c0 < cols; j++) {
+            mkv_mosaic_halves_to_floats(Rk + (size_t)j * cols + c0, row, (size_t)(cols - c0));
+            double x = qg[j];
+            for (int c = c0; c < cols; c++)
+                out[c] += x * row[c - c0];
         }
     }
 }
@@ -1151,7 +1147,7 @@ int64_t mkv_mosaic_select_tokens(const mkv_mosaic_head *h, const mkv_mosaic_attn
         }
         int64_t nb = mkv_mosaic_nblocks(ks->len, B), upto = (p - ks->start) / B + 1;
         int64_t nv = upto < nb ? upto : nb;
-        const float *rows = K->blockkeys + K->off_blockkeys[si];
+        const uint16_t *rows = K->blockkeys + K->off_blockkeys[si];
         for (int g0 = 0; g0 < G; g0 += 4) {
             for (int c = 0; c < ks->keydim; c++)
                 for (int l = 0; l < 4; l++)
@@ -1450,7 +1446,8 @@ static int64_t attend_segment(const mkv_mosaic_head *h, int64_t si, const double
     }
     if (n == 0)
         return 0;
-    const float *Rv = vs->rotate ? h->v.rotation + h->v.off_rotation[si] : NULL;
+    const uint16_t *Rv = vs->rotate ? h->v.rotation + h->v.off_rotation[si] : NULL;
+    float rrow[MKV_MOSAIC_MAX_D];
     *bytes_read += mkv_mosaic_attended_segment_bytes(vs, d);
     for (int qd = 0; qd < quads; qd++) {
         /* o = o~ R_v^T once per segment: linear, so valid unnormalised;
@@ -1459,8 +1456,10 @@ static int64_t attend_segment(const mkv_mosaic_head *h, int64_t si, const double
         for (int j = 0; j < d; j++) {
             double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
             if (Rv)
+                mkv_mosaic_halves_to_floats(Rv + (size_t)j * vs->dprime, rrow, (size_t)vs->dprime);
+            if (Rv)
                 for (int c = 0; c < vs->dprime; c++) {
-                    double r = Rv[(size_t)j * vs->dprime + c];
+                    double r = rrow[c];
                     s0 += a[4 * c] * r;
                     s1 += a[4 * c + 1] * r;
                     s2 += a[4 * c + 2] * r;
@@ -1576,7 +1575,9 @@ void mkv_mosaic_attend_piece(mkv_mosaic_attend_job *j, int piece)
         int64_t t = dense_token(h, i);
         if (t > p)
             continue;
-        const float *kd = h->dense_k + i * d, *vd = h->dense_v + i * d;
+        float kd[MKV_MOSAIC_MAX_D], vd[MKV_MOSAIC_MAX_D];
+        mkv_mosaic_halves_to_floats(h->dense_k + i * d, kd, (size_t)d);
+        mkv_mosaic_halves_to_floats(h->dense_v + i * d, vd, (size_t)d);
         dense_dots(q->q, d, G, kd, w->dots);
         for (int g = 0; g < G; g++)
             mkv_osm_add(&w->tot[g], w->dots[g] * q->scale, vd);

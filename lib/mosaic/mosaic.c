@@ -240,13 +240,14 @@ double mkv_mosaic_block_score(const double *qt, const float *row, int keydim, in
     return s;
 }
 
-static void block_scores4_scalar(const double *q4, const float *rows, int64_t n, int keydim, int bound,
+static void block_scores4_scalar(const double *q4, const uint16_t *rows, int64_t n, int keydim, int bound,
                                  double *out)
 {
     int w = keydim + bound;
-    for (int64_t b = 0; b < n; b++)
+    float row[2 * MKV_MOSAIC_MAX_D];
+    for (int64_t b = 0; b < n; b++) {
+        mkv_f16_to_f32_n(rows + b * w, row, (size_t)w);
         for (int l = 0; l < 4; l++) {
-            const float *row = rows + b * w;
             double s = 0;
             for (int c = 0; c < bound; c++) {
                 double a = q4[4 * c + l] * row[c], e = q4[4 * c + l] * row[bound + c];
@@ -256,20 +257,29 @@ static void block_scores4_scalar(const double *q4, const float *rows, int64_t n,
                 s += q4[4 * c + l] * row[bound + c];
             out[4 * b + l] = s;
         }
+    }
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
-/* The four queries in the lanes of a vector, four rows at a time; each
- * lane multiplies, takes the larger (_mm256_max_pd(a, e) is a > e ? a : e)
- * and adds as the scalar form does. */
-__attribute__((target("avx2"))) static void block_scores4_avx2(const double *q4, const float *rows, int64_t n,
-                                                             int keydim, int bound, double *out)
+/* The four queries in the lanes of a vector, four rows at a time (their
+ * fp16 values converted by F16C, exactly); each lane multiplies, takes the
+ * larger (_mm256_max_pd(a, e) is a > e ? a : e) and adds as the scalar
+ * form does. */
+__attribute__((target("avx2,f16c"))) static void block_scores4_avx2(const double *q4, const uint16_t *rows,
+                                                                  int64_t n, int keydim, int bound, double *out)
 {
     int w = keydim + bound;
+    float four[4 * 2 * MKV_MOSAIC_MAX_D];
     int64_t b = 0;
     for (; b + 4 <= n; b += 4) {
-        const float *r0 = rows + b * w, *r1 = r0 + w, *r2 = r1 + w, *r3 = r2 + w;
+        const uint16_t *h = rows + b * w;
+        int i = 0;
+        for (; i + 8 <= 4 * w; i += 8)
+            _mm256_storeu_ps(four + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+        for (; i < 4 * w; i++)
+            four[i] = mkv_f16_to_f32(h[i]);
+        const float *r0 = four, *r1 = r0 + w, *r2 = r1 + w, *r3 = r2 + w;
         __m256d s0 = _mm256_setzero_pd(), s1 = s0, s2 = s0, s3 = s0;
         for (int c = 0; c < bound; c++) {
             __m256d q = _mm256_loadu_pd(q4 + 4 * c);
@@ -298,10 +308,10 @@ __attribute__((target("avx2"))) static void block_scores4_avx2(const double *q4,
         block_scores4_scalar(q4, rows + b * w, n - b, keydim, bound, out + 4 * b);
 }
 
-static int have_avx2(void) { return __builtin_cpu_supports("avx2"); }
+static int have_avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"); }
 #endif
 
-void mkv_mosaic_block_scores4(const double *q4, const float *rows, int64_t n, int keydim, int bound, double *out)
+void mkv_mosaic_block_scores4(const double *q4, const uint16_t *rows, int64_t n, int keydim, int bound, double *out)
 {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     if (have_avx2()) {
@@ -336,48 +346,61 @@ void mkv_mosaic_channel_qparams(const double *xt, int64_t n, int ldx, int nc, in
 }
 
 int mkv_mosaic_encode(const mkv_mosaic_strategy *s, const float *X, int d, const double *R, int block,
-                      float *values, uint8_t *bitmap, uint8_t *codes, float *qparams, float *blockkeys,
-                      float *rotation, mkv_error *err)
+                      uint16_t *values, uint8_t *bitmap, uint8_t *codes, uint16_t *qparams, uint16_t *blockkeys,
+                      uint16_t *rotation, mkv_error *err)
 {
     /* rotated channels the values and the block keys need */
     int dp = s->dprime, nbytes = mkv_mosaic_bitmap_bytes(s), vb = mkv_mosaic_vector_bytes(s);
     int w = block > 0 && s->keydim > dp ? s->keydim : dp;
+    size_t nq = (size_t)mkv_mosaic_qparam_count(s);
+    size_t nk = block > 0 ? (size_t)mkv_mosaic_nblocks(s->len, block) * (size_t)mkv_mosaic_block_width(s) : 0;
+    /* zeros, steps and block keys are made in float (fp16 values), then stored as fp16 */
     double *xt = mkv_alloc((size_t)s->len * (size_t)w, sizeof *xt, "rotated vectors", err);
-    if (!xt)
+    float *fq = xt ? mkv_alloc(nq + nk + 1, sizeof *fq, "zeros, steps and block keys", err) : NULL;
+    if (!fq) {
+        mkv_free(xt);
         return err ? err->code : MKV_ENOMEM;
+    }
+    float *fk = fq + nq;
     mkv_mosaic_rotate(X, s->len, d, s->rotate ? R : NULL, d, w, xt);
     if (s->bits != 16)
-        mkv_mosaic_channel_qparams(xt, s->len, w, dp, s->bits, s->qgroup, qparams);
+        mkv_mosaic_channel_qparams(xt, s->len, w, dp, s->bits, s->qgroup, fq);
     int pos[MKV_MOSAIC_MAX_D];
     uint8_t code[MKV_MOSAIC_MAX_D];
-    for (int64_t t = 0; t < s->len; t++) {
+    int rc = MKV_OK;
+    for (int64_t t = 0; t < s->len && rc == MKV_OK; t++) {
         const double *x = xt + t * w;
         mkv_mosaic_select(x, s, pos, nbytes ? bitmap + t * nbytes : NULL);
         for (int i = 0; i < s->r; i++) {
             if (!(fabs(x[pos[i]]) <= F16_MAX)) {
-                mkv_free(xt);
-                return mkv_fail(err, MKV_EFORMAT, "token %lld: rotated value %g does not fit "
-                                "float16 (|x| <= 65504)", (long long)(s->start + t), x[pos[i]]);
+                rc = mkv_fail(err, MKV_EFORMAT, "token %lld: rotated value %g does not fit "
+                              "float16 (|x| <= 65504)", (long long)(s->start + t), x[pos[i]]);
+                break;
             }
             if (s->bits == 16) {
-                values[t * s->r + i] = (float)f16r(x[pos[i]]);
+                values[t * s->r + i] = mkv_f32_to_f16((float)f16r(x[pos[i]]));
                 continue;
             }
-            const float *gq = qparams + 2 * mkv_mosaic_qgroup_of(s, t) * dp;
+            const float *gq = fq + 2 * mkv_mosaic_qgroup_of(s, t) * dp;
             const float zero = gq[2 * pos[i]], step = gq[2 * pos[i] + 1];
             code[i] = (uint8_t)mkv_bl_quant_code((float)x[pos[i]], step, zero, s->bits);
         }
         if (s->bits != 16)
             mkv_bl_pack(code, (size_t)s->r, s->bits, codes + t * vb);
     }
-    if (block > 0)
-        mkv_mosaic_block_keys(xt, s->len, w, s->keydim, s->bound, block, blockkeys);
+    if (rc == MKV_OK && s->bits != 16)
+        mkv_f32_to_f16_n(fq, qparams, nq);
+    if (rc == MKV_OK && block > 0) {
+        mkv_mosaic_block_keys(xt, s->len, w, s->keydim, s->bound, block, fk);
+        mkv_f32_to_f16_n(fk, blockkeys, nk);
+    }
     int cols = mkv_mosaic_rotation_cols(s);
-    for (int j = 0; j < d && s->rotate; j++)
+    for (int j = 0; j < d && s->rotate && rc == MKV_OK; j++)
         for (int c = 0; c < cols; c++)
-            rotation[j * cols + c] = (float)R[j * d + c];
+            rotation[j * cols + c] = mkv_f32_to_f16((float)R[j * d + c]);
     mkv_free(xt);
-    return MKV_OK;
+    mkv_free(fq);
+    return rc;
 }
 
 /* ---------------------------------------------------------------- losses */

@@ -56,10 +56,11 @@ void mkv_mosaic_block_keys(const double *xt, int64_t n, int ldx, int keydim, int
 /* Unscaled score of one block-key row for a query q~ [keydim] in the
  * segment's key space. */
 double mkv_mosaic_block_score(const double *qt, const float *row, int keydim, int bound);
-/* The same for four queries and n consecutive rows [n][keydim + bound],
- * q4 [keydim][4] (query l's channel c at q4[4 c + l]): out [n][4], each
- * equal to mkv_mosaic_block_score's; in AVX2 where the CPU has it. */
-void mkv_mosaic_block_scores4(const double *q4, const float *rows, int64_t n, int keydim, int bound, double *out);
+/* The same for four queries and n consecutive rows [n][keydim + bound]
+ * of fp16 bit patterns (as stored), q4 [keydim][4] (query l's channel c
+ * at q4[4 c + l]): out [n][4], each equal to mkv_mosaic_block_score's on
+ * the rows' values; in AVX2 and F16C where the CPU has them. */
+void mkv_mosaic_block_scores4(const double *q4, const uint16_t *rows, int64_t n, int keydim, int bound, double *out);
 
 /* Zero and step (qparams [groups][nc][2]) of nc channels quantized to
  * `bits` bits, per group of qgroup consecutive vectors of xt [n][ldx]
@@ -72,15 +73,16 @@ void mkv_mosaic_channel_qparams(const double *xt, int64_t n, int ldx, int nc, in
 
 /* Encode one segment X [s->len][d] with strategy s and rotation R (d x d,
  * fp16-rounded by mkv_mosaic_round_f16; ignored when s->rotate = 0) into
- * values [len][r] (16-bit strategies: fp16 values; quantized ones write
- * none, values may be NULL), bitmap
- * [len][bitmap_bytes] (NULL when none), codes [len][vector bytes] and
- * qparams [token groups][d'][2] (quantized strategies; NULL at 16 bits), blockkeys
- * [nblocks][keydim + bound] (block > 0, keys) and rotation
- * [d][mkv_mosaic_rotation_cols] (s->rotate). */
+ * the arrays of the packed format (fp16 ones as fp16 bit patterns):
+ * values [len][r] (16-bit strategies; quantized ones write none, values
+ * may be NULL), bitmap [len][bitmap_bytes] (NULL when none), codes
+ * [len][vector bytes] and qparams [token groups][d'][2] (quantized
+ * strategies; NULL at 16 bits), blockkeys [nblocks][keydim + bound]
+ * (block > 0, keys) and rotation [d][mkv_mosaic_rotation_cols]
+ * (s->rotate). */
 int mkv_mosaic_encode(const mkv_mosaic_strategy *s, const float *X, int d, const double *R, int block,
-                      float *values, uint8_t *bitmap, uint8_t *codes, float *qparams, float *blockkeys,
-                      float *rotation, mkv_error *err);
+                      uint16_t *values, uint8_t *bitmap, uint8_t *codes, uint16_t *qparams, uint16_t *blockkeys,
+                      uint16_t *rotation, mkv_error *err);
 
 /* ---- losses and strategy search ---- */
 /* What the observation queries see of one segment when everything but

@@ -59,13 +59,19 @@ static void unpack_codes(const uint8_t *packed, int bits, int r, uint8_t *code)
     }
 }
 
-void mkv_mosaic_dequantize_vector_scalar(const uint8_t *packed, int bits, int r, const int *pos, const float *qp,
+/* Code `code` of channel c read back with the fp16 zero and step of qp. */
+static float dequantize_at(unsigned code, const uint16_t *qp, int c)
+{
+    return mkv_mosaic_dequantize(code, mkv_f16_to_f32(qp[2 * c]), mkv_f16_to_f32(qp[2 * c + 1]));
+}
+
+void mkv_mosaic_dequantize_vector_scalar(const uint8_t *packed, int bits, int r, const int *pos, const uint16_t *qp,
                                          float *out)
 {
     uint8_t code[MKV_MOSAIC_MAX_D];
     unpack_codes(packed, bits, r, code);
     for (int k = 0; k < r; k++)
-        out[k] = mkv_mosaic_dequantize(code[k], qp[2 * pos[k]], qp[2 * pos[k] + 1]);
+        out[k] = dequantize_at(code[k], qp, pos[k]);
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -93,34 +99,30 @@ __attribute__((target("avx2"), always_inline)) static inline __m256i codes8(cons
  * 2^25, exact in double: the float sum rounds the exact value once, as
  * the double sum's conversion does, and the fp16 rounding (to nearest
  * even) is mkv_f32_to_f16's. Channels in a row (pos[k] = k, no bitmap)
- * load the zeros and steps; scattered ones gather them. */
+ * load the zeros and steps; scattered ones gather them, a channel's fp16
+ * zero and step being one 32-bit word (the zero in its low half). */
 __attribute__((target("avx2,f16c"))) static void dequantize_avx2(const uint8_t *packed, int bits, int r,
-                                                               const int *pos, const float *qp, float *out)
+                                                               const int *pos, const uint16_t *qp, float *out)
 {
     uint8_t code[MKV_MOSAIC_MAX_D];
     if (bits != 8 && bits != 4)
         unpack_codes(packed, bits, r, code);
     int dense = pos[r - 1] == r - 1, k = 0;
     for (; k + 8 <= r; k += 8) {
-        __m256 zero, step;
-        if (dense) {
-            /* qp pairs (zero, step) of channels k..k+7 */
-            __m256 a = _mm256_loadu_ps(qp + 2 * k), b = _mm256_loadu_ps(qp + 2 * k + 8);
-            __m256 z = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));   /* z0 z1 z4 z5 | z2 z3 z6 z7 */
-            __m256 st = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
-            zero = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(z), _MM_SHUFFLE(3, 1, 2, 0)));
-            step = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(st), _MM_SHUFFLE(3, 1, 2, 0)));
-        } else {
-            __m256i p2 = _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(pos + k)), 1);
-            zero = _mm256_i32gather_ps(qp, p2, 4);
-            step = _mm256_i32gather_ps(qp + 1, p2, 4);
-        }
+        /* word c: channel c's step << 16 | zero */
+        __m256i pairs = dense ? _mm256_loadu_si256((const __m256i *)(qp + 2 * k))
+                              : _mm256_i32gather_epi32((const int *)qp, _mm256_loadu_si256((const __m256i *)(pos + k)), 4);
+        __m256i halves = _mm256_packus_epi32(_mm256_and_si256(pairs, _mm256_set1_epi32(0xffff)),
+                                             _mm256_srli_epi32(pairs, 16));   /* z0-3 s0-3 | z4-7 s4-7 */
+        halves = _mm256_permute4x64_epi64(halves, _MM_SHUFFLE(3, 1, 2, 0));   /* z0-7 | s0-7 */
+        __m256 zero = _mm256_cvtph_ps(_mm256_castsi256_si128(halves));
+        __m256 step = _mm256_cvtph_ps(_mm256_extracti128_si256(halves, 1));
         __m256 c = _mm256_cvtepi32_ps(codes8(packed, bits, k, code));
         __m256 f = _mm256_add_ps(zero, _mm256_mul_ps(c, step));
         _mm256_storeu_ps(out + k, _mm256_cvtph_ps(_mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
     }
     for (; k < r; k++)
-        out[k] = mkv_mosaic_dequantize(mkv_bl_unpack(packed, (size_t)k, bits), qp[2 * pos[k]], qp[2 * pos[k] + 1]);
+        out[k] = dequantize_at(mkv_bl_unpack(packed, (size_t)k, bits), qp, pos[k]);
 }
 
 /* libgcc reads the CPU's features once, in a constructor. */
@@ -130,7 +132,29 @@ static int have_avx2(void)
 }
 #endif
 
-void mkv_mosaic_dequantize_vector(const uint8_t *packed, int bits, int r, const int *pos, const float *qp,
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("avx2,f16c"))) static void halves_f16c(const uint16_t *h, float *out, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+    for (; i < n; i++)
+        out[i] = mkv_f16_to_f32(h[i]);
+}
+#endif
+
+void mkv_mosaic_halves_to_floats(const uint16_t *h, float *out, size_t n)
+{
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    if (have_avx2()) {
+        halves_f16c(h, out, n);
+        return;
+    }
+#endif
+    mkv_f16_to_f32_n(h, out, n);
+}
+
+void mkv_mosaic_dequantize_vector(const uint8_t *packed, int bits, int r, const int *pos, const uint16_t *qp,
                                   float *out)
 {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -145,9 +169,11 @@ void mkv_mosaic_dequantize_vector(const uint8_t *packed, int bits, int r, const 
 const float *mkv_mosaic_vector_values(const mkv_mosaic_tensor *t, int64_t si, int64_t i, const int *pos, float *buf)
 {
     const mkv_mosaic_strategy *s = &t->seg[si];
-    if (s->bits == 16)
-        return t->values + t->off_values[si] + i * s->r;
-    const float *qp = t->qparams + t->off_qparams[si] + 2 * mkv_mosaic_qgroup_of(s, i) * s->dprime;
+    if (s->bits == 16) {
+        mkv_mosaic_halves_to_floats(t->values + t->off_values[si] + i * s->r, buf, (size_t)s->r);
+        return buf;
+    }
+    const uint16_t *qp = t->qparams + t->off_qparams[si] + 2 * mkv_mosaic_qgroup_of(s, i) * s->dprime;
     mkv_mosaic_dequantize_vector(t->codes + t->off_codes[si] + i * mkv_mosaic_vector_bytes(s), s->bits, s->r, pos,
                                  qp, buf);
     return buf;
@@ -318,7 +344,7 @@ static int store_values(const mkv_mosaic_tensor *t, char x, mkv_cdump_writer *w,
 {
     char name[32];
     snprintf(name, sizeof name, "%c/values", x);
-    return put_flat(w, layer, head, name, MKV_EL_F16, t->n_values, t->values, err);
+    return put_flat(w, layer, head, name, MKV_EL_F16_BITS, t->n_values, t->values, err);
 }
 
 static int store_tensor(const mkv_mosaic_tensor *t, const mkv_mosaic_head *h, char x,
@@ -360,7 +386,7 @@ static int store_tensor(const mkv_mosaic_tensor *t, const mkv_mosaic_head *h, ch
     }
     snprintf(name, sizeof name, "%c/dense", x);
     if (rc == MKV_OK)
-        rc = mkv_cdump_put_rows(w, layer, head, name, MKV_EL_F16, h->sink_n + h->recent_n, h->d,
+        rc = mkv_cdump_put_rows(w, layer, head, name, MKV_EL_F16_BITS, h->sink_n + h->recent_n, h->d,
                                 x == 'k' ? h->dense_k : h->dense_v, err);
     if (rc == MKV_OK)
         rc = store_values(t, x, w, layer, head, err);
@@ -371,10 +397,10 @@ static int store_tensor(const mkv_mosaic_tensor *t, const mkv_mosaic_head *h, ch
         const void *data;
     } flat[] = {
         {"codes", MKV_EL_U8, t->n_codes, t->codes},
-        {"qparams", MKV_EL_F16, t->n_qparams, t->qparams},
+        {"qparams", MKV_EL_F16_BITS, t->n_qparams, t->qparams},
         {"bitmap", MKV_EL_U8, t->n_bitmap, t->bitmap},
-        {"blockkeys", MKV_EL_F16, t->n_blockkeys, t->blockkeys},
-        {"rotation", MKV_EL_F16, t->n_rotation, t->rotation},
+        {"blockkeys", MKV_EL_F16_BITS, t->n_blockkeys, t->blockkeys},
+        {"rotation", MKV_EL_F16_BITS, t->n_rotation, t->rotation},
     };
     for (size_t i = 0; i < sizeof flat / sizeof flat[0] && rc == MKV_OK; i++) {
         snprintf(name, sizeof name, "%c/%s", x, flat[i].name);
@@ -454,22 +480,22 @@ static int load_values(mkv_cdump *c, int layer, int head, char x, mkv_mosaic_ten
     snprintf(vname, sizeof vname, "%c/values", x);
     snprintf(cname, sizeof cname, "%c/codes", x);
     snprintf(qname, sizeof qname, "%c/qparams", x);
-    int rc = get_flat(c, layer, head, vname, MKV_EL_F16, t->n_values, (void **)&t->values, err);
+    int rc = get_flat(c, layer, head, vname, MKV_EL_F16_BITS, t->n_values, (void **)&t->values, err);
     if (rc == MKV_OK)
         rc = get_flat(c, layer, head, cname, MKV_EL_U8, t->n_codes, (void **)&t->codes, err);
     if (rc == MKV_OK)
-        rc = get_flat(c, layer, head, qname, MKV_EL_F16, t->n_qparams, (void **)&t->qparams, err);
+        rc = get_flat(c, layer, head, qname, MKV_EL_F16_BITS, t->n_qparams, (void **)&t->qparams, err);
     for (int64_t i = 0; rc == MKV_OK && i < t->nseg; i++) {
         const mkv_mosaic_strategy *s = &t->seg[i];
         if (s->bits == 16)
             continue;
-        const float *qp = t->qparams + t->off_qparams[i];
+        const uint16_t *qp = t->qparams + t->off_qparams[i];
         const int64_t nq = mkv_mosaic_qgroups(s);
         for (int64_t q = 0; q < nq * s->dprime && rc == MKV_OK; q++)
-            if (!(qp[2 * q + 1] >= 0))
+            if (!(mkv_f16_to_f32(qp[2 * q + 1]) >= 0))
                 rc = bad_array(c, layer, head, qname, err, "segment %lld, token group %lld, channel %d: negative "
                                "step %g", (long long)i, (long long)(q / s->dprime), (int)(q % s->dprime),
-                               qp[2 * q + 1]);
+                               (double)mkv_f16_to_f32(qp[2 * q + 1]));
         const int vb = mkv_mosaic_vector_bytes(s), pad = vb * 8 - s->r * s->bits;
         for (int64_t j = 0; j < s->len && rc == MKV_OK && pad; j++)
             if (t->codes[t->off_codes[i] + j * vb + vb - 1] >> (8 - pad))
@@ -537,15 +563,15 @@ static int load_tensor(mkv_cdump *c, int layer, int head, char x, mkv_mosaic_hea
         rc = load_values(c, layer, head, x, t, err);
     snprintf(name, sizeof name, "%c/blockkeys", x);
     if (rc == MKV_OK)
-        rc = get_flat(c, layer, head, name, MKV_EL_F16, t->n_blockkeys, (void **)&t->blockkeys, err);
+        rc = get_flat(c, layer, head, name, MKV_EL_F16_BITS, t->n_blockkeys, (void **)&t->blockkeys, err);
     snprintf(name, sizeof name, "%c/rotation", x);
     if (rc == MKV_OK)
-        rc = get_flat(c, layer, head, name, MKV_EL_F16, t->n_rotation, (void **)&t->rotation, err);
+        rc = get_flat(c, layer, head, name, MKV_EL_F16_BITS, t->n_rotation, (void **)&t->rotation, err);
     int64_t nd = h->sink_n + h->recent_n, ddims[2] = {nd, h->d};
-    float **dense = x == 'k' ? &h->dense_k : &h->dense_v;
+    uint16_t **dense = x == 'k' ? &h->dense_k : &h->dense_v;
     snprintf(name, sizeof name, "%c/dense", x);
     if (rc == MKV_OK && nd > 0)
-        rc = mkv_cdump_get_shaped(c, layer, head, name, MKV_EL_F16, 2, ddims, (void **)dense, err);
+        rc = mkv_cdump_get_shaped(c, layer, head, name, MKV_EL_F16_BITS, 2, ddims, (void **)dense, err);
     return rc;
 }
 
@@ -667,11 +693,11 @@ void mkv_gpu_layout_free(mkv_gpu_layout *g)
 }
 
 /* Rotation [d][dp] (float, fp16 values) into [d][dpad] fp16, zero columns past dp. */
-static void put_rotation(const float *R, int d, int dp, int dpad, uint16_t *out)
+static void put_rotation(const uint16_t *R, int d, int dp, int dpad, uint16_t *out)
 {
     for (int j = 0; j < d; j++)
         for (int c = 0; c < dpad; c++)
-            out[(size_t)j * dpad + c] = c < dp ? mkv_f32_to_f16(R[(size_t)j * dp + c]) : 0;
+            out[(size_t)j * dpad + c] = c < dp ? R[(size_t)j * dp + c] : 0;
 }
 
 int mkv_gpu_layout_build(const mkv_mosaic_head *const *hs, int n, int64_t temp_tokens, mkv_gpu_layout *g,
@@ -724,9 +750,9 @@ int mkv_gpu_layout_build(const mkv_mosaic_head *const *hs, int n, int64_t temp_t
         hd->sink_n = (int32_t)h->sink_n;
         hd->recent_n = (int32_t)h->recent_n;
         hd->first_seg = (int32_t)seg_row;
-        for (int64_t r = 0; r < nd * d; r++) {
-            g->dense_k[dense_row * d + r] = mkv_f32_to_f16(h->dense_k[r]);
-            g->dense_v[dense_row * d + r] = mkv_f32_to_f16(h->dense_v[r]);
+        if (nd > 0) {
+            memcpy(g->dense_k + dense_row * d, h->dense_k, (size_t)(nd * d) * sizeof *g->dense_k);
+            memcpy(g->dense_v + dense_row * d, h->dense_v, (size_t)(nd * d) * sizeof *g->dense_v);
         }
         dense_row += nd;
         int32_t blocks = 0;
@@ -777,7 +803,7 @@ int mkv_gpu_layout_build(const mkv_mosaic_head *const *hs, int n, int64_t temp_t
             for (int64_t b = 0; b < sg->n_blocks; b++)
                 for (int c = 0; c < sg->bk_width; c++)
                     g->blockkeys[bk_off + b * sg->bk_width + c] =
-                        c < kw ? mkv_f32_to_f16(h->k.blockkeys[h->k.off_blockkeys[s] + b * kw + c]) : 0;
+                        c < kw ? h->k.blockkeys[h->k.off_blockkeys[s] + b * kw + c] : 0;
             rec_off += (int64_t)sg->n_blocks * sg->rec_bytes;
             bk_off += (int64_t)sg->n_blocks * sg->bk_width;
             blocks += sg->n_blocks;

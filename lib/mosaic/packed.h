@@ -56,10 +56,10 @@
  *     hides it. A segment with keydim = 0 (and bound 0) stores no block
  *     keys: no step selects among its tokens, every query attends them all
  *     (written when every token is attended, budget 1).
- *   - Stored floats are fp16; in memory they are float32 holding exact fp16
- *     values (the CPU reference); the GPU conversion turns them back into
- *     fp16. Codes stay codes in memory: attention reads a quantized
- *     vector back when it attends it (mkv_mosaic_vector_values).
+ *   - Stored floats are fp16, and stay fp16 bit patterns (uint16_t) in
+ *     memory: attention converts what it reads to float32 (exactly, in
+ *     F16C where the CPU has it). Codes stay codes: attention reads a
+ *     quantized vector back when it attends it (mkv_mosaic_vector_values).
  *
  * STORED ARRAYS (group /layers/NN/HH of the compressed dump; X is k or v;
  * flat arrays concatenate the segments in order; a segment's offsets
@@ -189,14 +189,15 @@ typedef struct {
     int64_t nseg;
     mkv_mosaic_strategy *seg;   /* [nseg] */
     float *loss;                /* [nseg][2] */
-    float *values;              /* the 16-bit segments' values, concatenated [len][r] each
+    /* fp16 arrays (uint16_t) are fp16 bit patterns, as stored */
+    uint16_t *values;           /* the 16-bit segments' values, concatenated [len][r] each
                                    (quantized segments: none; mkv_mosaic_vector_values reads
                                    their codes) */
     uint8_t *codes;             /* quantized segments: [len][vector bytes] */
-    float *qparams;             /* quantized segments: [token groups][d'][2] zero, step */
+    uint16_t *qparams;          /* quantized segments: [token groups][d'][2] zero, step */
     uint8_t *bitmap;            /* [len][bitmap_bytes] */
-    float *blockkeys;           /* keys only: [nblocks][keydim + bound] */
-    float *rotation;            /* rotated segments only: [d][mkv_mosaic_rotation_cols] */
+    uint16_t *blockkeys;        /* keys only: [nblocks][keydim + bound] */
+    uint16_t *rotation;         /* rotated segments only: [d][mkv_mosaic_rotation_cols] */
     /* element offsets of each segment's part of the arrays above (derived
      * from the table by mkv_mosaic_layout, not stored) */
     int64_t *off_values, *off_bitmap, *off_blockkeys, *off_rotation, *off_codes, *off_qparams;
@@ -209,7 +210,7 @@ typedef struct {
     int64_t sink_n, recent_n;   /* dense tokens [0, sink_n) and [T - recent_n, T) */
     float budget_scale;         /* > 0: the head's token budget is mkv_mosaic_scaled_budget of the
                                    method's (stored "budget_scale"); 0: the method's */
-    float *dense_k, *dense_v;   /* [sink_n + recent_n][d], fp16 values, sink first */
+    uint16_t *dense_k, *dense_v;   /* [sink_n + recent_n][d], fp16, sink first */
     mkv_mosaic_tensor k, v;
 } mkv_mosaic_head;
 
@@ -217,18 +218,25 @@ typedef struct {
  * a token count (> 1) stays as it is. */
 double mkv_mosaic_scaled_budget(float scale, double budget);
 
-/* The r values of the segment's vector i as attention reads them, pos
- * [r] its channels (mkv_mosaic_positions): a 16-bit segment's in place;
- * a quantized one's codes read back into buf [r] (mkv_mosaic_dequantize
- * with the zero and step of the value's channel in the token's group). */
+/* The r values of the segment's vector i as attention reads them, in buf
+ * [r] (returned), pos [r] its channels (mkv_mosaic_positions): a 16-bit
+ * segment's fp16 values converted; a quantized one's codes read back
+ * (mkv_mosaic_dequantize with the zero and step of the value's channel in
+ * the token's group). */
 const float *mkv_mosaic_vector_values(const mkv_mosaic_tensor *t, int64_t si, int64_t i, const int *pos, float *buf);
 /* out [r] = the r codes of `bits` bits packed in `packed` read back with
- * qp [d'][2] (zero, step per channel) at the channels pos [r]; in AVX2 and
- * F16C where the CPU has them, equal bit for bit to the scalar form. */
-void mkv_mosaic_dequantize_vector(const uint8_t *packed, int bits, int r, const int *pos, const float *qp,
+ * qp [d'][2] (fp16 zero, step per channel) at the channels pos [r]; in
+ * AVX2 and F16C where the CPU has them, equal bit for bit to the scalar
+ * form. */
+void mkv_mosaic_dequantize_vector(const uint8_t *packed, int bits, int r, const int *pos, const uint16_t *qp,
                                   float *out);
-void mkv_mosaic_dequantize_vector_scalar(const uint8_t *packed, int bits, int r, const int *pos, const float *qp,
+void mkv_mosaic_dequantize_vector_scalar(const uint8_t *packed, int bits, int r, const int *pos, const uint16_t *qp,
                                          float *out);
+
+/* out [n] = the fp16 values h [n] as floats (F16C where the CPU has it;
+ * exact, as mkv_f16_to_f32, for every finite value: the packed arrays
+ * hold no other). */
+void mkv_mosaic_halves_to_floats(const uint16_t *h, float *out, size_t n);
 
 /* Offsets and totals of t from its strategy table (keys: block > 0), the
  * segments tiling tokens [first, last). MKV_EFORMAT when the table is

@@ -7,6 +7,7 @@
 #include <float.h>
 #include <math.h>
 #include <pthread.h>
+#include <string.h>
 #include <stdatomic.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -50,6 +51,27 @@ START_TEST(f16_to_f32_exhaustive)
         } else {
             ck_assert_msg((double)got == want && !signbit(got) == !signbit(want),
                           "0x%04x: got %a want %a", h, got, want);
+        }
+    }
+}
+END_TEST
+
+/* The array conversion (F16C where the CPU has it) gives every pattern's
+ * mkv_f16_to_f32 bits, signalling NaNs included, at every offset and
+ * length around its groups of eight. */
+START_TEST(f16_to_f32_array_equals_scalar)
+{
+    static uint16_t h[65536 + 16];
+    static float got[65536 + 16];
+    for (uint32_t i = 0; i < 65536; i++)
+        h[i] = (uint16_t)(i * 40503u);   /* odd multiplier: every pattern once, NaNs scattered */
+    for (int off = 0; off < 3; off++) {
+        size_t n = 65536 - (size_t)off * 5;
+        mkv_f16_to_f32_n(h + off, got, n);
+        for (size_t i = 0; i < n; i++) {
+            float want = mkv_f16_to_f32(h[off + i]);
+            ck_assert_msg(memcmp(&got[i], &want, sizeof want) == 0, "0x%04x at %zu: %a, expected %a", h[off + i], i,
+                          got[i], want);
         }
     }
 }
@@ -478,6 +500,7 @@ int main(void)
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, f16_to_f32_exhaustive);
+    tcase_add_test(tc, f16_to_f32_array_equals_scalar);
     tcase_add_test(tc, f16_known_patterns);
     tcase_add_test(tc, f32_to_f16_random_and_edges);
     tcase_add_test(tc, bf16_conversions);

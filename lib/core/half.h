@@ -13,6 +13,7 @@ uint16_t mkv_f32_to_bf16(float f);
 float mkv_bf16_to_f32(uint16_t b);
 
 void mkv_f32_to_f16_n(const float *src, uint16_t *dst, size_t n);
+/* In F16C where the CPU has it, bit for bit mkv_f16_to_f32 of each. */
 void mkv_f16_to_f32_n(const uint16_t *src, float *dst, size_t n);
 void mkv_f32_to_bf16_n(const float *src, uint16_t *dst, size_t n);
 void mkv_bf16_to_f32_n(const uint16_t *src, float *dst, size_t n);

@@ -277,9 +277,11 @@ void *mkv_bl_grow(void *p, int64_t *cap, int64_t used, int64_t need, size_t elem
 {
     if (need <= *cap)
         return p;
+    /* an eighth more at a time: a loaded cache of T rows grows by T/8,
+     * not by T, on the first decode step */
     int64_t c = *cap > 0 ? *cap : 16;
     while (c < need)
-        c *= 2;
+        c += c / 8 > 16 ? c / 8 : 16;
     void *q = mkv_alloc((size_t)c, elem, "decode-time rows", err);
     if (!q)
         return NULL;
@@ -434,11 +436,21 @@ static void add_scaled(double *acc, double w, const float *v, int n)
         acc[i] += w * v[i];
 }
 
+/* Row r of d values of rows (float, or fp16 when f16), as floats: the row
+ * itself, or its values converted into buf. */
+static const float *row_of(const void *rows, int f16, int64_t r, int d, float *buf)
+{
+    if (!f16)
+        return (const float *)rows + r * d;
+    mkv_f16_to_f32_n((const uint16_t *)rows + r * d, buf, (size_t)d);
+    return buf;
+}
+
 /* Two passes over the attended rows rather than an online softmax: the
  * scores of all G heads from each key row while it is in cache, their
  * maxima, then the weighted values, each value row read once for the G
  * heads. */
-int mkv_bl_attend_rows(const mkv_attend_query *q, const float *k, const float *v, int64_t n,
+static int attend_rows(const mkv_attend_query *q, const void *k, const void *v, int f16, int64_t n,
                        const uint8_t *mask, mkv_attend_result *res, mkv_error *err)
 {
     int d = q->d, G = q->G;
@@ -449,9 +461,11 @@ int mkv_bl_attend_rows(const mkv_attend_query *q, const float *k, const float *v
     double *w = rows ? mkv_alloc((size_t)(count ? count : 1) * (size_t)G, sizeof *w, "attention weights", err)
                      : NULL;
     double *acc = w ? mkv_alloc((size_t)G * (size_t)(d + 2), sizeof *acc, "attention accumulator", err) : NULL;
-    if (!acc) {
+    float *buf = acc ? mkv_alloc((size_t)d, sizeof *buf, "an attended row", err) : NULL;
+    if (!buf) {
         mkv_free(rows);
         mkv_free(w);
+        mkv_free(acc);
         return MKV_ENOMEM;
     }
     double *mx = acc + (size_t)G * d, *l = mx + G;
@@ -464,7 +478,7 @@ int mkv_bl_attend_rows(const mkv_attend_query *q, const float *k, const float *v
         l[g] = 0;
     }
     for (int64_t j = 0; j < count; j++) {
-        const float *kr = k + rows[j] * d;
+        const float *kr = row_of(k, f16, rows[j], d, buf);
         for (int g = 0; g < G; g++) {
             double sc = q->scale * dot4(q->q + (size_t)g * d, kr, d);
             w[j * G + g] = sc;
@@ -479,7 +493,7 @@ int mkv_bl_attend_rows(const mkv_attend_query *q, const float *k, const float *v
         }
     memset(acc, 0, sizeof(double) * (size_t)G * (size_t)d);
     for (int64_t j = 0; j < count; j++) {
-        const float *vr = v + rows[j] * d;
+        const float *vr = row_of(v, f16, rows[j], d, buf);
         for (int g = 0; g < G; g++)
             add_scaled(acc + (size_t)g * d, w[j * G + g], vr, d);
     }
@@ -493,7 +507,20 @@ int mkv_bl_attend_rows(const mkv_attend_query *q, const float *k, const float *v
     mkv_free(rows);
     mkv_free(w);
     mkv_free(acc);
+    mkv_free(buf);
     return MKV_OK;
+}
+
+int mkv_bl_attend_rows(const mkv_attend_query *q, const float *k, const float *v, int64_t n,
+                       const uint8_t *mask, mkv_attend_result *res, mkv_error *err)
+{
+    return attend_rows(q, k, v, 0, n, mask, res, err);
+}
+
+int mkv_bl_attend_rows_f16(const mkv_attend_query *q, const uint16_t *k, const uint16_t *v, int64_t n,
+                           const uint8_t *mask, mkv_attend_result *res, mkv_error *err)
+{
+    return attend_rows(q, k, v, 1, n, mask, res, err);
 }
 
 int mkv_bl_kept_channels(double keep, int d)

@@ -99,8 +99,9 @@ unsigned mkv_bl_unpack(const uint8_t *packed, size_t i, int bits);
 /* ---- decode-time growth (mkv_method.append) ---- */
 
 /* p (mkv_alloc'd, *cap elements of elem bytes, the first `used` kept) made
- * to hold at least need elements, doubling: p itself when it does, else a
- * new buffer (p freed, *cap updated), or NULL (MKV_ENOMEM; p untouched). */
+ * to hold at least need elements, growing by an eighth (at least 16): p
+ * itself when it does, else a new buffer (p freed, *cap updated), or NULL
+ * (MKV_ENOMEM; p untouched). */
 void *mkv_bl_grow(void *p, int64_t *cap, int64_t used, int64_t need, size_t elem, mkv_error *err);
 /* The same for rows of n floats. */
 int mkv_bl_grow_rows(float **rows, int64_t *cap, int64_t used, int64_t need, int n, mkv_error *err);
@@ -135,6 +136,10 @@ int mkv_bl_observe(const mkv_head_kv *in, int64_t wq, int64_t n, double *score, 
  * softmax in double (two passes); r->out [G][d] and r->lse when asked for. */
 int mkv_bl_attend_rows(const mkv_attend_query *q, const float *k, const float *v, int64_t n,
                        const uint8_t *mask, mkv_attend_result *r, mkv_error *err);
+/* The same over rows held as fp16 (the stored bit patterns), each read as
+ * floats: the same result as mkv_bl_attend_rows over their float values. */
+int mkv_bl_attend_rows_f16(const mkv_attend_query *q, const uint16_t *k, const uint16_t *v, int64_t n,
+                           const uint8_t *mask, mkv_attend_result *r, mkv_error *err);
 /* Channels of `keep` kept out of d: ceil(keep d) clamped to 1..d. */
 int mkv_bl_kept_channels(double keep, int d);
 /* Indices of the k largest of score [n] (ties: lower index), ascending. */

@@ -20,6 +20,9 @@
  * bytes_read: the metadata of the pages scored (2 x P_visible x d x 2) plus
  * K and V of the attended tokens (2 x n x d x 2).
  *
+ * In memory the keys and values stay fp16 (as stored), read as floats when
+ * attended; the page bounds are floats holding fp16 values.
+ *
  * Decode (append): a new token's key and value are stored in float16 after
  * the others; it joins the last page, whose minimum and maximum take it in,
  * or opens the next one. The budget, the recent window and the pages then
@@ -29,6 +32,7 @@
 #include <string.h>
 
 #include "methods/baseline.h"
+#include "core/half.h"
 #include "core/tensor.h"
 
 static const mkv_param_spec quest_params[] = {
@@ -45,7 +49,8 @@ typedef struct {
     int64_t T, pages;
     int d, G;
     mkv_bl_selection sel;
-    float *k, *v, *mn, *mx;
+    uint16_t *k, *v;                  /* [T][d] fp16 */
+    float *mn, *mx;                   /* [pages][d] */
     int64_t k_cap, v_cap, page_cap;   /* rows allocated (grown by append) */
 } quest_state;
 
@@ -113,8 +118,8 @@ static int quest_load(const mkv_params *p, mkv_cdump *c, int layer, int head, vo
     s->k_cap = s->v_cap = s->T;
     s->page_cap = s->pages;
     int64_t kv[2] = {s->T, s->d}, meta[2] = {s->pages, s->d};
-    if ((rc = mkv_cdump_get_shaped(c, layer, head, "k", MKV_EL_F16, 2, kv, (void **)&s->k, err)) ||
-        (rc = mkv_cdump_get_shaped(c, layer, head, "v", MKV_EL_F16, 2, kv, (void **)&s->v, err)) ||
+    if ((rc = mkv_cdump_get_shaped(c, layer, head, "k", MKV_EL_F16_BITS, 2, kv, (void **)&s->k, err)) ||
+        (rc = mkv_cdump_get_shaped(c, layer, head, "v", MKV_EL_F16_BITS, 2, kv, (void **)&s->v, err)) ||
         (rc = mkv_cdump_get_shaped(c, layer, head, "page_min", MKV_EL_F16, 2, meta, (void **)&s->mn, err)) ||
         (rc = mkv_cdump_get_shaped(c, layer, head, "page_max", MKV_EL_F16, 2, meta, (void **)&s->mx, err))) {
         quest_free(s);
@@ -139,20 +144,36 @@ static int quest_attend(void *state, const mkv_attend_query *q, mkv_attend_resul
     if (n < 0)
         return MKV_ENOMEM;
     r->bytes_read = (uint64_t)(visible + n) * 2u * (uint64_t)s->d * 2u;
-    return mkv_bl_attend_rows(q, s->k, s->v, q->pos + 1, r->attended, r, err);
+    return mkv_bl_attend_rows_f16(q, s->k, s->v, q->pos + 1, r->attended, r, err);
+}
+
+/* Row `row` of *rows ([cap][d] fp16, grown) set to x [d] rounded to fp16,
+ * whose values go to xr [d]. */
+static int append_f16(uint16_t **rows, int64_t *cap, int64_t row, const float *x, int d, float *xr,
+                      const char *what, mkv_error *err)
+{
+    int rc = mkv_bl_round_f16(x, d, xr, what, err);
+    uint16_t *p = rc ? NULL : mkv_bl_grow(*rows, cap, row, row + 1, (size_t)d * sizeof **rows, err);
+    if (!p)
+        return rc ? rc : MKV_ENOMEM;
+    *rows = p;
+    mkv_f32_to_f16_n(xr, p + (size_t)row * (size_t)d, (size_t)d);
+    return MKV_OK;
 }
 
 static int quest_append(void *state, const float *k, const float *v, mkv_error *err)
 {
     quest_state *s = state;
+    float *kr = mkv_alloc(2 * (size_t)s->d, sizeof *kr, "a new key and value", err);
+    if (!kr)
+        return MKV_ENOMEM;
     int rc;
-    if ((rc = mkv_bl_append_row(&s->k, &s->k_cap, s->T, k, NULL, s->d, "key", err)) ||
-        (rc = mkv_bl_append_row(&s->v, &s->v_cap, s->T, v, NULL, s->d, "value", err)) ||
-        (rc = mkv_bl_page_append(&s->mn, &s->mx, &s->page_cap, &s->pages, s->T, s->sel.page,
-                                 s->k + (size_t)s->T * s->d, s->d, err)))
-        return rc;
-    s->T++;
-    return MKV_OK;
+    if (!(rc = append_f16(&s->k, &s->k_cap, s->T, k, s->d, kr, "key", err)) &&
+        !(rc = append_f16(&s->v, &s->v_cap, s->T, v, s->d, kr + s->d, "value", err)) &&
+        !(rc = mkv_bl_page_append(&s->mn, &s->mx, &s->page_cap, &s->pages, s->T, s->sel.page, kr, s->d, err)))
+        s->T++;
+    mkv_free(kr);
+    return rc;
 }
 
 static uint64_t quest_state_bytes(const void *state)

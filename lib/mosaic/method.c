@@ -1105,7 +1105,7 @@ static void rotate_queries(const mkv_mosaic_head *h, int64_t si, const float *q,
         for (int c = c0; c < cols; c++)
             out[c] = 0;
         for (int j = 0; j < d && c0 < cols; j++) {
-            mkv_mosaic_halves_to_floats(Rk + (size_t)j * cols + c0, row, (size_t)(cols - c0));
+            mkv_f16_to_f32_n(Rk + (size_t)j * cols + c0, row, (size_t)(cols - c0));
             double x = qg[j];
             for (int c = c0; c < cols; c++)
                 out[c] += x * row[c - c0];
@@ -1456,7 +1456,7 @@ static int64_t attend_segment(const mkv_mosaic_head *h, int64_t si, const double
         for (int j = 0; j < d; j++) {
             double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
             if (Rv)
-                mkv_mosaic_halves_to_floats(Rv + (size_t)j * vs->dprime, rrow, (size_t)vs->dprime);
+                mkv_f16_to_f32_n(Rv + (size_t)j * vs->dprime, rrow, (size_t)vs->dprime);
             if (Rv)
                 for (int c = 0; c < vs->dprime; c++) {
                     double r = rrow[c];
@@ -1576,8 +1576,8 @@ void mkv_mosaic_attend_piece(mkv_mosaic_attend_job *j, int piece)
         if (t > p)
             continue;
         float kd[MKV_MOSAIC_MAX_D], vd[MKV_MOSAIC_MAX_D];
-        mkv_mosaic_halves_to_floats(h->dense_k + i * d, kd, (size_t)d);
-        mkv_mosaic_halves_to_floats(h->dense_v + i * d, vd, (size_t)d);
+        mkv_f16_to_f32_n(h->dense_k + i * d, kd, (size_t)d);
+        mkv_f16_to_f32_n(h->dense_v + i * d, vd, (size_t)d);
         dense_dots(q->q, d, G, kd, w->dots);
         for (int g = 0; g < G; g++)
             mkv_osm_add(&w->tot[g], w->dots[g] * q->scale, vd);

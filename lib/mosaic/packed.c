@@ -132,28 +132,6 @@ static int have_avx2(void)
 }
 #endif
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-__attribute__((target("avx2,f16c"))) static void halves_f16c(const uint16_t *h, float *out, size_t n)
-{
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
-    for (; i < n; i++)
-        out[i] = mkv_f16_to_f32(h[i]);
-}
-#endif
-
-void mkv_mosaic_halves_to_floats(const uint16_t *h, float *out, size_t n)
-{
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    if (have_avx2()) {
-        halves_f16c(h, out, n);
-        return;
-    }
-#endif
-    mkv_f16_to_f32_n(h, out, n);
-}
-
 void mkv_mosaic_dequantize_vector(const uint8_t *packed, int bits, int r, const int *pos, const uint16_t *qp,
                                   float *out)
 {
@@ -170,7 +148,7 @@ const float *mkv_mosaic_vector_values(const mkv_mosaic_tensor *t, int64_t si, in
 {
     const mkv_mosaic_strategy *s = &t->seg[si];
     if (s->bits == 16) {
-        mkv_mosaic_halves_to_floats(t->values + t->off_values[si] + i * s->r, buf, (size_t)s->r);
+        mkv_f16_to_f32_n(t->values + t->off_values[si] + i * s->r, buf, (size_t)s->r);
         return buf;
     }
     const uint16_t *qp = t->qparams + t->off_qparams[si] + 2 * mkv_mosaic_qgroup_of(s, i) * s->dprime;

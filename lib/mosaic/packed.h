@@ -233,11 +233,6 @@ void mkv_mosaic_dequantize_vector(const uint8_t *packed, int bits, int r, const 
 void mkv_mosaic_dequantize_vector_scalar(const uint8_t *packed, int bits, int r, const int *pos, const uint16_t *qp,
                                          float *out);
 
-/* out [n] = the fp16 values h [n] as floats (F16C where the CPU has it;
- * exact, as mkv_f16_to_f32, for every finite value: the packed arrays
- * hold no other). */
-void mkv_mosaic_halves_to_floats(const uint16_t *h, float *out, size_t n);
-
 /* Offsets and totals of t from its strategy table (keys: block > 0), the
  * segments tiling tokens [first, last). MKV_EFORMAT when the table is
  * inconsistent (d' > d, g not dividing r, segments not contiguous,

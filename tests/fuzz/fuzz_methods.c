@@ -19,6 +19,7 @@
  * may not crash, read outside an array (AddressSanitizer), or leak. */
 #include "config.h"
 #include "fuzz.h"
+#include "core/half.h"
 #include "io/cdump.h"
 #include "methods/method.h"
 
@@ -146,13 +147,14 @@ static void set_element(void *data, mkv_el_type type, size_t i, unsigned pick)
     case MKV_EL_U8: ((uint8_t *)data)[i] = (uint8_t)v; break;
     case MKV_EL_I16: ((int16_t *)data)[i] = (int16_t)v; break;
     case MKV_EL_I32: ((int32_t *)data)[i] = (int32_t)v; break;
+    case MKV_EL_F16_BITS: ((uint16_t *)data)[i] = mkv_f32_to_f16(float_value(pick)); break;
     default: ((float *)data)[i] = float_value(pick); break;
     }
 }
 
 static size_t host_size(mkv_el_type type)
 {
-    return type == MKV_EL_U8 ? 1 : type == MKV_EL_I16 ? 2 : 4;
+    return type == MKV_EL_U8 ? 1 : type == MKV_EL_I16 || type == MKV_EL_F16_BITS ? 2 : 4;
 }
 
 int __wrap_mkv_cdump_put(mkv_cdump_writer *w, int layer, int head, const char *name, mkv_el_type type, int rank,
@@ -190,7 +192,7 @@ int __wrap_mkv_cdump_put(mkv_cdump_writer *w, int layer, int head, const char *n
             memset(copy, pick & 1 ? 0xff : 0, n * es);
         else
             for (size_t i = 0; i < n; i++)
-                ((float *)copy)[i] = float_value(pick);
+                set_element(copy, type, i, pick);
     }
     int64_t newdims[3] = {d0, nd[1], nd[2]};
     int rc = __real_mkv_cdump_put(w, layer, head, name, type, rank, newdims, copy, err);

@@ -876,6 +876,137 @@ START_TEST(bytes_read_hand_count)
 }
 END_TEST
 
+/* Step 3b: with refine the blocks cover refine x the budget (the
+ * candidates: what the block rule alone selects for that many tokens),
+ * and of the compressed candidates the budget's best by their keys stay:
+ * scores recomputed here from the reconstructed keys, q . (k~ R^T). The
+ * bytes read count every candidate's key once and the attended tokens'
+ * values, by hand (per token group of a quantized segment its zeros and
+ * steps, d' x 2 fp16, once for the keys of the candidates and once for
+ * the values of the attended). */
+START_TEST(refine_keeps_best_candidates)
+{
+    head_data hd;
+    head_data_make(&hd, 31, 437, 32, 3, 8);
+    mkv_head_kv in = as_input(&hd);
+    const int d = 32, G = 3;
+    const double scale = 1 / sqrt(d), refine = 2.5;
+    double *K = malloc(sizeof(double) * 437 * 32), *V = malloc(sizeof(double) * 437 * 32);
+    ck_assert(K && V);
+    for (int quantized = 0; quantized < 2; quantized++) {
+        mkv_mosaic_config c = fixed_config(d, 0.25, 1, 0.8);
+        c.bits = quantized ? 4 : 16;
+        c.qgroup = 32;
+        mkv_mosaic_head h;
+        mkv_error err;
+        ck_assert_int_eq(mkv_mosaic_compress(&c, &in, &h, &err), MKV_OK);
+        ck_assert_int_ge(h.k.nseg, 4);
+        ref_reconstruct(&h, &h.k, h.dense_k, 1, K);
+        ref_reconstruct(&h, &h.v, h.dense_v, 0, V);
+        const int64_t positions[] = {436, 250, 120};
+        for (int i = 0; i < 6; i++) {
+            int64_t p = positions[i % 3];
+            int agg_sum = i / 3;
+            float q[3 * 32], out[3 * 32];
+            double ref[3 * 32], qt[8 * 3 * 32];
+            uint8_t cand[437] = {0}, att[437] = {0};
+            gen_queries(300 + (uint64_t)i, hd.k, p + 1, d, G, q);
+            int64_t k = mkv_budget_tokens(0.2, p + 1), want = (int64_t)ceil(refine * (double)k);
+            want = want < p + 1 ? want : p + 1;
+            ck_assert_int_le(h.k.nseg, 8);
+            mkv_mosaic_attn_opts blocks = {.budget = (double)want, .agg_sum = agg_sum};
+            ck_assert_int_ge(mkv_mosaic_select_tokens(&h, &blocks, q, G, p, scale, NULL, qt, cand, NULL), want);
+
+            /* the reference: the compressed candidates by score, ties to the earlier */
+            int64_t dense = 0, n = 0, tok[437];
+            double sc[437];
+            for (int64_t t = 0; t <= p; t++) {
+                int is_dense = t < h.sink_n || t >= h.T - h.recent_n;
+                dense += is_dense;
+                if (!cand[t] || is_dense)
+                    continue;
+                double agg = 0;
+                for (int g = 0; g < G; g++) {
+                    double dot = 0;
+                    for (int j = 0; j < d; j++)
+                        dot += q[g * d + j] * K[t * d + j];
+                    agg = g == 0 ? dot * scale : agg_sum ? agg + dot * scale : fmax(agg, dot * scale);
+                }
+                tok[n] = t;
+                sc[n++] = agg;
+            }
+            int64_t keep = k - dense;
+            ck_assert_int_gt(keep, 0);
+            ck_assert_int_gt(n, keep);
+            uint8_t want_att[437] = {0};
+            for (int64_t t = 0; t <= p; t++)
+                want_att[t] = t < h.sink_n || t >= h.T - h.recent_n;
+            for (int64_t a = 0; a < keep; a++) {
+                int64_t best = -1;
+                for (int64_t b = 0; b < n; b++)
+                    if (!want_att[tok[b]] && (best < 0 || sc[b] > sc[best]))
+                        best = b;
+                want_att[tok[best]] = 1;
+            }
+
+            mkv_attend_query aq = {.G = G, .d = d, .q = q, .pos = p, .scale = scale};
+            mkv_attend_result res = {.out = out, .attended = att};
+            mkv_mosaic_attn_opts o = {.budget = 0.2, .agg_sum = agg_sum, .refine = refine};
+            ck_assert_int_eq(mkv_mosaic_attend(&h, &o, &aq, &res, &err), MKV_OK);
+            ck_assert(memcmp(att, want_att, sizeof att) == 0);
+            ref_attend(K, V, p + 1, d, att, q, G, scale, ref);
+            ck_assert_double_le(rel_err(out, ref, G * d), quantized ? 0.1 : 2e-3);
+
+            /* bytes by hand */
+            uint64_t bytes = (uint64_t)dense * d * 2 * 2;
+            for (int64_t si = 0; si < h.k.nseg && h.k.seg[si].start <= p; si++) {
+                const mkv_mosaic_strategy *ks = &h.k.seg[si], *vs = &h.v.seg[si];
+                int64_t nb = (ks->len + 7) / 8, upto = (p - ks->start) / 8 + 1, last_k = -1, last_v = -1;
+                int attended = 0;
+                bytes += (9 + 9 + 2) * 4 + (uint64_t)d * ref_rot_cols(ks, 1) * 2 +
+                         (uint64_t)(upto < nb ? upto : nb) * (ks->keydim + ks->bound) * 2;
+                for (int64_t t = ks->start; t < ks->start + ks->len && t <= p; t++) {
+                    int64_t grp = ks->qgroup ? (t - ks->start) / ks->qgroup : 0;
+                    if (cand[t]) {
+                        bytes += quantized ? (uint64_t)(ks->r * 4 + 7) / 8 : (uint64_t)ks->r * 2;
+                        bytes += (uint64_t)ref_bitmap_bytes(ks);
+                        if (quantized && grp != last_k)
+                            bytes += (uint64_t)ks->dprime * 2 * 2;
+                        last_k = grp;
+                    }
+                    if (att[t]) {
+                        attended = 1;
+                        bytes += quantized ? (uint64_t)(vs->r * 4 + 7) / 8 : (uint64_t)vs->r * 2;
+                        bytes += (uint64_t)ref_bitmap_bytes(vs);
+                        if (quantized && grp != last_v)
+                            bytes += (uint64_t)vs->dprime * 2 * 2;
+                        last_v = grp;
+                    }
+                }
+                if (attended)
+                    bytes += (uint64_t)d * ref_rot_cols(vs, 0) * 2;
+            }
+            ck_assert_uint_eq(res.bytes_read, bytes);
+        }
+        /* refine 1 is the block rule itself */
+        float q[3 * 32], out_a[3 * 32], out_b[3 * 32];
+        uint8_t att_a[437] = {0}, att_b[437] = {0};
+        gen_queries(17, hd.k, 437, d, G, q);
+        mkv_attend_query aq = {.G = G, .d = d, .q = q, .pos = 436, .scale = scale};
+        mkv_attend_result ra = {.out = out_a, .attended = att_a}, rb = {.out = out_b, .attended = att_b};
+        mkv_mosaic_attn_opts o1 = {.budget = 0.2, .refine = 1}, o0 = {.budget = 0.2};
+        ck_assert_int_eq(mkv_mosaic_attend(&h, &o1, &aq, &ra, &err), MKV_OK);
+        ck_assert_int_eq(mkv_mosaic_attend(&h, &o0, &aq, &rb, &err), MKV_OK);
+        ck_assert(memcmp(att_a, att_b, sizeof att_a) == 0 && memcmp(out_a, out_b, sizeof out_a) == 0);
+        check_selection(&h, q, G, 436, 0.2, 0, att_a);
+        mkv_mosaic_head_free(&h);
+    }
+    free(K);
+    free(V);
+    head_data_free(&hd);
+}
+END_TEST
+
 START_TEST(full_keep_equals_exact_attention)
 {
     /* keep = 1, energy = 1, budget = 1: nothing dropped; only fp16 storage
@@ -1980,6 +2111,7 @@ static Suite *mosaic_suite(void)
     tcase_add_test(tc, packed_attention_equals_reconstruction);
     tcase_add_test(tc, pieces_equal_attend);
     tcase_add_test(tc, bytes_read_hand_count);
+    tcase_add_test(tc, refine_keeps_best_candidates);
     tcase_add_test(tc, full_keep_equals_exact_attention);
     tcase_add_test(tc, uniform2d_is_fixed_channel_truncation);
     suite_add_tcase(s, tc);

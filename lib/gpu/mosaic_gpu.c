@@ -53,6 +53,10 @@ static int mosaic_gpu_supports(const mkv_params *p, const mkv_dump_meta *meta, c
         snprintf(why, len, "block=%lld (the GPU kernel takes 1, 2, 4, 8 or 16 tokens)", (long long)B);
         return 0;
     }
+    if (mkv_params_double(p, "refine") != 1) {
+        snprintf(why, len, "refine=%s (the GPU kernel selects whole blocks: refine=1)", mkv_params_str(p, "refine"));
+        return 0;
+    }
     return 1;
 }
 

@@ -284,6 +284,7 @@ int mkv_mosaic_state_load(const mkv_params *p, mkv_cdump *c, int layer, int head
         return err ? err->code : MKV_ENOMEM;
     s->o.budget = mkv_params_double(p, "budget");
     s->o.agg_sum = strcmp(mkv_params_str(p, "agg"), "sum") == 0;
+    s->o.refine = mkv_params_double(p, "refine");
     int rc = mkv_mosaic_load(c, layer, head, (int)mkv_params_int(p, "block"), mkv_params_int(p, "sink"),
                              mkv_params_int(p, "recent"), &s->h, err);
     if (rc != MKV_OK) {

@@ -100,7 +100,16 @@
  *     s_b = agg_h mkv_mosaic_block_score(q~_h, row_b) * scale, agg = max
  *     or sum over the G heads.
  *  3. Blocks in descending score (ties: the earlier block) are added whole
- *     (tokens > p left out) while the attended count is below k.
+ *     (tokens > p left out) while the attended count is below k, or with
+ *     `refine` f > 1 below min(ceil(f k), p + 1): the candidates.
+ *  3b. refine > 1 (two-level selection): every compressed candidate t is
+ *     scored with its compressed key, agg_h q~_h . k~_t * scale over the
+ *     kept positions (the score step 4 computes); the k - (sink and
+ *     recent tokens <= p) best stay (ties: the earlier token), the other
+ *     candidates are dropped. The block keys stay the coarse, cheap first
+ *     level; the keys themselves decide at token granularity. The
+ *     observation queries of COMPRESSION step 5 score with the exact
+ *     keys here, the compressed ones being what that step chooses.
  *  4. Scores of attended compressed tokens: q~_h . k~ over the kept
  *     positions only (rebuilt from the bitmap), times scale. Values are
  *     accumulated in the segment's rotated V space by an online softmax per
@@ -114,7 +123,9 @@
  *     starting <= p; R_v of segments with attended tokens, the zeros and
  *     steps (K and V) of token groups with attended tokens; values or
  *     codes and bitmaps (K and V) of attended compressed tokens; dense K
- *     and V of attended sink/recent tokens. */
+ *     and V of attended sink/recent tokens. With step 3b the keys (codes
+ *     or values, bitmap, zeros and steps of their groups) of every
+ *     candidate instead, read once, and V of the attended as before. */
 #include "config.h"
 #include "mosaic/mosaic.h"
 
@@ -175,6 +186,9 @@ static const mkv_param_spec mosaic_params[] = {
     {"budget", MKV_PARAM_DOUBLE, "0.1", 0, 1e15, NULL,
      "tokens attended per step: fraction (<= 1) of the context or a count (> 1)", MKV_PARAM_ABOVE_MIN},
     {"agg", MKV_PARAM_STRING, "max", 0, 0, "max sum", "block score over the G query heads: max or sum"},
+    {"refine", MKV_PARAM_DOUBLE, "1", 1, 1e3, NULL,
+     "blocks for refine x the budget, then the budget's best tokens of them by their compressed keys "
+     "(1: blocks only)"},
     {"headbudget", MKV_PARAM_STRING, "off", 0, 0, "on off",
      "a fractional budget < 1 split over the (layer, KV head)s by their observation queries' attention, "
      "the mean kept, each at least a quarter of it (off: every head the same)"},
@@ -276,6 +290,7 @@ void mkv_mosaic_config_common(const mkv_params *p, int d, mkv_mosaic_config *c)
     c->bits = 16;
     c->attn.budget = mkv_params_double(p, "budget");
     c->attn.agg_sum = strcmp(mkv_params_str(p, "agg"), "sum") == 0;
+    c->attn.refine = mkv_params_double(p, "refine");
 }
 
 void mkv_mosaic_config_of(const mkv_params *p, int d, mkv_mosaic_config *c)
@@ -430,7 +445,7 @@ static int observe(const mkv_head_kv *in, const mkv_mosaic_head *hs, const mkv_m
     for (int64_t i = 0; i < o->npos; i++) {
         int64_t p = o->pos[i];
         uint8_t *sel = o->sel + i * T;
-        if (mkv_mosaic_select_tokens(hs, ao, o->q + i * G * d, G, p, scale, qt, sel) < 0) {
+        if (mkv_mosaic_select_tokens(hs, ao, o->q + i * G * d, G, p, scale, in->k, qt, sel, NULL) < 0) {
             mkv_free(sc);
             mkv_free(qt);
             return mkv_fail(err, MKV_ENOMEM, "out of memory selecting blocks");
@@ -1113,12 +1128,85 @@ static void rotate_queries(const mkv_mosaic_head *h, int64_t si, const float *q,
     }
 }
 
+/* Step 3b: of the compressed tokens att marks (the candidates), keep the
+ * `keep` best by agg_h q~_h . k~ * scale over their compressed keys (or
+ * q_h . k with exact_k's rows), ties to the earlier token; the others are
+ * unmarked. Adds the bytes of the compressed keys read to *bytes. Returns
+ * 0, or -1 when out of memory. */
+static int refine_tokens(const mkv_mosaic_head *h, const mkv_mosaic_attn_opts *o, const float *q, const double *qt,
+                         const float *exact_k, int G, int64_t p, double scale, int64_t keep, uint8_t *att,
+                         uint64_t *bytes)
+{
+    const mkv_mosaic_tensor *K = &h->k;
+    int d = h->d;
+    int64_t n = 0;
+    for (int64_t si = 0; si < K->nseg && K->seg[si].start <= p; si++)
+        for (int64_t t = K->seg[si].start; t < K->seg[si].start + K->seg[si].len && t <= p; t++)
+            n += att[t];
+    if (keep < 0)
+        keep = 0;
+    if (n <= keep)
+        return 0;
+    scored_block *cand = malloc(sizeof *cand * (size_t)n);
+    if (!cand)
+        return -1;
+    int pos[MKV_MOSAIC_MAX_D];
+    float buf[MKV_MOSAIC_MAX_D];
+    n = 0;
+    for (int64_t si = 0; si < K->nseg && K->seg[si].start <= p; si++) {
+        const mkv_mosaic_strategy *ks = &K->seg[si];
+        const double *qs = qt + (size_t)si * G * d;
+        int kbb = mkv_mosaic_bitmap_bytes(ks);
+        int64_t group = -1;
+        if (!kbb)
+            mkv_mosaic_positions(NULL, ks, pos);
+        for (int64_t t = ks->start; t < ks->start + ks->len && t <= p; t++) {
+            if (!att[t])
+                continue;
+            int64_t i = t - ks->start;
+            const float *x = NULL;
+            if (!exact_k) {
+                if (kbb)
+                    mkv_mosaic_positions(K->bitmap + K->off_bitmap[si] + i * kbb, ks, pos);
+                x = mkv_mosaic_vector_values(K, si, i, pos, buf);
+                *bytes += (uint64_t)(mkv_mosaic_vector_bytes(ks) + kbb) + mkv_mosaic_qparams_read(ks, i, &group);
+            }
+            double agg = 0;
+            for (int g = 0; g < G; g++) {
+                double dot = 0;
+                if (exact_k)
+                    dot = dot_fd(q + (size_t)g * d, exact_k + t * d, d);
+                else
+                    for (int j = 0; j < ks->r; j++)
+                        dot += qs[(size_t)g * d + pos[j]] * (double)x[j];
+                double sc = dot * scale;
+                agg = g == 0 ? sc : o->agg_sum ? agg + sc : sc > agg ? sc : agg;
+            }
+            cand[n++] = (scored_block){.score = agg, .seg = si, .block = t, .order = t};
+        }
+    }
+    select_best(cand, n, keep);
+    for (int64_t i = keep; i < n; i++)
+        att[cand[i].block] = 0;
+    free(cand);
+    return 0;
+}
+
 int64_t mkv_mosaic_select_tokens(const mkv_mosaic_head *h, const mkv_mosaic_attn_opts *o, const float *q,
-                                 int G, int64_t p, double scale, double *qt, uint8_t *att)
+                                 int G, int64_t p, double scale, const float *exact_k, double *qt, uint8_t *att,
+                                 uint64_t *key_bytes)
 {
     const mkv_mosaic_tensor *K = &h->k;
     int d = h->d, B = h->block;
     int64_t budget = mkv_budget_tokens(o->budget, p + 1), count = 0, nblk;
+    /* step 3 gathers refine x the budget (at most every visible token) */
+    int64_t want = budget;
+    if (o->refine > 1) {
+        double w = ceil(o->refine * (double)budget);
+        want = w < (double)(p + 1) ? (int64_t)w : p + 1;
+    }
+    if (key_bytes)
+        *key_bytes = 0;
     for (int64_t i = 0; i < h->sink_n + h->recent_n; i++) {
         int64_t t = dense_token(h, i);
         if (t <= p) {
@@ -1168,12 +1256,12 @@ int64_t mkv_mosaic_select_tokens(const mkv_mosaic_head *h, const mkv_mosaic_attn
     /* Only the best blocks can be taken: every block but the last visible
      * one of a segment holds B tokens, so the first ceil(need / B) + nsc of
      * the order cover the budget.  Those are put first, then ordered. */
-    int64_t need = budget - count, top = need > 0 ? (need + B - 1) / B + nsc : 0;
+    int64_t dense = count, need = want - count, top = need > 0 ? (need + B - 1) / B + nsc : 0;
     if (top > n)
         top = n;
     select_best(blk, n, top);
     qsort(blk, (size_t)top, sizeof *blk, by_score);
-    for (int64_t i = 0; i < top && count < budget; i++) {
+    for (int64_t i = 0; i < top && count < want; i++) {
         const mkv_mosaic_strategy *s = &K->seg[blk[i].seg];
         for (int64_t t = s->start + blk[i].block * B; t < block_end(s, blk[i].block, B, p); t++) {
             att[t] = 1;
@@ -1182,6 +1270,16 @@ int64_t mkv_mosaic_select_tokens(const mkv_mosaic_head *h, const mkv_mosaic_attn
     }
     free(blk);
     free(gscore);
+    if (want > budget && count > budget) {
+        uint64_t kb = 0;
+        if (refine_tokens(h, o, q, qt, exact_k, G, p, scale, budget - dense, att, &kb) < 0)
+            return -1;
+        if (key_bytes)
+            *key_bytes = kb;
+        count = 0;
+        for (int64_t t = 0; t <= p && t < h->T; t++)
+            count += att[t];
+    }
     return count;
 }
 
@@ -1392,7 +1490,7 @@ static void dense_dots(const float *q, int d, int G, const float *k, double *dot
 /* Attend the selected compressed tokens (att) of segment si, <= p, and
  * merge into the heads' states w->tot; returns the tokens attended. */
 static int64_t attend_segment(const mkv_mosaic_head *h, int64_t si, const double *qt, const uint8_t *att,
-                              const mkv_attend_query *q, attend_work *w, uint64_t *bytes_read)
+                              const mkv_attend_query *q, int keys_read, attend_work *w, uint64_t *bytes_read)
 {
     const mkv_mosaic_strategy *ks = &h->k.seg[si], *vs = &h->v.seg[si];
     int d = h->d, G = q->G, kbb = mkv_mosaic_bitmap_bytes(ks), vbb = mkv_mosaic_bitmap_bytes(vs);
@@ -1439,8 +1537,10 @@ static int64_t attend_segment(const mkv_mosaic_head *h, int64_t si, const double
                 wt[l] = l < G ? quad_weigh(w, d, l, dot[b * G + l] * q->scale) : 0;
             for (int qd = 0; qd < quads; qd++)
                 quad_add(w->quad_acc + (size_t)qd * 4 * d, wt + 4 * qd, w->vpos + (size_t)b * d, vval[b], vs->r);
-            *bytes_read += (uint64_t)(mkv_mosaic_vector_bytes(ks) + mkv_mosaic_vector_bytes(vs) + kbb + vbb) +
-                           mkv_mosaic_qparams_read(ks, i, &kgroup) + mkv_mosaic_qparams_read(vs, i, &vgroup);
+            /* keys the selection already read (step 3b) are not read again */
+            if (!keys_read)
+                *bytes_read += (uint64_t)(mkv_mosaic_vector_bytes(ks) + kbb) + mkv_mosaic_qparams_read(ks, i, &kgroup);
+            *bytes_read += (uint64_t)(mkv_mosaic_vector_bytes(vs) + vbb) + mkv_mosaic_qparams_read(vs, i, &vgroup);
         }
         n += nb;
     }
@@ -1489,6 +1589,7 @@ struct mkv_mosaic_attend_job {
     int64_t first[MKV_MOSAIC_PIECES + 1];
     attend_work w[MKV_MOSAIC_PIECES];
     uint64_t bytes[MKV_MOSAIC_PIECES];
+    uint64_t key_bytes;           /* compressed keys step 3b read (0: it did not run) */
 };
 
 static void job_free(mkv_mosaic_attend_job *j)
@@ -1546,7 +1647,8 @@ int mkv_mosaic_attend_begin(const mkv_mosaic_head *h, const mkv_mosaic_attn_opts
             job_free(j);
             return rc;
         }
-    int64_t marked = mkv_mosaic_select_tokens(h, o, q->q, G, q->pos, q->scale, j->qt, res->attended);
+    int64_t marked = mkv_mosaic_select_tokens(h, o, q->q, G, q->pos, q->scale, NULL, j->qt, res->attended,
+                                              &j->key_bytes);
     if (marked < 0) {
         job_free(j);
         return mkv_fail(err, MKV_ENOMEM, "out of memory selecting blocks");
@@ -1591,7 +1693,7 @@ void mkv_mosaic_attend_piece(mkv_mosaic_attend_job *j, int piece)
         bytes += (2 * MKV_MOSAIC_TABLE_COLS + MKV_MOSAIC_BLOCKDIM_COLS) * 4 +
                  (uint64_t)d * (uint64_t)mkv_mosaic_rotation_cols(ks) * 2 +
                  (uint64_t)(upto < nb ? upto : nb) * (uint64_t)mkv_mosaic_block_width(ks) * 2;
-        attend_segment(h, si, j->qt + (size_t)si * G * d, j->att, q, w, &bytes);
+        attend_segment(h, si, j->qt + (size_t)si * G * d, j->att, q, j->key_bytes > 0, w, &bytes);
     }
     j->bytes[piece] = bytes;
 }
@@ -1603,7 +1705,7 @@ void mkv_mosaic_attend_end(mkv_mosaic_attend_job *j, mkv_attend_result *res)
         return;
     }
     int d = j->h->d, G = j->q.G;
-    res->bytes_read = 0;
+    res->bytes_read = j->key_bytes;
     for (int i = 0; i < MKV_MOSAIC_PIECES; i++) {
         res->bytes_read += j->bytes[i];
         for (int g = 0; i > 0 && g < G; g++)

@@ -185,6 +185,8 @@ void mkv_mosaic_allocate(mkv_mosaic_candidate *const *cand, const int *ncand, in
 typedef struct {
     double budget;          /* fraction <= 1 of p + 1, or a token count */
     int agg_sum;            /* block scores over the G heads: 0 max, 1 sum */
+    double refine;          /* >= 1: blocks for refine x the budget, then the budget's best tokens
+                               of them by their keys (step 3b of lib/mosaic/method.c); 1: off */
 } mkv_mosaic_attn_opts;
 
 typedef struct {
@@ -219,14 +221,18 @@ void mkv_mosaic_fixed_strategy(const mkv_mosaic_config *c, int d, const double *
  * compress step. */
 int mkv_mosaic_compress_store(const mkv_mosaic_config *c, const mkv_head_kv *in, mkv_cdump_writer *w,
                               mkv_error *err);
-/* Selection rule 2-3 of lib/mosaic/method.c for the G queries q [G][d] at
- * position p: marks att[t] = 1 for the sink/recent tokens <= p and the
- * tokens of the chosen blocks (att [T], zeroed by the caller); returns the
- * number marked, or -1 when out of memory. qt [nseg][G][d] receives the
- * rotated queries (q R_k over the segment's rotation columns) of the
- * segments starting <= p. */
+/* Selection rule 1-3b of lib/mosaic/method.c for the G queries q [G][d]
+ * at position p: marks att[t] = 1 for the sink/recent tokens <= p and the
+ * chosen tokens of the compressed segments (att [T], zeroed by the
+ * caller); returns the number marked, or -1 when out of memory. qt
+ * [nseg][G][d] receives the rotated queries (q R_k over the segment's
+ * rotation columns) of the segments starting <= p. Step 3b scores the
+ * candidates with their compressed keys, or with exact_k [T][d] (the
+ * original keys) where not NULL; key_bytes (may be NULL) receives the
+ * bytes of compressed keys it read (0 without step 3b). */
 int64_t mkv_mosaic_select_tokens(const mkv_mosaic_head *h, const mkv_mosaic_attn_opts *o, const float *q,
-                                 int G, int64_t p, double scale, double *qt, uint8_t *att);
+                                 int G, int64_t p, double scale, const float *exact_k, double *qt, uint8_t *att,
+                                 uint64_t *key_bytes);
 /* docs/DESIGN.md 5.2 over the packed state: see lib/mosaic/method.c. */
 int mkv_mosaic_attend(const mkv_mosaic_head *h, const mkv_mosaic_attn_opts *o,
                       const mkv_attend_query *q, mkv_attend_result *res, mkv_error *err);

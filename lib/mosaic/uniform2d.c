@@ -27,6 +27,9 @@ static const mkv_param_spec uniform2d_params[] = {
     {"budget", MKV_PARAM_DOUBLE, "0.1", 0, 1e15, NULL,
      "tokens attended per step: fraction (<= 1) of the context or a count (> 1)", MKV_PARAM_ABOVE_MIN},
     {"agg", MKV_PARAM_STRING, "max", 0, 0, "max sum", "block score over the G query heads: max or sum"},
+    {"refine", MKV_PARAM_DOUBLE, "1", 1, 1e3, NULL,
+     "blocks for refine x the budget, then the budget's best tokens of them by their compressed keys "
+     "(1: blocks only)"},
     {NULL, 0, NULL, 0, 0, NULL, NULL},
 };
 

@@ -108,7 +108,7 @@ $ mkv-compress long.h5 -o c.h5 -m mosaic -P ratio=50,keep=0.05
 ! mkv-compress: warning: mosaic: ratio=50 requested, 6.31 reached (4 of 4 heads short of it, the lowest at 6.31): the most compact strategies with the dense sink and recent tokens, block keys and rotations take more bytes
 ! mkv-compress: c.h5: method mosaic, logical 409600 bytes, physical 64896 bytes, ratio 6.312
 $ "$PY" -c 'import h5py; a = h5py.File("c.h5").attrs; print("%.3f" % a["compression_ratio"], a["params"].decode())'
-| 6.312 sink=4 recent=64 segment=2048 block=8 keydim=0.5 bound=2 keep=0.05 group=1 energy=0.95 dprime=0 bits=16 quantize=on qgroup=64 rotate=on strategy=ratio threshold=0.1 ratio=50 budget=0.1 agg=max headbudget=off
+| 6.312 sink=4 recent=64 segment=2048 block=8 keydim=0.5 bound=2 keep=0.05 group=1 energy=0.95 dprime=0 bits=16 quantize=on qgroup=64 rotate=on strategy=ratio threshold=0.1 ratio=50 budget=0.1 agg=max refine=1 headbudget=off
 # a budget below the sink and recent tokens, which every step attends
 $ mkv-compress long.h5 -o c.h5 -m mosaic -P strategy=fixed,rotate=off,budget=20
 ! mkv-compress: warning: mosaic: budget=20 is 20 of the 800 tokens, fewer than the sink=4 and recent=64 tokens always attended: a step attends at least 68

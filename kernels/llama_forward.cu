@@ -13,6 +13,10 @@
 #include "cuda_check.h"
 #include "mkv_cuda.h"
 
+extern "C" {
+#include "core/kvfill.h"
+}
+
 namespace {
 
 const int NORM_THREADS = 256;
@@ -104,6 +108,20 @@ __global__ void store_kv_kernel(const float *k, const float *v, int n, int n_kv,
         const size_t at = (h * (size_t)max_seq + (size_t)pos0 + row) * head_dim + c;
         kc[at] = __float2half_rn(k[i]);
         vc[at] = __float2half_rn(v[i]);
+    }
+}
+
+/* Rows 0..n-1 of every layer and KV head: core/kvfill.h's values in fp16. */
+__global__ void fill_kv_kernel(int n_layers, int n_kv, int head_dim, int64_t max_seq, int n, uint64_t seed,
+                               __half *kc, __half *vc)
+{
+    const size_t per_head = (size_t)n * head_dim, total = (size_t)n_layers * n_kv * per_head;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t lh = i / per_head, rest = i % per_head, t = rest / head_dim, c = rest % head_dim;
+        const int layer = (int)(lh / n_kv), head = (int)(lh % n_kv);
+        const size_t at = (lh * (size_t)max_seq + t) * head_dim + c;
+        kc[at] = __float2half_rn(mkv_kvfill_value(seed, layer, n_kv, head, (int64_t)t, head_dim, (int)c, 0));
+        vc[at] = __float2half_rn(mkv_kvfill_value(seed, layer, n_kv, head, (int64_t)t, head_dim, (int)c, 1));
     }
 }
 
@@ -575,6 +593,25 @@ extern "C" int mkv_cuda_llama_pos(const mkv_cuda_llama *g) { return g->pos; }
 extern "C" uint64_t mkv_cuda_llama_weight_bytes(const mkv_cuda_llama *g) { return g->weights.bytes; }
 
 extern "C" uint64_t mkv_cuda_llama_cache_bytes(const mkv_cuda_llama *g) { return g->kcache.bytes + g->vcache.bytes; }
+
+extern "C" int mkv_cuda_llama_fill(mkv_cuda_llama *g, int n, uint64_t seed, mkv_error *err)
+{
+    const mkv_cuda_llama_desc *d = &g->d;
+    if (g->pos != 0)
+        return mkv_fail(err, MKV_EUSAGE, "a cache is filled before its first token, not at position %d", g->pos);
+    if (n < 0 || n > d->max_seq_len)
+        return mkv_fail(err, MKV_EUSAGE, "%d positions to fill exceed the context of %d tokens", n, d->max_seq_len);
+    if (n > 0) {
+        const size_t total = (size_t)d->n_layers * d->n_kv_heads * (size_t)n * d->head_dim;
+        const size_t blocks = std::min<size_t>((total + 255) / 256, (size_t)132 * 64);
+        fill_kv_kernel<<<(unsigned)blocks, 256>>>(d->n_layers, d->n_kv_heads, d->head_dim, d->max_seq_len, n, seed,
+                                                  g->kcache.as<__half>(), g->vcache.as<__half>());
+        MKV_CUDA_CHECK_LAUNCH();
+        MKV_CUDA_CHECK(cudaDeviceSynchronize());
+    }
+    g->pos = n;
+    return MKV_OK;
+}
 
 extern "C" int mkv_cuda_llama_run(mkv_cuda_llama *g, const int32_t *tokens, size_t n, float *logits, mkv_error *err)
 {

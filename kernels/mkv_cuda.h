@@ -412,6 +412,10 @@ void mkv_cuda_llama_free(mkv_cuda_llama *g);
  * the last token's, or NULL for none.  Token ids outside the vocabulary
  * or past the cache are MKV_EFORMAT, reported before any work. */
 int mkv_cuda_llama_run(mkv_cuda_llama *g, const int32_t *tokens, size_t n, float *logits, mkv_error *err);
+/* Fill cache positions 0..n-1 of every layer with core/kvfill.h's rows
+ * for seed (what mkv_forward_fill gives the CPU pass) and place the pass
+ * at n: only before the first token. */
+int mkv_cuda_llama_fill(mkv_cuda_llama *g, int n, uint64_t seed, mkv_error *err);
 int mkv_cuda_llama_pos(const mkv_cuda_llama *g);
 /* Device bytes of the weights and of the cache. */
 uint64_t mkv_cuda_llama_weight_bytes(const mkv_cuda_llama *g);

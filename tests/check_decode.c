@@ -989,6 +989,25 @@ START_TEST(misuse_refused)
     ck_assert_int_ge(mkv_params_parse_list(&p, "budget=500", &err), 0);
     ck_assert_int_eq(mkv_decoder_prefill(m, tok, 20, &qo, NULL, &q, &err), MKV_EUSAGE);
     ck_assert_msg(strstr(err.msg, "method 'quest'"), "%s", err.msg);
+    /* filled caches: the full cache only, within the context, never forked */
+    mkv_params_init(&p, quest->params);
+    qo.fill = 30;
+    ck_assert_int_eq(mkv_decoder_prefill(m, tok, 20, &qo, NULL, &q, &err), MKV_EUNSUP);
+    ck_assert_msg(strstr(err.msg, "only the full cache is filled"), "%s", err.msg);
+    mkv_decoder_opts fo = opts_for(NULL, NULL, 10, 1);
+    fo.fill = c.max_seq_len - 29;
+    ck_assert_int_eq(mkv_decoder_prefill(m, tok, 20, &fo, NULL, &d, &err), MKV_EFORMAT);
+    ck_assert_ptr_null(d);
+    fo.fill = 100;
+    ck_assert_int_eq(mkv_decoder_prefill(m, tok, 20, &fo, logits, &d, &err), MKV_OK);
+    mkv_decoder_stats st;
+    mkv_decoder_get_stats(d, &st);
+    ck_assert_int_eq(st.tokens, 120);
+    qo.fill = 0;
+    ck_assert_int_eq(mkv_decoder_fork(d, &qo, &q, &err), MKV_EUNSUP);
+    ck_assert_msg(strstr(err.msg, "filled cache does not fork"), "%s", err.msg);
+    ck_assert_int_eq(mkv_decoder_step(d, tok[20], logits, &err), MKV_OK);
+    mkv_decoder_free(d);
     free(tok);
     mkv_model_free(m);
 }

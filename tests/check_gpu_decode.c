@@ -74,9 +74,11 @@ static double top_margin(const float *x, int n)
 /* Prefill prompt[0..n) on the CPU and on the GPU, then `steps` decode
  * steps of the CPU's greedy tokens fed to both; every logits vector
  * (the prefill's and each step's) compared.  every_argmax: the argmax must
- * agree at every step, whatever the margin (the same greedy text). */
+ * agree at every step, whatever the margin (the same greedy text).  fill:
+ * both caches first filled with that many synthetic rows, each side
+ * making them itself (mkv_forward_fill, mkv_cuda_llama_fill). */
 static void compare_decode(const mkv_model *m, const int32_t *prompt, int n, int steps, int chunk, int f16,
-                           int every_argmax, const char *what)
+                           int every_argmax, int fill, const char *what)
 {
     const int V = m->cfg.vocab_size;
     const double tol_rms = f16 ? F16_RMS : F32_RMS, tol_max = f16 ? F16_MAX : F32_MAX;
@@ -85,6 +87,8 @@ static void compare_decode(const mkv_model *m, const int32_t *prompt, int n, int
     o.threads = cpu_threads();
     o.max_new = steps;
     o.chunk = chunk;
+    o.fill = fill;
+    o.fill_seed = 5;
     mkv_decoder_opts og = o;
     og.gpu = 1;
     og.gpu_f16_weights = f16;
@@ -130,11 +134,11 @@ static void compare_decode(const mkv_model *m, const int32_t *prompt, int n, int
     mkv_decoder_stats sc, sg;
     mkv_decoder_get_stats(cpu, &sc);
     mkv_decoder_get_stats(gpu, &sg);
-    ck_assert_int_eq(sg.tokens, n + steps);
+    ck_assert_int_eq(sg.tokens, fill + n + steps);
     ck_assert_uint_eq(sg.bytes_held, sc.bytes_held);
-    printf("check_gpu_decode: %s, %s weights: %d + %d tokens, logits within %.2g RMS, %.2g at most; argmax "
+    printf("check_gpu_decode: %s, %s weights: %d filled + %d + %d tokens, logits within %.2g RMS, %.2g at most; argmax "
            "checked at %d of %d steps\n",
-           what, f16 ? "fp16" : "float32", n, steps, worst_rms, worst_max, checked, steps + 1);
+           what, f16 ? "fp16" : "float32", fill, n, steps, worst_rms, worst_max, checked, steps + 1);
     mkv_decoder_free(cpu);
     mkv_decoder_free(gpu);
     free(ref);
@@ -164,8 +168,8 @@ START_TEST(stories260K_on_gpu_is_the_cpu_pass)
     int32_t *ids;
     size_t n;
     ck_assert_int_eq(mkv_tokenizer_encode(lm.tok, "Once upon a time", 16, MKV_ENCODE_BOS, &ids, &n, &err), MKV_OK);
-    compare_decode(lm.model, ids, (int)n, 60, 0, 0, 1, "stories260K");
-    compare_decode(lm.model, ids, (int)n, 60, 0, 1, 0, "stories260K");
+    compare_decode(lm.model, ids, (int)n, 60, 0, 0, 1, 0, "stories260K");
+    compare_decode(lm.model, ids, (int)n, 60, 0, 1, 0, 0, "stories260K");
     free(ids);
     mkv_loaded_model_free(&lm);
 }
@@ -174,7 +178,7 @@ END_TEST
 /* A random model of a published shape with `layers` layers and a small
  * vocabulary; prefill in chunks of 48 so that later chunks attend earlier
  * ones. */
-static void shape_case(const char *name, int layers, int prompt, int steps)
+static void shape_case(const char *name, int layers, int prompt, int steps, int fill)
 {
     const mkv_shape *s = mkv_shape_find(name);
     ck_assert_ptr_nonnull(s);
@@ -182,22 +186,41 @@ static void shape_case(const char *name, int layers, int prompt, int steps)
     mkv_model *m;
     mkv_error err;
     ck_assert_msg(mkv_shape_config(s, layers, 2048, &c, &err) == MKV_OK, "%s", err.msg);
-    c.max_seq_len = prompt + steps;
+    c.max_seq_len = fill + prompt + steps;
     ck_assert_msg(mkv_shape_build(&c, NULL, 7, cpu_threads(), &m, &err) == MKV_OK, "%s", err.msg);
     int32_t *tok = test_tokens(prompt, c.vocab_size, 11);
     char what[160];
     snprintf(what, sizeof what, "%s shape, %d layers", name, layers);
-    compare_decode(m, tok, prompt, steps, 48, 0, 0, what);
-    compare_decode(m, tok, prompt, steps, 48, 1, 0, what);
+    compare_decode(m, tok, prompt, steps, 48, 0, 0, fill, what);
+    compare_decode(m, tok, prompt, steps, 48, 1, 0, fill, what);
     free(tok);
     mkv_model_free(m);
 }
 
 START_TEST(shapes_on_gpu_are_the_cpu_pass)
 {
-    shape_case("smollm2-135m", 4, 130, 12);
-    shape_case("llama3.1-8b", 1, 100, 8);
-    shape_case("qwen2.5-7b", 1, 100, 8);
+    shape_case("smollm2-135m", 4, 130, 12, 0);
+    shape_case("llama3.1-8b", 1, 100, 8, 0);
+    shape_case("qwen2.5-7b", 1, 100, 8, 0);
+}
+END_TEST
+
+/* Caches filled with synthetic rows (the speed runs' long contexts), made
+ * on each side by its own code: the dense decode kernel over 5000 filled
+ * positions (Llama-3.1-8B's shape) and the causal kernel over 300 (head_dim
+ * 16), prompts prefilled after them in chunks. */
+START_TEST(filled_caches_on_gpu_are_the_cpus)
+{
+    shape_case("llama3.1-8b", 1, 60, 8, 5000);
+    shape_case("smollm2-135m", 2, 70, 8, 1200);
+    mkv_model_config c;
+    test_decode_config(&c);
+    c.max_seq_len = 300 + 40 + 10;
+    mkv_model *m = random_model(&c, 9);
+    int32_t *tok = test_tokens(40, c.vocab_size, 4);
+    compare_decode(m, tok, 40, 10, 16, 0, 0, 300, "test model, head_dim 16");
+    free(tok);
+    mkv_model_free(m);
 }
 END_TEST
 
@@ -210,7 +233,7 @@ START_TEST(partial_rope_on_gpu_is_the_cpu_pass)
     c.rope_dim = 8;
     mkv_model *m = random_model(&c, 5);
     int32_t *tok = test_tokens(150, c.vocab_size, 3);
-    compare_decode(m, tok, 150, 40, 64, 0, 0, "partial RoPE model");
+    compare_decode(m, tok, 150, 40, 64, 0, 0, 0, "partial RoPE model");
     free(tok);
     mkv_model_free(m);
 }
@@ -226,8 +249,8 @@ START_TEST(smollm2_on_gpu_is_the_cpu_pass)
     int32_t *ids;
     size_t n;
     ck_assert_int_eq(mkv_tokenizer_encode(lm.tok, prompt, strlen(prompt), 0, &ids, &n, &err), MKV_OK);
-    compare_decode(lm.model, ids, (int)n, 32, 0, 0, 0, "SmolLM2-135M");
-    compare_decode(lm.model, ids, (int)n, 32, 0, 1, 0, "SmolLM2-135M");
+    compare_decode(lm.model, ids, (int)n, 32, 0, 0, 0, 0, "SmolLM2-135M");
+    compare_decode(lm.model, ids, (int)n, 32, 0, 1, 0, 0, "SmolLM2-135M");
     free(ids);
     mkv_loaded_model_free(&lm);
 }
@@ -350,6 +373,7 @@ static Suite *gpu_decode_suite(void)
     tcase_add_test(tc, stories260K_on_gpu_is_the_cpu_pass);
     tcase_add_test(tc, partial_rope_on_gpu_is_the_cpu_pass);
     tcase_add_test(tc, shapes_on_gpu_are_the_cpu_pass);
+    tcase_add_test(tc, filled_caches_on_gpu_are_the_cpus);
     tcase_add_test(tc, smollm2_on_gpu_is_the_cpu_pass);
     tcase_add_test(tc, perplexity_on_gpu_is_the_cpus);
     tcase_add_test(tc, gpu_decoder_refuses_misuse);

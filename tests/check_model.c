@@ -26,6 +26,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/half.h"
 #include "model/forward.h"
 #include "model/model.h"
 #include "model/sampler.h"
@@ -864,6 +865,88 @@ START_TEST(test_external_attention)
 }
 END_TEST
 
+/* The synthetic rows of a filled cache (core/kvfill.h), computed here
+ * from its definition: splitmix64's output function, row (layer x n_kv +
+ * head) << 40 | pos, element (row x head_dim + c) x 2 + which, 53 bits to
+ * [0, 1), times 2 minus 1, times sqrt 3; stored rounded to fp16. */
+static uint64_t ref_mix(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static double ref_fill(uint64_t seed, int layer, int n_kv, int head, int pos, int d, int c, int which)
+{
+    uint64_t row = ((uint64_t)layer * (uint64_t)n_kv + (uint64_t)head) << 40 | (uint64_t)pos;
+    uint64_t u = ref_mix(seed ^ ref_mix((row * (uint64_t)d + (uint64_t)c) * 2 + (uint64_t)which));
+    float x = (float)((2.0 * ldexp((double)(u >> 11), -53) - 1.0) * sqrt(3.0));
+    return mkv_f16_to_f32(mkv_f32_to_f16(x));
+}
+
+/* A pass whose cache is filled with N synthetic rows, then runs a prompt
+ * and decode steps, gives the logits of exact attention in double over
+ * the same rows computed here and the pass's own new rows: the rows are
+ * the definition's and sit at positions 0..N-1.  Filling refuses a pass
+ * that has run, too many rows and a pass without its own cache. */
+START_TEST(test_fill_is_the_definition)
+{
+    mkv_model_config cfg;
+    synthetic_config(&cfg);
+    mkv_model *m = random_model(&cfg, 13);
+    const mkv_model_config *c = &m->cfg;
+    enum { FILL = 37, PROMPT = 9, STEPS = 6, ALL = FILL + PROMPT + STEPS };
+    const uint64_t seed = 99;
+    int32_t tokens[PROMPT + STEPS];
+    for (int i = 0; i < PROMPT + STEPS; i++)
+        tokens[i] = (int32_t)((i * 7 + 3) % c->vocab_size);
+    int V = c->vocab_size;
+    exact_cache ec = {c->n_layers, c->n_kv_heads, c->n_heads / c->n_kv_heads, c->head_dim, ALL, NULL, NULL};
+    size_t rows = (size_t)ec.n_layers * ec.n_kv * ec.max_seq * ec.d;
+    ec.k = calloc(rows, sizeof(double));
+    ec.v = calloc(rows, sizeof(double));
+    ck_assert(ec.k && ec.v);
+    for (int l = 0; l < ec.n_layers; l++)
+        for (int h = 0; h < ec.n_kv; h++)
+            for (int t = 0; t < FILL; t++)
+                for (int j = 0; j < ec.d; j++) {
+                    exact_row(&ec, ec.k, l, h, t)[j] = ref_fill(seed, l, ec.n_kv, h, t, ec.d, j, 0);
+                    exact_row(&ec, ec.v, l, h, t)[j] = ref_fill(seed, l, ec.n_kv, h, t, ec.d, j, 1);
+                }
+    mkv_forward *f = make_forward(m, 2, 4, ALL), *g = make_forward(m, 1, 4, ALL);
+    mkv_error err;
+    ck_assert_int_eq(mkv_forward_fill(f, ALL + 1, seed, &err), MKV_EUSAGE);
+    ck_assert_int_eq(mkv_forward_fill(f, FILL, seed, &err), MKV_OK);
+    ck_assert_int_eq(mkv_forward_pos(f), FILL);
+    ck_assert_int_eq(mkv_forward_fill(f, FILL, seed, &err), MKV_EUSAGE);
+    for (int j = 0; j < ec.d; j++)
+        ck_assert(mkv_forward_k(f, 1, 1)[(size_t)(FILL - 1) * ec.d + j] == exact_row(&ec, ec.k, 1, 1, FILL - 1)[j]);
+    mkv_forward_drop_cache(g);
+    ck_assert_int_eq(mkv_forward_fill(g, FILL, seed, &err), MKV_EUSAGE);
+    ck_assert_int_eq(mkv_forward_seek(g, FILL, &err), MKV_OK);
+    mkv_forward_set_attention(g, exact_attention, &ec);
+    float *a = malloc((size_t)V * sizeof(float)), *b = malloc((size_t)V * sizeof(float));
+    ck_assert(a && b);
+    ck_assert_int_eq(mkv_forward_run(f, tokens, PROMPT, a, MKV_LOGITS_LAST, &err), MKV_OK);
+    ck_assert_int_eq(mkv_forward_run(g, tokens, PROMPT, b, MKV_LOGITS_LAST, &err), MKV_OK);
+    ck_assert_double_lt(rel_error_f(a, b, (size_t)V), 1e-5);
+    for (int i = PROMPT; i < PROMPT + STEPS; i++) {
+        ck_assert_int_eq(mkv_forward_run(f, &tokens[i], 1, a, MKV_LOGITS_LAST, &err), MKV_OK);
+        ck_assert_int_eq(mkv_forward_run(g, &tokens[i], 1, b, MKV_LOGITS_LAST, &err), MKV_OK);
+        double e = rel_error_f(a, b, (size_t)V);
+        ck_assert_msg(e < 1e-5, "step %d: logits differ by %.3g", i, e);
+    }
+    free(a);
+    free(b);
+    free(ec.k);
+    free(ec.v);
+    mkv_forward_free(f);
+    mkv_forward_free(g);
+    mkv_model_free(m);
+}
+END_TEST
+
 START_TEST(test_corrupt_checkpoint)
 {
     mkv_model_config c;
@@ -1195,6 +1278,7 @@ int main(void)
     tcase_add_test(tc, test_threads_identical);
     tcase_add_test(tc, test_chunked_equals_stepwise);
     tcase_add_test(tc, test_external_attention);
+    tcase_add_test(tc, test_fill_is_the_definition);
     tcase_add_test(tc, test_forward_errors);
     tcase_add_test(tc, test_run_by_layer);
     tcase_add_test(tc, test_sampler);

@@ -59,6 +59,7 @@ enum {
     OPT_NO_BOS,
     OPT_SHAPE,
     OPT_TOKENS,
+    OPT_FILL,
     OPT_NEEDLE,
     OPT_LENGTHS,
     OPT_DEPTHS,
@@ -103,6 +104,7 @@ static const struct option longopts[] = {
     {"no-bos", no_argument, NULL, OPT_NO_BOS},
     {"shape", required_argument, NULL, OPT_SHAPE},
     {"tokens", required_argument, NULL, OPT_TOKENS},
+    {"fill", required_argument, NULL, OPT_FILL},
     {"needle", no_argument, NULL, OPT_NEEDLE},
     {"lengths", required_argument, NULL, OPT_LENGTHS},
     {"depths", required_argument, NULL, OPT_DEPTHS},
@@ -186,6 +188,10 @@ static void usage(FILE *fp, int status)
             "      --shape NAME     a model of a published shape with seeded random weights\n"
             "      --tokens N       random prompt of N tokens (default 1K); with MODEL: the\n"
             "                       prompt's first N tokens (speed runs over real text)\n"
+            "      --fill N         the full cache's first N positions filled directly with\n"
+            "                       synthetic keys and values (no prefill), the prompt after\n"
+            "                       them: long contexts in seconds (the shape's context grows\n"
+            "                       to hold them)\n"
             "      --chunk N        prefill chunk in tokens (default 512)\n\n"
             "Device:\n"
             "      --device D       gpu: the forward pass and the dense cache on the GPU\n"
@@ -209,7 +215,7 @@ typedef struct {
     const mkv_method *method;
     mkv_params params;
     mkv_prompt_opts prompt;
-    int64_t generate, tokens;
+    int64_t generate, tokens, fill;
     const char *ppl, *output, *stats;
     int64_t contexts[MAX_CONTEXTS];
     int n_contexts;
@@ -300,7 +306,7 @@ static const struct {
 } MODE_OPTIONS[] = {
     {OPT_CONTEXT, MODE_PPL}, {OPT_SCORE, MODE_PPL}, {OPT_NO_REFERENCE, MODE_PPL | MODE_NEEDLE},
     {'o', MODE_PPL | MODE_NEEDLE}, {'p', MODE_GENERATE}, {'n', MODE_GENERATE}, {'f', MODE_GENERATE},
-    {OPT_TOKEN_IDS, MODE_GENERATE}, {OPT_TOKENS, MODE_GENERATE}, {OPT_CHAT, MODE_GENERATE | MODE_NEEDLE},
+    {OPT_TOKEN_IDS, MODE_GENERATE}, {OPT_TOKENS, MODE_GENERATE}, {OPT_FILL, MODE_GENERATE}, {OPT_CHAT, MODE_GENERATE | MODE_NEEDLE},
     {OPT_SYSTEM, MODE_GENERATE | MODE_NEEDLE}, {OPT_SPECIAL, MODE_GENERATE}, {OPT_TEMPERATURE, MODE_GENERATE},
     {OPT_TOP_P, MODE_GENERATE}, {OPT_STATS, MODE_GENERATE}, {OPT_LENGTHS, MODE_NEEDLE},
     {OPT_DEPTHS, MODE_NEEDLE}, {OPT_TRIALS, MODE_NEEDLE}, {OPT_FILLER, MODE_NEEDLE}, {OPT_PROMPTS, MODE_NEEDLE},
@@ -440,6 +446,9 @@ static void parse_args(int argc, char **argv, decode_args *a)
         case OPT_TOKENS:
             a->tokens = size_or_exit(optarg, "tokens", 1, INT32_MAX);
             break;
+        case OPT_FILL:
+            a->fill = size_or_exit(optarg, "fill", 1, INT32_MAX);
+            break;
         case OPT_NEEDLE:
             a->needle = 1;
             break;
@@ -537,6 +546,12 @@ static void parse_args(int argc, char **argv, decode_args *a)
                      mode_name(mode));
             misuse(what);
         }
+    if (a->fill && !a->shape)
+        misuse("--fill is for speed runs with --shape (synthetic rows under a real model mean nothing)");
+    if (a->fill && strcmp(a->method->name, "full") != 0) {
+        mkv_usage_error("--fill fills the full cache; method '%s' compresses a real prefill", a->method->name);
+        exit(2);
+    }
     mkv_error err;
     if (mkv_prompt_opts_check(&a->prompt, &err))
         misuse(err.msg);
@@ -570,6 +585,8 @@ static void decoder_opts(const decode_args *a, int max_new, mkv_decoder_opts *o)
     o->max_new = max_new;
     o->gpu = a->device == MKV_DEVICE_GPU;
     o->gpu_f16_weights = a->gpu_f16_weights;
+    o->fill = a->fill;
+    o->fill_seed = a->seed;
 }
 
 /* --device: gpu must find a usable GPU; auto takes one when the method can
@@ -692,10 +709,14 @@ static int generate(const decode_args *a, mkv_run_model *rm, mkv_error *err)
                     st.growth.finalized ? 1e3 * st.growth.finalize_seconds / (double)st.growth.finalized : 0.0,
                     1e3 * st.growth.finalize_seconds_max, 1e3 * st.growth.manager_cpu_seconds,
                     st.growth.steps_waited, st.growth.temp_bytes_peak);
+        char filled[64] = "";
+        if (a->fill)
+            snprintf(filled, sizeof filled, " after %" PRId64 " filled positions", a->fill);
         fprintf(stderr,
-                "%s: %s%s: prompt %zu tokens, %" PRId64 " decode steps, %.2f ms per step; KV %" PRIu64
+                "%s: %s%s: prompt %zu tokens%s, %" PRId64 " decode steps, %.2f ms per step; KV %" PRIu64
                 " bytes held (dense 16-bit %" PRIu64 ", ratio %.3f); prefill %.2f s, compression %.2f s\n",
-                mkv_progname(), a->method->name, o.gpu ? " on the GPU" : "", p->n, done, done ? 1e3 * steps_seconds / (double)done : 0.0,
+                mkv_progname(), a->method->name, o.gpu ? " on the GPU" : "", p->n, filled, done,
+                done ? 1e3 * steps_seconds / (double)done : 0.0,
                 st.bytes_held, st.logical_bytes, (double)st.logical_bytes / (double)st.bytes_held,
                 st.prefill_seconds, st.compress_seconds);
     }
@@ -958,7 +979,8 @@ int main(int argc, char **argv)
                              .need_tokenizer = !po.token_ids, .vocab = 0, .seed = a.seed,
                              .random_tokens = (size_t)a.tokens, .threads = a.threads,
                              .chunk = a.chunk > 0 ? (int)a.chunk : 512, .generate = a.ppl ? 0 : (int)a.generate,
-                             .run_tokens = run_tokens, .keep_blocks = a.device == MKV_DEVICE_CPU};
+                             .run_tokens = run_tokens, .keep_blocks = a.device == MKV_DEVICE_CPU,
+                             .fill = a.fill, .fill_on_host = a.device == MKV_DEVICE_CPU};
     mkv_run_model rm;
     if (mkv_run_model_open(&mo, &po, &rm, &err)) {
         mkv_run_model_free(&rm);

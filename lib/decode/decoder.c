@@ -22,6 +22,7 @@ struct mkv_decoder {
     mkv_cuda_llama *gpu;       /* the GPU forward pass and its dense cache */
     mkv_ccache *cc;            /* NULL: the forward pass's own cache */
     int64_t prefilled;         /* tokens of the prefill */
+    int64_t filled;            /* synthetic positions before them (mkv_decoder_opts.fill) */
     int stepped;               /* decode steps run */
     /* observation queries of the prefill (full decoders) */
     int W;
@@ -67,11 +68,11 @@ static int keep_queries(void *user, const mkv_capture_batch *b, mkv_error *err)
     (void)err;
     mkv_decoder *d = user;
     const mkv_model_config *c = &d->model->cfg;
-    int first = (int)d->prefilled - d->W;
+    int first = (int)(d->filled + d->prefilled) - d->W;
     size_t hd = (size_t)c->head_dim, W = (size_t)d->W;
     for (int i = 0; i < b->n; i++) {
         int w = b->pos0 + i - first;
-        if (w < 0)
+        if (w < 0 || w >= d->W)
             continue;
         for (int h = 0; h < c->n_heads; h++)
             memcpy(d->obs_q + (((size_t)b->layer * c->n_heads + h) * W + (size_t)w) * hd,
@@ -98,7 +99,7 @@ static int alloc_queries(mkv_decoder *d, mkv_error *err)
     if (!d->obs_pos || !d->obs_q)
         return mkv_fail(err, MKV_ENOMEM, "out of memory for the observation queries");
     for (int w = 0; w < d->W; w++)
-        d->obs_pos[w] = (int32_t)(d->prefilled - d->W + w);
+        d->obs_pos[w] = (int32_t)(d->filled + d->prefilled - d->W + w);
     return MKV_OK;
 }
 
@@ -212,16 +213,25 @@ int mkv_decoder_prefill(const mkv_model *m, const int32_t *tokens, int64_t n, co
     int rc = check_gpu_method(o, err);
     if (rc)
         return rc;
+    if (o->fill < 0 || o->fill > INT32_MAX)
+        return mkv_fail(err, MKV_EUSAGE, "%lld positions to fill", (long long)o->fill);
+    if (o->fill > 0 && !is_full(o))
+        return mkv_fail(err, MKV_EUNSUP, "method '%s' compresses a prefill; only the full cache is filled",
+                        o->method->name);
+    const int64_t positions = o->fill + n + o->max_new;
     mkv_decoder *d = calloc(1, sizeof *d);
     if (!d)
         return mkv_fail(err, MKV_ENOMEM, "out of memory for the decoder");
     d->model = m;
     d->prefilled = n;
+    d->filled = o->fill;
     d->W = (int)(o->window < n ? o->window : n);
     const mkv_model_config *c = &m->cfg;
     if (o->gpu) {
         /* the full cache keeps no observation queries: nothing compresses */
-        rc = create_gpu(m, o, n + o->max_new, &d->gpu, err);
+        rc = create_gpu(m, o, positions, &d->gpu, err);
+        if (!rc && o->fill)
+            rc = mkv_cuda_llama_fill(d->gpu, (int)o->fill, o->fill_seed, err);
         double t0 = now();
         if (!rc)
             rc = mkv_cuda_llama_run(d->gpu, tokens, (size_t)n, logits, err);
@@ -233,7 +243,7 @@ int mkv_decoder_prefill(const mkv_model *m, const int32_t *tokens, int64_t n, co
         *out = d;
         return MKV_OK;
     }
-    rc = check_context(m, n + o->max_new, err);
+    rc = check_context(m, positions, err);
     if (!rc)
         rc = alloc_queries(d, err);
     /* A compressed cache that takes the prefill layer by layer: the pass
@@ -247,7 +257,9 @@ int mkv_decoder_prefill(const mkv_model *m, const int32_t *tokens, int64_t n, co
         by_layer = !rc && !mkv_ccache_needs_every_layer(d->cc);
     }
     if (!rc)
-        rc = create_forward(m, o, n + o->max_new, by_layer, &d->f, err);
+        rc = create_forward(m, o, positions, by_layer, &d->f, err);
+    if (!rc && o->fill)
+        rc = mkv_forward_fill(d->f, (int)o->fill, o->fill_seed, err);
     if (rc) {
         mkv_decoder_free(d);
         return rc;
@@ -284,6 +296,8 @@ int mkv_decoder_fork(const mkv_decoder *full, const mkv_decoder_opts *o, mkv_dec
         return rc;
     if (full->gpu)
         return mkv_fail(err, MKV_EUNSUP, "a decoder on the GPU does not fork: only the full cache decodes there");
+    if (full->filled)
+        return mkv_fail(err, MKV_EUNSUP, "a filled cache does not fork: its rows are synthetic");
     if (full->cc || full->stepped || !mkv_forward_k(full->f, 0, 0))
         return mkv_fail(err, MKV_EUSAGE, "a decoder forks only from a full-cache decoder right after its prefill");
     if (full->prefilled + o->max_new > mkv_forward_max_seq_len(full->f))
@@ -330,7 +344,7 @@ void mkv_decoder_get_stats(const mkv_decoder *d, mkv_decoder_stats *s)
         /* the dense cache counted in 16 bits, as the full method stores it */
         s->bytes_held = s->logical_bytes;
         s->bytes_read = d->stepped ? s->logical_bytes : 0;
-        s->tail_tokens = s->tokens - d->prefilled;
+        s->tail_tokens = s->tokens - d->filled - d->prefilled;
         return;
     }
     mkv_ccache_stats cs;

@@ -36,6 +36,10 @@ typedef struct {
                                    GPU (the full cache only: other methods are
                                    MKV_EUNSUP) */
     int gpu_f16_weights;        /* with gpu: matrices in fp16 instead of float32 */
+    int64_t fill;               /* > 0: the full cache's first `fill` positions hold the
+                                   synthetic rows of core/kvfill.h (fill_seed) and the
+                                   prefill runs after them: speed runs at long contexts */
+    uint64_t fill_seed;
 } mkv_decoder_opts;
 
 void mkv_decoder_opts_init(mkv_decoder_opts *o);
@@ -44,8 +48,9 @@ typedef struct mkv_decoder mkv_decoder;
 
 /* Prefill tokens[0..n) with full attention (logits: the last token's, or
  * NULL) and compress the cache unless the method is the full cache: layer
- * by layer where the method allows it (above).
- * MKV_EFORMAT when n + max_new exceeds the model's context. */
+ * by layer where the method allows it (above).  With o->fill the tokens
+ * go at positions fill.. after the filled rows (the full cache only).
+ * MKV_EFORMAT when fill + n + max_new exceeds the model's context. */
 int mkv_decoder_prefill(const mkv_model *m, const int32_t *tokens, int64_t n, const mkv_decoder_opts *o,
                         float *logits, mkv_decoder **out, mkv_error *err);
 

@@ -238,6 +238,12 @@ int mkv_cuda_llama_run(mkv_cuda_llama *g, const int32_t *tokens, size_t n, float
     return mkv_fail(err, MKV_EUNSUP, "GPU forward pass: built without CUDA");
 }
 
+int mkv_cuda_llama_fill(mkv_cuda_llama *g, int n, uint64_t seed, mkv_error *err)
+{
+    (void)g; (void)n; (void)seed;
+    return mkv_fail(err, MKV_EUNSUP, "GPU forward pass: built without CUDA");
+}
+
 int mkv_cuda_llama_pos(const mkv_cuda_llama *g) { (void)g; return 0; }
 
 uint64_t mkv_cuda_llama_weight_bytes(const mkv_cuda_llama *g) { (void)g; return 0; }

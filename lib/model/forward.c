@@ -12,6 +12,8 @@
 #include <time.h>
 
 #include "core/blas.h"
+#include "core/half.h"
+#include "core/kvfill.h"
 #include "model/forward.h"
 #include "model/ggml_quant.h"
 #include "core/tensor.h"
@@ -257,6 +259,28 @@ int mkv_forward_seek(mkv_forward *f, int pos, mkv_error *err)
     if (pos < 0 || pos > f->max_seq)
         return mkv_fail(err, MKV_EUSAGE, "position %d is outside the context of %d tokens", pos, f->max_seq);
     f->pos = pos;
+    return MKV_OK;
+}
+
+int mkv_forward_fill(mkv_forward *f, int n, uint64_t seed, mkv_error *err)
+{
+    if (!f->k_cache || f->cache_layers != f->c.n_layers)
+        return mkv_fail(err, MKV_EUSAGE, "only a forward pass with its own cache of every layer is filled");
+    if (f->pos != 0)
+        return mkv_fail(err, MKV_EUSAGE, "a cache is filled before its first token, not at position %d", f->pos);
+    if (n < 0 || n > f->max_seq)
+        return mkv_fail(err, MKV_EUSAGE, "%d positions to fill exceed the context of %d tokens", n, f->max_seq);
+    const mkv_model_config *c = &f->c;
+    for (int l = 0; l < c->n_layers; l++)
+        for (int h = 0; h < c->n_kv_heads; h++)
+            for (int t = 0; t < n; t++) {
+                float *k = cache_row(f, f->k_cache, l, h, t), *v = cache_row(f, f->v_cache, l, h, t);
+                for (int j = 0; j < c->head_dim; j++) {
+                    k[j] = mkv_f16_to_f32(mkv_f32_to_f16(mkv_kvfill_value(seed, l, c->n_kv_heads, h, t, c->head_dim, j, 0)));
+                    v[j] = mkv_f16_to_f32(mkv_f32_to_f16(mkv_kvfill_value(seed, l, c->n_kv_heads, h, t, c->head_dim, j, 1)));
+                }
+            }
+    f->pos = n;
     return MKV_OK;
 }
 

@@ -127,6 +127,11 @@ void mkv_forward_reset(mkv_forward *f);
 /* Place a pass that has no cache of its own (an external attention holds
  * the past) at position pos in 0..max_seq_len. */
 int mkv_forward_seek(mkv_forward *f, int pos, mkv_error *err);
+/* Fill positions 0..n-1 of the pass's own cache (every layer) with the
+ * synthetic rows of core/kvfill.h for seed, rounded to fp16, and place
+ * the pass at n: a speed run's long context without its prefill. Only
+ * before the first token. */
+int mkv_forward_fill(mkv_forward *f, int n, uint64_t seed, mkv_error *err);
 /* Rewind to position pos <= current (drops later cache entries). */
 int mkv_forward_rewind(mkv_forward *f, int pos, mkv_error *err);
 

@@ -87,11 +87,18 @@ int mkv_run_model_open(const mkv_run_model_opts *o, const mkv_prompt_opts *po, m
     if (o->run_tokens > 0 && (rc = mkv_run_check(&cfg, (size_t)o->run_tokens, 0, err)))
         return mkv_fail(err, MKV_EFORMAT, "a run of %lld tokens exceeds the context of %d of model '%s'",
                         (long long)o->run_tokens, cfg.max_seq_len, cfg.name);
-    if (o->run_tokens <= 0 && (rc = mkv_run_check(&cfg, out->prompt.n, o->generate, err)))
+    int64_t fill = o->fill > 0 ? o->fill : 0;
+    if (out->shape && fill > 0 && fill + (int64_t)out->prompt.n + o->generate > cfg.max_seq_len &&
+        fill + (int64_t)out->prompt.n + o->generate <= INT32_MAX) {
+        mkv_info("shape %s: context %d grown to %lld for the filled positions (random weights: speed only)",
+                 out->shape->name, cfg.max_seq_len, (long long)(fill + (int64_t)out->prompt.n + o->generate));
+        cfg.max_seq_len = (int)(fill + (int64_t)out->prompt.n + o->generate);
+    }
+    if (o->run_tokens <= 0 && (rc = mkv_run_check(&cfg, (size_t)fill + out->prompt.n, o->generate, err)))
         return rc;
     if (out->shape)
-        rc = build_shape(o, out->shape, &cfg, out->layer_index, (int)out->prompt.n + o->generate,
-                         &out->model, err);
+        rc = build_shape(o, out->shape, &cfg, out->layer_index,
+                         (int)((o->fill_on_host ? fill : 0) + (int64_t)out->prompt.n + o->generate), &out->model, err);
     return rc;
 }
 

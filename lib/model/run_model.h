@@ -32,6 +32,10 @@ typedef struct {
                                  prompt and generate (a text read in parts) */
     int keep_blocks;          /* a GGUF model's matrices in the file's blocks
                                  (mkv_model_load_opts; the CPU forward pass) */
+    int64_t fill;             /* positions filled before the prompt (mkv_decoder_opts.fill):
+                                 in the context check; a shape-only model's context grows
+                                 to hold them (random weights have no trained length) */
+    int fill_on_host;         /* the filled rows live in host memory (the CPU pass) */
 } mkv_run_model_opts;
 
 typedef struct {

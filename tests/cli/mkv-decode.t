@@ -48,6 +48,23 @@ $ mkv-decode model.bin --needle --score 5
 $ mkv-decode --shape smollm2-135m --needle
 ! mkv-decode: --needle needs a real model, not --shape (random weights measure speed only); try 'mkv-decode --help'
 [2]
+$ mkv-decode model.bin -p hi --fill 100
+! mkv-decode: --fill is for speed runs with --shape (synthetic rows under a real model mean nothing); try 'mkv-decode --help'
+[2]
+$ mkv-decode --shape smollm2-135m --fill 100 -m quest
+! mkv-decode: --fill fills the full cache; method 'quest' compresses a real prefill
+[2]
+$ mkv-decode model.bin --ppl text.txt --fill 100
+! mkv-decode: --fill is not an option of --ppl; try 'mkv-decode --help'
+[2]
+$ mkv-decode --shape smollm2-135m --fill 0
+! mkv-decode: invalid value '0' for --fill: must be in 1..2147483647
+[2]
+# a filled cache past the shape's context of 8192: the steps count the filled positions
+$ mkv-decode --shape smollm2-135m --fill 8200 --tokens 8 -n 2 --device cpu --threads 2 --stats s.tsv -q >/dev/null && cut -f1,2,4 s.tsv | tr '\t' ' '
+| step tokens tail_tokens
+| 1 8209 1
+| 2 8210 2
 
 # values
 $ mkv-decode model.bin --needle --depths 0,2

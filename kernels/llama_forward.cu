@@ -1,6 +1,7 @@
 /* The LLaMA-family forward pass on the GPU (mkv_cuda_llama of mkv_cuda.h):
  * what lib/model/forward.c computes, with the weights on the device, cuBLAS
- * for the matrix products and the kernels below for the rest.  Everything
+ * for the matrix products of a prefill chunk, gemv_kernel for those of a
+ * decode step with fp16 weights, and the kernels below for the rest.  Everything
  * runs on the default stream; a run synchronises only to download the
  * logits. */
 #include <algorithm>
@@ -23,6 +24,7 @@ const int NORM_THREADS = 256;
 const int ATT_WARPS = 4;
 const int MAX_HEAD_DIM = 256;  /* 8 channels per lane in causal_attend */
 const size_t WEIGHT_ALIGN = 256;
+const int MAX_CHUNK = 65535;
 
 /* ------------------------------------------------------------ kernels */
 
@@ -57,24 +59,47 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, int dim, float ep
         out[(size_t)blockIdx.x * dim + c] = xr[c] * scale * w[c];
 }
 
-/* Rotate the heads of token row blockIdx.x (position pos0 + row); the
- * angle in double and cos/sin rounded to float, as mkv_rope_angle does. */
-__global__ void rope_kernel(float *vec, int n_heads, int head_dim, int rope_dim, int half_layout,
-                            const double *inv_freq, int pos0)
+/* cos and sin of every RoPE pair j at position pos0 + blockIdx.x, the
+ * angle in double and both rounded to float, as mkv_rope_angle does:
+ * cs [row][pairs], once per pass over the layers (every layer, q and k,
+ * turns by the same angles). */
+__global__ void rope_table_kernel(const double *inv_freq, int pairs, int pos0, float2 *cs)
 {
-    const int pairs = rope_dim / 2;
-    float *row = vec + (size_t)blockIdx.x * n_heads * head_dim;
     const double pos = (double)(pos0 + (int)blockIdx.x);
-    for (int i = threadIdx.x; i < n_heads * pairs; i += blockDim.x) {
-        const int h = i / pairs, j = i % pairs;
-        float *a = row + (size_t)h * head_dim + (half_layout ? j : 2 * j);
-        float *b = a + (half_layout ? pairs : 1);
+    for (int j = threadIdx.x; j < pairs; j += blockDim.x) {
         double sd, cd;
         sincos(pos * inv_freq[j], &sd, &cd);
-        const float c = (float)cd, s = (float)sd;
+        cs[(size_t)blockIdx.x * pairs + j] = make_float2((float)cd, (float)sd);
+    }
+}
+
+/* Head blockIdx.x (query heads, then key heads) of token row blockIdx.y
+ * at position pos0 + blockIdx.y: rotated by the angles of cs
+ * (rope_table_kernel); a key head is then stored into one layer's cache in
+ * fp16 with its value head. */
+__global__ void rope_store_kernel(float *q, float *k, const float *v, int n_heads, int n_kv_heads, int head_dim,
+                                  int rope_dim, int half_layout, const float2 *cs, int64_t max_seq, int pos0,
+                                  __half *kc, __half *vc)
+{
+    const int pairs = rope_dim / 2, row = blockIdx.y, h = blockIdx.x, kvh = h - n_heads;
+    const float2 *angle = cs + (size_t)row * pairs;
+    float *r = kvh < 0 ? q + ((size_t)row * n_heads + h) * head_dim : k + ((size_t)row * n_kv_heads + kvh) * head_dim;
+    for (int j = threadIdx.x; j < pairs; j += blockDim.x) {
+        float *a = r + (half_layout ? j : 2 * j);
+        float *b = a + (half_layout ? pairs : 1);
+        const float c = angle[j].x, s = angle[j].y;
         const float x0 = *a, x1 = *b;
         *a = x0 * c - x1 * s;
         *b = x0 * s + x1 * c;
+    }
+    if (kvh < 0)
+        return;
+    __syncthreads();
+    const float *vr = v + ((size_t)row * n_kv_heads + kvh) * head_dim;
+    const size_t at = ((size_t)kvh * (size_t)max_seq + (size_t)pos0 + row) * head_dim;
+    for (int c = threadIdx.x; c < head_dim; c += blockDim.x) {
+        kc[at + c] = __float2half_rn(r[c]);
+        vc[at + c] = __float2half_rn(vr[c]);
     }
 }
 
@@ -96,19 +121,6 @@ __global__ void to_half_kernel(const float *src, __half *dst, size_t total)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x)
         dst[i] = __float2half_rn(src[i]);
-}
-
-/* k, v rows [n][n_kv][head_dim] into one layer's cache at pos0.. */
-__global__ void store_kv_kernel(const float *k, const float *v, int n, int n_kv, int head_dim, int64_t max_seq,
-                                int pos0, __half *kc, __half *vc)
-{
-    const size_t kv_dim = (size_t)n_kv * head_dim, total = (size_t)n * kv_dim;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
-        const size_t row = i / kv_dim, rest = i % kv_dim, h = rest / head_dim, c = rest % head_dim;
-        const size_t at = (h * (size_t)max_seq + (size_t)pos0 + row) * head_dim + c;
-        kc[at] = __float2half_rn(k[i]);
-        vc[at] = __float2half_rn(v[i]);
-    }
 }
 
 /* Rows 0..n-1 of every layer and KV head: core/kvfill.h's values in fp16. */
@@ -137,6 +149,164 @@ __device__ __forceinline__ float warp_sum(float x)
     for (int o = 16; o > 0; o >>= 1)
         x += __shfl_xor_sync(0xffffffffu, x, o);
     return x;
+}
+
+/* ---------------------------------------------- decode-step products */
+
+/* One token's matrix-vector products with fp16 weights, the whole step's
+ * cost at batch 1: every weight byte is read once, so the kernel streams
+ * rows at copy bandwidth (16-byte loads, several in flight per lane) and
+ * folds in what cuBLAS needed separate kernels for: the RMSNorm of its
+ * input, the biases, the residual add and SwiGLU. */
+enum gemv_kind {
+    GEMV_STORE,   /* y = W x (+ bias), the rows split over up to three outputs (q, k, v) */
+    GEMV_ADD,     /* y += W x: the residual */
+    GEMV_SWIGLU,  /* y = silu(W x) * (W_up x) */
+};
+
+struct gemv_job {
+    const __half *w, *w_up;  /* [rows][in], row-major; w_up only for GEMV_SWIGLU */
+    const float *x;          /* [in] */
+    const float *norm;       /* RMSNorm weights applied to x first, or NULL */
+    float eps;
+    int in, rows, kind;
+    float *y[3];             /* GEMV_STORE: rows [0, split[0]) to y[0], [split[0], split[1]) to y[1], the rest to y[2] */
+    const float *bias[3];
+    int split[2];
+};
+
+const int GEMV_WARPS = 8;
+const int GEMV_UNROLL = 8;
+
+__device__ __forceinline__ float dot8(uint4 w, float4 lo, float4 hi, float acc)
+{
+    const __half2 *h = reinterpret_cast<const __half2 *>(&w);
+    const float2 a = __half22float2(h[0]), b = __half22float2(h[1]), c = __half22float2(h[2]),
+                 d = __half22float2(h[3]);
+    acc = fmaf(a.x, lo.x, acc);
+    acc = fmaf(a.y, lo.y, acc);
+    acc = fmaf(b.x, lo.z, acc);
+    acc = fmaf(b.y, lo.w, acc);
+    acc = fmaf(c.x, hi.x, acc);
+    acc = fmaf(c.y, hi.y, acc);
+    acc = fmaf(d.x, hi.z, acc);
+    return fmaf(d.y, hi.w, acc);
+}
+
+/* Each warp takes two weight rows at a time against the block's copy of x
+ * in shared memory: rows r and r + 1 of w, or row r of w and of w_up.
+ * VEC (in a multiple of 8, rows and x 16-byte aligned): x is kept as two
+ * planes of float4, channels 8i..8i+3 and 8i+4..8i+7, so that lane l's
+ * reads of group i are consecutive and free of bank conflicts. */
+template <bool VEC>
+__global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_kernel(gemv_job j)
+{
+    extern __shared__ float4 xs4[];
+    float *xs = reinterpret_cast<float *>(xs4);
+    __shared__ double part[GEMV_WARPS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n8 = j.in / 8;
+    /* One pass over x: the block's copy holds x times the norm weights; the
+     * sum of squares (in double, like the CPU pass) gives the RMS scale,
+     * applied to each finished dot product. */
+    double ss = 0.0;
+    if (VEC) {
+        const float4 *x4 = reinterpret_cast<const float4 *>(j.x), *w4 = reinterpret_cast<const float4 *>(j.norm);
+#pragma unroll 4
+        for (int i = threadIdx.x; i < 2 * n8; i += blockDim.x) {
+            float4 v = x4[i];
+            if (j.norm) {
+                const float4 w = w4[i];
+                ss += (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
+                v = make_float4(v.x * w.x, v.y * w.y, v.z * w.z, v.w * w.w);
+            }
+            xs4[(i % 2) * n8 + i / 2] = v;
+        }
+    } else {
+        for (int c = threadIdx.x; c < j.in; c += blockDim.x) {
+            const float v = j.x[c];
+            if (j.norm)
+                ss += (double)v * v;
+            xs[c] = j.norm ? v * j.norm[c] : v;
+        }
+    }
+    float scale = 1.0f;
+    if (j.norm) {
+        for (int o = 16; o > 0; o >>= 1)
+            ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (lane == 0)
+            part[warp] = ss;
+    }
+    __syncthreads();
+    if (j.norm) {
+        double total = 0.0;
+        for (int w = 0; w < GEMV_WARPS; w++)
+            total += part[w];
+        scale = (float)(1.0 / sqrt(total / j.in + j.eps));
+    }
+    const int swiglu = j.kind == GEMV_SWIGLU, per_warp = swiglu ? 1 : 2;
+    for (int r = (blockIdx.x * GEMV_WARPS + warp) * per_warp; r < j.rows; r += gridDim.x * GEMV_WARPS * per_warp) {
+        const int second = swiglu ? r : (r + 1 < j.rows ? r + 1 : r);
+        const __half *wa = j.w + (size_t)r * j.in, *wb = (swiglu ? j.w_up : j.w) + (size_t)second * j.in;
+        float sa = 0.0f, sb = 0.0f;
+        if (VEC) {
+            const uint4 *pa = reinterpret_cast<const uint4 *>(wa), *pb = reinterpret_cast<const uint4 *>(wb);
+            const float4 *hi = xs4 + n8;
+            int i = lane;
+            for (; i + 32 * (GEMV_UNROLL - 1) < n8; i += 32 * GEMV_UNROLL) {
+                uint4 va[GEMV_UNROLL], vb[GEMV_UNROLL];
+#pragma unroll
+                for (int u = 0; u < GEMV_UNROLL; u++) {
+                    va[u] = __ldcs(pa + i + 32 * u);
+                    vb[u] = __ldcs(pb + i + 32 * u);
+                }
+#pragma unroll
+                for (int u = 0; u < GEMV_UNROLL; u++) {
+                    const float4 lo4 = xs4[i + 32 * u], hi4 = hi[i + 32 * u];
+                    sa = dot8(va[u], lo4, hi4, sa);
+                    sb = dot8(vb[u], lo4, hi4, sb);
+                }
+            }
+            for (; i < n8; i += 32) {
+                const uint4 va = __ldcs(pa + i), vb = __ldcs(pb + i);
+                sa = dot8(va, xs4[i], hi[i], sa);
+                sb = dot8(vb, xs4[i], hi[i], sb);
+            }
+        } else {
+            for (int c = lane; c < j.in; c += 32) {
+                sa = fmaf(__half2float(wa[c]), xs[c], sa);
+                sb = fmaf(__half2float(wb[c]), xs[c], sb);
+            }
+        }
+        sa = warp_sum(sa) * scale;
+        sb = warp_sum(sb) * scale;
+        if (lane != 0)
+            continue;
+        if (swiglu) {
+            j.y[0][r] = sa / (1.0f + expf(-sa)) * sb;
+            continue;
+        }
+        for (int t = 0; t < 2 && r + t < j.rows; t++) {
+            const int row = r + t;
+            const float s = t ? sb : sa;
+            if (j.kind == GEMV_ADD) {
+                j.y[0][row] += s;
+            } else {
+                float *y = j.y[0];
+                const float *bias = j.bias[0];
+                int at = row;
+                if (row >= j.split[1]) {
+                    y = j.y[2];
+                    bias = j.bias[2];
+                    at = row - j.split[1];
+                } else if (row >= j.split[0]) {
+                    y = j.y[1];
+                    bias = j.bias[1];
+                    at = row - j.split[0];
+                }
+                y[at] = bias ? s + bias[at] : s;
+            }
+        }
+    }
 }
 
 /* Causal attention of query row blockIdx.y (position pos0 + row), head
@@ -244,8 +414,10 @@ struct mkv_cuda_llama {
     mkv_cuda_llama_desc d = {};
     int q_dim = 0, kv_dim = 0, group = 0, pos = 0;
     int dense_decode = 0;           /* the dense decode kernel takes this shape */
+    int step_gemv = 0;              /* fp16 weights whose widest input fits gemv_kernel's shared memory */
+    int sms = 0;
     cublasHandle_t blas = nullptr;
-    mkv_device_buffer weights, inv_freq, kcache, vcache;
+    mkv_device_buffer weights, inv_freq, rope_cs, kcache, vcache;
     mkv_device_buffer x, xb, q, k, v, att, h1, h3, xh, tokens, logits;
     const void *emb = nullptr, *cls = nullptr;
     const float *rms_final = nullptr;
@@ -284,7 +456,30 @@ struct weight_loader {
     /* A matrix in the weight type. */
     int mat(const float *src, size_t n, const void **dst, mkv_error *err)
     {
-        *dst = place(n * elem_bytes(g));
+        return upload(src, n, place(n * elem_bytes(g)), dst, err);
+    }
+
+    /* Matrices back to back, in one placement: a layer's wq, wk and wv,
+     * which the decode step multiplies as one matrix. */
+    int mats(const float *const *src, const size_t *n, int count, const void **dst, mkv_error *err)
+    {
+        size_t total = 0;
+        for (int i = 0; i < count; i++)
+            total += n[i];
+        char *at = (char *)place(total * elem_bytes(g));
+        for (int i = 0; i < count; i++) {
+            int rc = upload(src[i], n[i], at, &dst[i], err);
+            if (rc)
+                return rc;
+            if (at)
+                at += n[i] * elem_bytes(g);
+        }
+        return MKV_OK;
+    }
+
+    int upload(const float *src, size_t n, void *at, const void **dst, mkv_error *err)
+    {
+        *dst = at;
         if (!base)
             return MKV_OK;
         if (!g->d.weights_f16) {
@@ -326,9 +521,17 @@ struct weight_loader {
             layer_dev *t = &g->layers[l];
             if ((rc = vec(s->rms_att, dim, &t->rms_att, err)) || (rc = vec(s->rms_ffn, dim, &t->rms_ffn, err)) ||
                 (rc = vec(s->bq, qd, &t->bq, err)) || (rc = vec(s->bk, kvd, &t->bk, err)) ||
-                (rc = vec(s->bv, kvd, &t->bv, err)) || (rc = mat(s->wq, qd * dim, &t->wq, err)) ||
-                (rc = mat(s->wk, kvd * dim, &t->wk, err)) || (rc = mat(s->wv, kvd * dim, &t->wv, err)) ||
-                (rc = mat(s->wo, dim * qd, &t->wo, err)) || (rc = mat(s->w1, hid * dim, &t->w1, err)) ||
+                (rc = vec(s->bv, kvd, &t->bv, err)))
+                return rc;
+            const float *qkv[3] = {s->wq, s->wk, s->wv};
+            const size_t qkv_n[3] = {qd * dim, kvd * dim, kvd * dim};
+            const void *qkv_dev[3];
+            if ((rc = mats(qkv, qkv_n, 3, qkv_dev, err)))
+                return rc;
+            t->wq = qkv_dev[0];
+            t->wk = qkv_dev[1];
+            t->wv = qkv_dev[2];
+            if ((rc = mat(s->wo, dim * qd, &t->wo, err)) || (rc = mat(s->w1, hid * dim, &t->w1, err)) ||
                 (rc = mat(s->w2, dim * hid, &t->w2, err)) || (rc = mat(s->w3, hid * dim, &t->w3, err)))
                 return rc;
         }
@@ -361,6 +564,25 @@ int check_desc(const mkv_cuda_llama_desc *d, mkv_error *err)
     return MKV_OK;
 }
 
+/* The decode step's products go through gemv_kernel when the weights are
+ * fp16 and the widest input row fits in a block's shared memory. */
+int setup_gemv(mkv_cuda_llama *g, mkv_error *err)
+{
+    const mkv_cuda_llama_desc *d = &g->d;
+    int dev = 0, optin = 0;
+    MKV_CUDA_CHECK(cudaGetDevice(&dev));
+    MKV_CUDA_CHECK(cudaDeviceGetAttribute(&g->sms, cudaDevAttrMultiProcessorCount, dev));
+    MKV_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    const size_t widest = (size_t)std::max(std::max(d->dim, g->q_dim), d->hidden_dim);
+    const size_t shared = widest * sizeof(float);
+    if (!d->weights_f16 || shared + GEMV_WARPS * sizeof(double) > (size_t)optin)
+        return MKV_OK;
+    MKV_CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
+    MKV_CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
+    g->step_gemv = 1;
+    return MKV_OK;
+}
+
 int setup(mkv_cuda_llama *g, mkv_error *err)
 {
     const mkv_cuda_llama_desc *d = &g->d;
@@ -376,9 +598,12 @@ int setup(mkv_cuda_llama *g, mkv_error *err)
     wl.base = g->weights.as<char>();
     if ((rc = wl.all(err)))
         return rc;
+    if ((rc = setup_gemv(g, err)))
+        return rc;
     const size_t pairs = (size_t)d->rope_dim / 2;
     MKV_CUDA_CHECK(g->inv_freq.alloc(pairs * sizeof(double)));
     MKV_CUDA_CHECK(cudaMemcpy(g->inv_freq.ptr, d->rope_inv_freq, pairs * sizeof(double), cudaMemcpyHostToDevice));
+    MKV_CUDA_CHECK(g->rope_cs.alloc((size_t)d->chunk * (pairs ? pairs : 1) * sizeof(float2)));
     const size_t cache = (size_t)d->n_layers * d->n_kv_heads * (size_t)d->max_seq_len * d->head_dim * 2;
     MKV_CUDA_CHECK(g->kcache.alloc(cache));
     MKV_CUDA_CHECK(g->vcache.alloc(cache));
@@ -474,7 +699,84 @@ int attend(mkv_cuda_llama *g, int l, int pos0, int n, const mkv_dense_plan *plan
     return MKV_OK;
 }
 
-int layer_forward(mkv_cuda_llama *g, int l, int pos0, int n, const mkv_dense_plan *plan, mkv_error *err)
+/* Rotate the chunk's q and k and store its K/V rows at pos0.. of layer l. */
+int rope_store(mkv_cuda_llama *g, int l, int pos0, int n, mkv_error *err)
+{
+    const mkv_cuda_llama_desc *d = &g->d;
+    const size_t layer = (size_t)d->n_kv_heads * (size_t)d->max_seq_len * d->head_dim;
+    rope_store_kernel<<<dim3(d->n_heads + d->n_kv_heads, n), 64>>>(g->q.as<float>(), g->k.as<float>(), g->v.as<float>(), d->n_heads, d->n_kv_heads,
+                                  d->head_dim, d->rope_dim, d->rope_half, g->rope_cs.as<float2>(), d->max_seq_len,
+                                  pos0, g->kcache.as<__half>() + (size_t)l * layer,
+                                  g->vcache.as<__half>() + (size_t)l * layer);
+    MKV_CUDA_CHECK_LAUNCH();
+    return MKV_OK;
+}
+
+gemv_job make_gemv(const void *w, int in, int rows, gemv_kind kind, const float *x, float *y)
+{
+    gemv_job j = {};
+    j.w = (const __half *)w;
+    j.in = in;
+    j.rows = rows;
+    j.kind = kind;
+    j.x = x;
+    j.y[0] = y;
+    j.split[0] = j.split[1] = rows;
+    return j;
+}
+
+gemv_job normed(gemv_job j, const float *norm, float eps)
+{
+    j.norm = norm;
+    j.eps = eps;
+    return j;
+}
+
+int gemv(const mkv_cuda_llama *g, const gemv_job &j, mkv_error *err)
+{
+    const int per_block = GEMV_WARPS * (j.kind == GEMV_SWIGLU ? 1 : 2);
+    const int groups = (j.rows + per_block - 1) / per_block;
+    const unsigned grid = (unsigned)std::min(groups, g->sms * 8);
+    const size_t shared = (size_t)j.in * sizeof(float);
+    if (j.in % 8 == 0)
+        gemv_kernel<true><<<grid, 32 * GEMV_WARPS, shared>>>(j);
+    else
+        gemv_kernel<false><<<grid, 32 * GEMV_WARPS, shared>>>(j);
+    MKV_CUDA_CHECK_LAUNCH();
+    return MKV_OK;
+}
+
+/* One layer for one token (n = 1) with gemv_kernel: q, k and v in one
+ * product (weight_loader places their weights back to back), the gate and
+ * up projections in another. */
+int layer_step(mkv_cuda_llama *g, int l, int pos0, const mkv_dense_plan *plan, mkv_error *err)
+{
+    const mkv_cuda_llama_desc *d = &g->d;
+    const layer_dev *w = &g->layers[(size_t)l];
+    const int dim = d->dim, qd = g->q_dim, kvd = g->kv_dim;
+    const float eps = d->rms_eps;
+    float *x = g->x.as<float>(), *q = g->q.as<float>(), *k = g->k.as<float>(), *v = g->v.as<float>();
+    gemv_job qkv = normed(make_gemv(w->wq, dim, qd + 2 * kvd, GEMV_STORE, x, q), w->rms_att, eps);
+    qkv.y[1] = k;
+    qkv.y[2] = v;
+    qkv.bias[0] = w->bq;
+    qkv.bias[1] = w->bk;
+    qkv.bias[2] = w->bv;
+    qkv.split[0] = qd;
+    qkv.split[1] = qd + kvd;
+    int rc = gemv(g, qkv, err);
+    if (rc || (rc = rope_store(g, l, pos0, 1, err)) || (rc = attend(g, l, pos0, 1, plan, err)) ||
+        (rc = gemv(g, make_gemv(w->wo, qd, dim, GEMV_ADD, g->att.as<float>(), x), err)))
+        return rc;
+    gemv_job ffn = normed(make_gemv(w->w1, dim, d->hidden_dim, GEMV_SWIGLU, x, g->h1.as<float>()), w->rms_ffn, eps);
+    ffn.w_up = (const __half *)w->w3;
+    if ((rc = gemv(g, ffn, err)))
+        return rc;
+    return gemv(g, make_gemv(w->w2, d->hidden_dim, dim, GEMV_ADD, g->h1.as<float>(), x), err);
+}
+
+/* One layer for a chunk of n tokens with cuBLAS. */
+int layer_chunk(mkv_cuda_llama *g, int l, int pos0, int n, const mkv_dense_plan *plan, mkv_error *err)
 {
     const mkv_cuda_llama_desc *d = &g->d;
     const layer_dev *w = &g->layers[(size_t)l];
@@ -488,21 +790,8 @@ int layer_forward(mkv_cuda_llama *g, int l, int pos0, int n, const mkv_dense_pla
         (rc = gemm(g, w->wk, dim, g->kv_dim, n, in, k, 0.0f, err)) ||
         (rc = gemm(g, w->wv, dim, g->kv_dim, n, in, v, 0.0f, err)) ||
         (rc = add_bias(q, w->bq, g->q_dim, n, err)) || (rc = add_bias(k, w->bk, g->kv_dim, n, err)) ||
-        (rc = add_bias(v, w->bv, g->kv_dim, n, err)))
-        return rc;
-    if (d->rope_dim > 0) {
-        rope_kernel<<<n, 128>>>(q, d->n_heads, d->head_dim, d->rope_dim, d->rope_half, g->inv_freq.as<double>(), pos0);
-        MKV_CUDA_CHECK_LAUNCH();
-        rope_kernel<<<n, 128>>>(k, d->n_kv_heads, d->head_dim, d->rope_dim, d->rope_half, g->inv_freq.as<double>(),
-                                pos0);
-        MKV_CUDA_CHECK_LAUNCH();
-    }
-    const size_t layer = (size_t)d->n_kv_heads * (size_t)d->max_seq_len * d->head_dim;
-    store_kv_kernel<<<grid_for((size_t)n * g->kv_dim), 256>>>(k, v, n, d->n_kv_heads, d->head_dim, d->max_seq_len,
-                                                              pos0, g->kcache.as<__half>() + (size_t)l * layer,
-                                                              g->vcache.as<__half>() + (size_t)l * layer);
-    MKV_CUDA_CHECK_LAUNCH();
-    if ((rc = attend(g, l, pos0, n, plan, err)) ||
+        (rc = add_bias(v, w->bv, g->kv_dim, n, err)) || (rc = rope_store(g, l, pos0, n, err)) ||
+        (rc = attend(g, l, pos0, n, plan, err)) ||
         (rc = operand(g, g->att.as<float>(), (size_t)n * g->q_dim, &in, err)) ||
         (rc = gemm(g, w->wo, g->q_dim, dim, n, in, x, 1.0f, err)) ||
         (rc = rmsnorm(g, x, w->rms_ffn, n, xb, err)) || (rc = operand(g, xb, (size_t)n * dim, &in, err)) ||
@@ -526,6 +815,10 @@ int run_chunk(mkv_cuda_llama *g, const int32_t *tokens, int n, float *logits, mk
     else
         embed_kernel<<<n, 256>>>((const float *)g->emb, g->tokens.as<int32_t>(), d->dim, g->x.as<float>());
     MKV_CUDA_CHECK_LAUNCH();
+    if (d->rope_dim > 0) {
+        rope_table_kernel<<<n, 64>>>(g->inv_freq.as<double>(), d->rope_dim / 2, g->pos, g->rope_cs.as<float2>());
+        MKV_CUDA_CHECK_LAUNCH();
+    }
     plan_guard plan;
     int rc;
     if (n == 1 && g->dense_decode) {
@@ -534,15 +827,23 @@ int run_chunk(mkv_cuda_llama *g, const int32_t *tokens, int n, float *logits, mk
         if ((rc = mkv_cuda_dense_plan(&s, &len, &plan.p, err)))
             return rc;
     }
+    const int step = n == 1 && g->step_gemv;
     for (int l = 0; l < d->n_layers; l++)
-        if ((rc = layer_forward(g, l, g->pos, n, plan.p, err)))
+        if ((rc = step ? layer_step(g, l, g->pos, plan.p, err) : layer_chunk(g, l, g->pos, n, plan.p, err)))
             return rc;
     if (logits) {
         const void *in;
-        if ((rc = rmsnorm(g, g->x.as<float>() + (size_t)(n - 1) * d->dim, g->rms_final, 1, g->xb.as<float>(), err)) ||
-            (rc = operand(g, g->xb.as<float>(), (size_t)d->dim, &in, err)) ||
-            (rc = gemm(g, g->cls, d->dim, d->vocab_size, 1, in, g->logits.as<float>(), 0.0f, err)))
+        const float *last = g->x.as<float>() + (size_t)(n - 1) * d->dim;
+        if (g->step_gemv) {
+            if ((rc = gemv(g, normed(make_gemv(g->cls, d->dim, d->vocab_size, GEMV_STORE, last, g->logits.as<float>()),
+                                     g->rms_final, d->rms_eps),
+                           err)))
+                return rc;
+        } else if ((rc = rmsnorm(g, last, g->rms_final, 1, g->xb.as<float>(), err)) ||
+                   (rc = operand(g, g->xb.as<float>(), (size_t)d->dim, &in, err)) ||
+                   (rc = gemm(g, g->cls, d->dim, d->vocab_size, 1, in, g->logits.as<float>(), 0.0f, err))) {
             return rc;
+        }
         MKV_CUDA_CHECK(cudaMemcpy(logits, g->logits.ptr, (size_t)d->vocab_size * 4, cudaMemcpyDeviceToHost));
     } else {
         MKV_CUDA_CHECK(cudaDeviceSynchronize());
@@ -562,7 +863,8 @@ extern "C" int mkv_cuda_llama_create(const mkv_cuda_llama_desc *d, mkv_cuda_llam
     if (!g)
         return mkv_fail(err, MKV_ENOMEM, "out of memory for the GPU forward pass");
     g->d = *d;
-    g->d.chunk = d->chunk < d->max_seq_len ? d->chunk : d->max_seq_len;
+    /* a chunk's rows are a grid dimension of the attention and RoPE kernels */
+    g->d.chunk = std::min(std::min(d->chunk, d->max_seq_len), MAX_CHUNK);
     g->q_dim = d->n_heads * d->head_dim;
     g->kv_dim = d->n_kv_heads * d->head_dim;
     g->group = d->n_heads / d->n_kv_heads;

@@ -9,7 +9,10 @@
  * scaling, q/k/v biases, 3 to 7 query heads per KV head: the dense decode
  * kernel in the steps), a small random model whose RoPE turns only half of
  * each head, and SmolLM2-135M itself where scripts/get-models put it; the
- * perplexity of stories260K over data/heldout.txt; the refusals.
+ * perplexity of stories260K over data/heldout.txt; the refusals.  With
+ * fp16 weights every decode step's products run in the matrix-vector
+ * kernel: its 16-byte path on the shapes, its element path on
+ * stories260K's hidden width of 172.
  *
  * Tolerances, relative to the RMS of the CPU's logits: float32 weights
  * differ from the CPU only by the fp16 K/V cache and the order of sums:

@@ -137,6 +137,23 @@ __global__ void fill_kv_kernel(int n_layers, int n_kv, int head_dim, int64_t max
     }
 }
 
+/* Quest's page bounds take the key just stored at pos, in every KV head
+ * of one layer: a page's first key sets its minimum and maximum, a later
+ * one widens them (meta [kv_head][pages_max][2][head_dim], fp16). */
+__global__ void quest_page_append_kernel(const __half *kc, __half *meta, int64_t max_seq, int64_t pages_max,
+                                         int page, int head_dim, int pos)
+{
+    const int h = blockIdx.x;
+    const __half *key = kc + ((size_t)h * (size_t)max_seq + (size_t)pos) * head_dim;
+    __half *mn = meta + ((size_t)h * (size_t)pages_max + (size_t)(pos / page)) * 2 * head_dim, *mx = mn + head_dim;
+    const int first = pos % page == 0;
+    for (int c = threadIdx.x; c < head_dim; c += blockDim.x) {
+        const __half k = key[c];
+        mn[c] = first || __half2float(k) < __half2float(mn[c]) ? k : mn[c];
+        mx[c] = first || __half2float(k) > __half2float(mx[c]) ? k : mx[c];
+    }
+}
+
 __device__ __forceinline__ float warp_max(float x)
 {
     for (int o = 16; o > 0; o >>= 1)
@@ -416,6 +433,12 @@ struct mkv_cuda_llama {
     int dense_decode = 0;           /* the dense decode kernel takes this shape */
     int step_gemv = 0;              /* fp16 weights whose widest input fits gemv_kernel's shared memory */
     int sms = 0;
+    int quest = 0;                  /* decode steps attend with the Quest kernels */
+    mkv_quest_params qp = {};
+    int64_t quest_pages_max = 0;
+    mkv_device_buffer quest_meta, quest_tokens;   /* bounds [layer][kv_head][pages_max][2][head_dim]; a step's tokens */
+    mkv_quest_plan *quest_plan = nullptr;         /* the running step's */
+    uint64_t step_read = 0;
     cublasHandle_t blas = nullptr;
     mkv_device_buffer weights, inv_freq, rope_cs, kcache, vcache;
     mkv_device_buffer x, xb, q, k, v, att, h1, h3, xh, tokens, logits;
@@ -424,6 +447,7 @@ struct mkv_cuda_llama {
     std::vector<layer_dev> layers;
     ~mkv_cuda_llama()
     {
+        mkv_cuda_quest_plan_free(quest_plan);
         if (blas)
             (void)cublasDestroy(blas);
     }
@@ -684,6 +708,18 @@ int attend(mkv_cuda_llama *g, int l, int pos0, int n, const mkv_dense_plan *plan
     const mkv_cuda_llama_desc *d = &g->d;
     const size_t layer = (size_t)d->n_kv_heads * (size_t)d->max_seq_len * d->head_dim;
     const __half *kc = g->kcache.as<__half>() + (size_t)l * layer, *vc = g->vcache.as<__half>() + (size_t)l * layer;
+    if (g->quest) {
+        __half *meta = g->quest_meta.as<__half>() + (size_t)l * d->n_kv_heads * g->quest_pages_max * 2 * d->head_dim;
+        quest_page_append_kernel<<<d->n_kv_heads, 128>>>(kc, meta, d->max_seq_len, g->quest_pages_max,
+                                                         g->qp.page_size, d->head_dim, pos0);
+        MKV_CUDA_CHECK_LAUNCH();
+        int rc;
+        if ((rc = mkv_cuda_quest_select(g->quest_plan, g->q.as<float>(), (const uint16_t *)meta, NULL, err)) ||
+            (rc = mkv_cuda_quest_attend(g->quest_plan, g->q.as<float>(), (const uint16_t *)kc,
+                                        (const uint16_t *)vc, g->att.as<float>(), NULL, err)))
+            return rc;
+        return mkv_cuda_quest_add_tokens(g->quest_plan, g->quest_tokens.as<unsigned long long>(), NULL, err);
+    }
     if (plan)
         return mkv_cuda_dense_run(plan, g->q.as<float>(), (const uint16_t *)kc, (const uint16_t *)vc,
                                   g->att.as<float>(), NULL, err);
@@ -821,7 +857,15 @@ int run_chunk(mkv_cuda_llama *g, const int32_t *tokens, int n, float *logits, mk
     }
     plan_guard plan;
     int rc;
-    if (n == 1 && g->dense_decode) {
+    if (g->quest) {
+        const mkv_attn_shape s = {1, d->n_heads, d->n_kv_heads, d->head_dim, d->max_seq_len, 0, 0.0};
+        const int64_t len = g->pos + 1;
+        mkv_cuda_quest_plan_free(g->quest_plan);
+        g->quest_plan = nullptr;
+        if ((rc = mkv_cuda_quest_plan(&s, &len, &len, &g->qp, &g->quest_plan, err)))
+            return rc;
+        MKV_CUDA_CHECK(cudaMemset(g->quest_tokens.ptr, 0, sizeof(unsigned long long)));
+    } else if (n == 1 && g->dense_decode) {
         const mkv_attn_shape s = {1, d->n_heads, d->n_kv_heads, d->head_dim, d->max_seq_len, 0, 0.0};
         const int64_t len = g->pos + 1;
         if ((rc = mkv_cuda_dense_plan(&s, &len, &plan.p, err)))
@@ -847,6 +891,17 @@ int run_chunk(mkv_cuda_llama *g, const int32_t *tokens, int n, float *logits, mk
         MKV_CUDA_CHECK(cudaMemcpy(logits, g->logits.ptr, (size_t)d->vocab_size * 4, cudaMemcpyDeviceToHost));
     } else {
         MKV_CUDA_CHECK(cudaDeviceSynchronize());
+    }
+    const uint64_t row = (uint64_t)d->head_dim * 2 * 2;   /* K and V (or min and max) of one row */
+    if (g->quest) {
+        unsigned long long tokens = 0;
+        mkv_quest_counts qc;
+        MKV_CUDA_CHECK(cudaMemcpy(&tokens, g->quest_tokens.ptr, sizeof tokens, cudaMemcpyDeviceToHost));
+        if ((rc = mkv_cuda_quest_counts(g->quest_plan, 0, &qc, err)))
+            return rc;
+        g->step_read = ((uint64_t)qc.pages * d->n_layers * d->n_kv_heads + tokens) * row;
+    } else if (n == 1) {
+        g->step_read = (uint64_t)(g->pos + 1) * d->n_layers * d->n_kv_heads * row;
     }
     return MKV_OK;
 }
@@ -894,7 +949,47 @@ extern "C" int mkv_cuda_llama_pos(const mkv_cuda_llama *g) { return g->pos; }
 
 extern "C" uint64_t mkv_cuda_llama_weight_bytes(const mkv_cuda_llama *g) { return g->weights.bytes; }
 
-extern "C" uint64_t mkv_cuda_llama_cache_bytes(const mkv_cuda_llama *g) { return g->kcache.bytes + g->vcache.bytes; }
+extern "C" uint64_t mkv_cuda_llama_cache_bytes(const mkv_cuda_llama *g)
+{
+    return g->kcache.bytes + g->vcache.bytes + g->quest_meta.bytes;
+}
+
+extern "C" uint64_t mkv_cuda_llama_step_bytes_read(const mkv_cuda_llama *g) { return g->step_read; }
+
+extern "C" int mkv_cuda_llama_use_quest(mkv_cuda_llama *g, const mkv_quest_params *qp, mkv_error *err)
+{
+    const mkv_cuda_llama_desc *d = &g->d;
+    if (g->quest)
+        return mkv_fail(err, MKV_EUSAGE, "the GPU cache already attends as Quest");
+    if (g->pos < 1)
+        return mkv_fail(err, MKV_EUSAGE, "Quest on the GPU starts from a filled or prefilled cache");
+    if (d->head_dim != 64 && d->head_dim != 128)
+        return mkv_fail(err, MKV_EUNSUP, "Quest on the GPU: head_dim %d; its kernels take 64 or 128", d->head_dim);
+    const mkv_attn_shape s = {1, d->n_heads, d->n_kv_heads, d->head_dim, d->max_seq_len, 0, 0.0};
+    const int64_t len = g->pos;
+    mkv_quest_plan *p = nullptr;
+    int rc = mkv_cuda_quest_plan(&s, &len, &len, qp, &p, err);
+    if (rc)
+        return rc;
+    struct plan_free {
+        mkv_quest_plan *p;
+        ~plan_free() { mkv_cuda_quest_plan_free(p); }
+    } owner{p};
+    const size_t per_layer = mkv_cuda_quest_meta_elems(p);
+    MKV_CUDA_CHECK(g->quest_meta.alloc(per_layer * d->n_layers * sizeof(__half)));
+    MKV_CUDA_CHECK(g->quest_tokens.alloc(sizeof(unsigned long long)));
+    const size_t layer = (size_t)d->n_kv_heads * (size_t)d->max_seq_len * d->head_dim;
+    for (int l = 0; l < d->n_layers; l++)
+        if ((rc = mkv_cuda_quest_build_meta(p, (const uint16_t *)(g->kcache.as<__half>() + (size_t)l * layer),
+                                            (uint16_t *)(g->quest_meta.as<__half>() + (size_t)l * per_layer), NULL,
+                                            err)))
+            return rc;
+    MKV_CUDA_CHECK(cudaDeviceSynchronize());
+    g->quest_pages_max = mkv_cuda_quest_pages_max(p);
+    g->qp = *qp;
+    g->quest = 1;
+    return MKV_OK;
+}
 
 extern "C" int mkv_cuda_llama_fill(mkv_cuda_llama *g, int n, uint64_t seed, mkv_error *err)
 {
@@ -920,6 +1015,8 @@ extern "C" int mkv_cuda_llama_run(mkv_cuda_llama *g, const int32_t *tokens, size
     const mkv_cuda_llama_desc *d = &g->d;
     if (n == 0)
         return mkv_fail(err, MKV_EUSAGE, "no tokens to run");
+    if (g->quest && n != 1)
+        return mkv_fail(err, MKV_EUSAGE, "the Quest cache on the GPU takes one token per step, not %zu", n);
     if (n > (size_t)(d->max_seq_len - g->pos))
         return mkv_fail(err, MKV_EFORMAT, "%zu tokens at position %d exceed the context of %d tokens", n, g->pos,
                         d->max_seq_len);

@@ -161,6 +161,10 @@ int mkv_cuda_quest_attend(const mkv_quest_plan *p, const float *q, const uint16_
  * [batch][n_kv_heads]: tokens attended. */
 int mkv_cuda_quest_selection(const mkv_quest_plan *p, int32_t *pages, int32_t *counts, int64_t *tokens,
                              mkv_error *err);
+/* Adds the tokens the last selection attends, over its requests and KV
+ * heads, to *acc (device memory), on the stream: a decode step's count
+ * without synchronising. */
+int mkv_cuda_quest_add_tokens(const mkv_quest_plan *p, unsigned long long *acc, void *stream, mkv_error *err);
 
 /* ------------------------------------------ packed MosaicKV attention (GPU)
  * The GPU twin of mkv_mosaic_attend (kernels/mosaic_attend.cu): docs/DESIGN.md
@@ -377,7 +381,9 @@ int mkv_cuda_eigh_batched(const double *gram, int d, int batch, double *R, doubl
  * [layer][kv_head][max_seq_len][head_dim], keys after RoPE; a decode step
  * attends it with the dense decode kernel above where its shapes allow
  * (head_dim 64 or 128, 1..8 query heads per KV head), every other case
- * (prefill rows, other shapes) with a causal kernel of this file. */
+ * (prefill rows, other shapes) with a causal kernel of this file.  After
+ * mkv_cuda_llama_use_quest the decode steps attend it with the Quest
+ * kernels (mkv_cuda_quest_*) instead. */
 typedef struct {
     const float *rms_att;                  /* [dim] */
     const float *wq, *wk, *wv, *wo;        /* row-major [out x in], as model.h */
@@ -417,9 +423,22 @@ int mkv_cuda_llama_run(mkv_cuda_llama *g, const int32_t *tokens, size_t n, float
  * at n: only before the first token. */
 int mkv_cuda_llama_fill(mkv_cuda_llama *g, int n, uint64_t seed, mkv_error *err);
 int mkv_cuda_llama_pos(const mkv_cuda_llama *g);
-/* Device bytes of the weights and of the cache. */
+/* Device bytes of the weights and of the cache (with Quest's page
+ * metadata once it is used). */
 uint64_t mkv_cuda_llama_weight_bytes(const mkv_cuda_llama *g);
 uint64_t mkv_cuda_llama_cache_bytes(const mkv_cuda_llama *g);
+/* From the next decode step on, attend the cache with the Quest kernels
+ * above (the selection of lib/methods/quest.c):
+ * the page bounds of the positions so far are built now, each new key
+ * joins them as it is stored.  Needs a filled or prefilled cache, head_dim
+ * 64 or 128 and the kernel's page sizes (MKV_EUNSUP otherwise); runs take
+ * one token each from then on. */
+int mkv_cuda_llama_use_quest(mkv_cuda_llama *g, const mkv_quest_params *qp, mkv_error *err);
+/* Bytes the last decode step read from the cache, over every layer and KV
+ * head: the whole cache for the dense kernels; for Quest, the bounds of
+ * the pages scored and K and V of the tokens attended (as quest's CPU
+ * attend counts them).  0 before the first step. */
+uint64_t mkv_cuda_llama_step_bytes_read(const mkv_cuda_llama *g);
 
 /* ------------------------------------------------ attention benchmark (GPU)
  * Synthetic random caches of one attention shape (default LLaMA-3.1-8B: 32

@@ -633,3 +633,25 @@ extern "C" int mkv_cuda_quest_selection(const mkv_quest_plan *p, int32_t *pages,
     }
     return MKV_OK;
 }
+
+static __global__ void add_tokens_kernel(const int32_t *tokens, int heads, unsigned long long *acc)
+{
+    unsigned long long sum = 0;
+    for (int i = threadIdx.x; i < heads; i += blockDim.x)
+        sum += (unsigned long long)tokens[i];
+    for (int o = 16; o > 0; o >>= 1)
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (threadIdx.x == 0)
+        *acc += sum;
+}
+
+extern "C" int mkv_cuda_quest_add_tokens(const mkv_quest_plan *p, unsigned long long *acc, void *stream,
+                                         mkv_error *err)
+{
+    if (p == NULL || acc == NULL)
+        return mkv_fail(err, MKV_EUSAGE, "Quest selection: NULL plan or counter");
+    const int heads = p->shape.batch * p->shape.n_kv_heads;
+    add_tokens_kernel<<<1, 32, 0, (cudaStream_t)stream>>>(p->tokens.as<int32_t>(), heads, acc);
+    MKV_CUDA_CHECK_LAUNCH();
+    return MKV_OK;
+}

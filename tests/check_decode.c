@@ -989,11 +989,11 @@ START_TEST(misuse_refused)
     ck_assert_int_ge(mkv_params_parse_list(&p, "budget=500", &err), 0);
     ck_assert_int_eq(mkv_decoder_prefill(m, tok, 20, &qo, NULL, &q, &err), MKV_EUSAGE);
     ck_assert_msg(strstr(err.msg, "method 'quest'"), "%s", err.msg);
-    /* filled caches: the full cache only, within the context, never forked */
+    /* filled caches: the full cache only (on the CPU), within the context, never forked */
     mkv_params_init(&p, quest->params);
     qo.fill = 30;
     ck_assert_int_eq(mkv_decoder_prefill(m, tok, 20, &qo, NULL, &q, &err), MKV_EUNSUP);
-    ck_assert_msg(strstr(err.msg, "only the full cache is filled"), "%s", err.msg);
+    ck_assert_msg(strstr(err.msg, "only the full cache (and Quest on the GPU) is filled"), "%s", err.msg);
     mkv_decoder_opts fo = opts_for(NULL, NULL, 10, 1);
     fo.fill = c.max_seq_len - 29;
     ck_assert_int_eq(mkv_decoder_prefill(m, tok, 20, &fo, NULL, &d, &err), MKV_EFORMAT);

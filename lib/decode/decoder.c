@@ -20,6 +20,7 @@ struct mkv_decoder {
     const mkv_model *model;
     mkv_forward *f;            /* NULL when the pass runs on the GPU */
     mkv_cuda_llama *gpu;       /* the GPU forward pass and its dense cache */
+    int gpu_quest_page;        /* that cache attended as Quest, with pages of this many tokens (0: dense) */
     mkv_ccache *cc;            /* NULL: the forward pass's own cache */
     int64_t prefilled;         /* tokens of the prefill */
     int64_t filled;            /* synthetic positions before them (mkv_decoder_opts.fill) */
@@ -115,12 +116,34 @@ static int create_forward(const mkv_model *m, const mkv_decoder_opts *o, int64_t
     return mkv_forward_create(m, &fo, f, err);
 }
 
-/* Only the full cache has a GPU decode path so far. */
+static int is_quest(const mkv_decoder_opts *o)
+{
+    return o->method && strcmp(o->method->name, "quest") == 0;
+}
+
+/* The full cache and Quest have GPU decode paths so far. */
 static int check_gpu_method(const mkv_decoder_opts *o, mkv_error *err)
 {
-    if (o->gpu && !is_full(o))
+    if (o->gpu && !is_full(o) && !is_quest(o))
         return mkv_fail(err, MKV_EUNSUP, "method '%s' has no GPU decode path yet", o->method->name);
     return MKV_OK;
+}
+
+/* Quest on the GPU: the dense cache the pass filled or prefilled, with
+ * page bounds, attended by the Quest kernels with o's parameters. */
+static int gpu_use_quest(mkv_cuda_llama *g, const mkv_decoder_opts *o, int *page, mkv_error *err)
+{
+    mkv_params defaults;
+    const mkv_params *p = o->params;
+    if (!p) {
+        mkv_params_init(&defaults, o->method->params);
+        p = &defaults;
+    }
+    const mkv_quest_params qp = {(int)mkv_params_int(p, "page"), (int)mkv_params_int(p, "sink"),
+                                 (int)mkv_params_int(p, "recent"), mkv_params_double(p, "budget"),
+                                 strcmp(mkv_params_str(p, "agg"), "sum") == 0};
+    *page = qp.page_size;
+    return mkv_cuda_llama_use_quest(g, &qp, err);
 }
 
 /* The GPU forward pass of m with a cache of `positions` tokens. */
@@ -215,8 +238,9 @@ int mkv_decoder_prefill(const mkv_model *m, const int32_t *tokens, int64_t n, co
         return rc;
     if (o->fill < 0 || o->fill > INT32_MAX)
         return mkv_fail(err, MKV_EUSAGE, "%lld positions to fill", (long long)o->fill);
-    if (o->fill > 0 && !is_full(o))
-        return mkv_fail(err, MKV_EUNSUP, "method '%s' compresses a prefill; only the full cache is filled",
+    if (o->fill > 0 && !is_full(o) && !(o->gpu && is_quest(o)))
+        return mkv_fail(err, MKV_EUNSUP,
+                        "method '%s' compresses a prefill; only the full cache (and Quest on the GPU) is filled",
                         o->method->name);
     const int64_t positions = o->fill + n + o->max_new;
     mkv_decoder *d = calloc(1, sizeof *d);
@@ -228,7 +252,8 @@ int mkv_decoder_prefill(const mkv_model *m, const int32_t *tokens, int64_t n, co
     d->W = (int)(o->window < n ? o->window : n);
     const mkv_model_config *c = &m->cfg;
     if (o->gpu) {
-        /* the full cache keeps no observation queries: nothing compresses */
+        /* full and Quest keep no observation queries: Quest's pages
+         * bound the keys as they are */
         rc = create_gpu(m, o, positions, &d->gpu, err);
         if (!rc && o->fill)
             rc = mkv_cuda_llama_fill(d->gpu, (int)o->fill, o->fill_seed, err);
@@ -236,6 +261,11 @@ int mkv_decoder_prefill(const mkv_model *m, const int32_t *tokens, int64_t n, co
         if (!rc)
             rc = mkv_cuda_llama_run(d->gpu, tokens, (size_t)n, logits, err);
         d->prefill_seconds = now() - t0;
+        if (!rc && is_quest(o)) {
+            double t1 = now();
+            rc = gpu_use_quest(d->gpu, o, &d->gpu_quest_page, err);
+            d->compress_seconds = now() - t1;
+        }
         if (rc) {
             mkv_decoder_free(d);
             return rc;
@@ -295,7 +325,7 @@ int mkv_decoder_fork(const mkv_decoder *full, const mkv_decoder_opts *o, mkv_dec
     if (rc)
         return rc;
     if (full->gpu)
-        return mkv_fail(err, MKV_EUNSUP, "a decoder on the GPU does not fork: only the full cache decodes there");
+        return mkv_fail(err, MKV_EUNSUP, "a decoder on the GPU does not fork: prefill each method there");
     if (full->filled)
         return mkv_fail(err, MKV_EUNSUP, "a filled cache does not fork: its rows are synthetic");
     if (full->cc || full->stepped || !mkv_forward_k(full->f, 0, 0))
@@ -340,6 +370,16 @@ void mkv_decoder_get_stats(const mkv_decoder *d, mkv_decoder_stats *s)
     s->prefill_seconds = d->prefill_seconds;
     s->compress_seconds = d->compress_seconds;
     s->logical_bytes = (uint64_t)s->tokens * per_token;
+    if (d->gpu_quest_page) {
+        /* quest's arrays (lib/methods/quest.c): K and V, and a minimum and
+         * a maximum per page, all 16-bit */
+        const int64_t page = d->gpu_quest_page;
+        const uint64_t pages = (uint64_t)((s->tokens + page - 1) / page);
+        s->prefix_tokens = s->tokens;
+        s->bytes_held = s->logical_bytes + pages * per_token;
+        s->bytes_read = d->stepped ? mkv_cuda_llama_step_bytes_read(d->gpu) : 0;
+        return;
+    }
     if (!d->cc) {
         /* the dense cache counted in 16 bits, as the full method stores it */
         s->bytes_held = s->logical_bytes;
@@ -424,9 +464,12 @@ int mkv_decode_ppl(const mkv_model *m, const int32_t *tokens, size_t n_tokens, i
     }
     float *logits_full = logits + V;
     double *lp_full = lp + V;
-    rc = mkv_decoder_prefill(m, tokens, context, &fo, NULL, &full, err);
     int compressed = !is_full(o);
-    if (!rc && compressed) {
+    /* a GPU decoder does not fork: the method gets a prefill of its own */
+    rc = compressed && o->gpu && !reference ? MKV_OK : mkv_decoder_prefill(m, tokens, context, &fo, NULL, &full, err);
+    if (!rc && compressed && o->gpu) {
+        rc = mkv_decoder_prefill(m, tokens, context, &mo, NULL, &dec, err);
+    } else if (!rc && compressed) {
         rc = mkv_decoder_fork(full, &mo, &dec, err);
         if (!rc && !reference) {
             mkv_decoder_free(full);

@@ -204,8 +204,11 @@ int mkv_needle_answer(const mkv_model *m, const int32_t *prompt, size_t n_prompt
     mkv_decoder *full = NULL, *dec = NULL;
     int compressed = o->method && strcmp(o->method->name, "full") != 0;
     int rc = mkv_decoder_prefill(m, prompt, (int64_t)n_prompt, &fo, first, &full, err);
+    /* a GPU decoder does not fork: the method gets a prefill of its own
+     * (the same full-attention pass, so the same first logits) */
     if (!rc && compressed)
-        rc = mkv_decoder_fork(full, &mo, &dec, err);
+        rc = o->gpu ? mkv_decoder_prefill(m, prompt, (int64_t)n_prompt, &mo, NULL, &dec, err)
+                    : mkv_decoder_fork(full, &mo, &dec, err);
     if (!rc && compressed)
         rc = greedy(dec, first, V, max_new, eos, logits, answer, n, err);
     if (!rc && (answer_full || !compressed)) {

@@ -137,6 +137,12 @@ int mkv_cuda_quest_selection(const mkv_quest_plan *p, int32_t *pages, int32_t *c
     return mkv_fail(err, MKV_EUNSUP, "GPU Quest attention: built without CUDA");
 }
 
+int mkv_cuda_quest_add_tokens(const mkv_quest_plan *p, unsigned long long *acc, void *stream, mkv_error *err)
+{
+    (void)p; (void)acc; (void)stream;
+    return mkv_fail(err, MKV_EUNSUP, "GPU Quest attention: built without CUDA");
+}
+
 /* ---- packed MosaicKV attention, GPU encode, rotations ---- */
 
 int mkv_cuda_mosaic_upload(const mkv_packed_layout *l, mkv_packed_cache **out, mkv_error *err)
@@ -249,3 +255,11 @@ int mkv_cuda_llama_pos(const mkv_cuda_llama *g) { (void)g; return 0; }
 uint64_t mkv_cuda_llama_weight_bytes(const mkv_cuda_llama *g) { (void)g; return 0; }
 
 uint64_t mkv_cuda_llama_cache_bytes(const mkv_cuda_llama *g) { (void)g; return 0; }
+
+int mkv_cuda_llama_use_quest(mkv_cuda_llama *g, const mkv_quest_params *qp, mkv_error *err)
+{
+    (void)g; (void)qp;
+    return mkv_fail(err, MKV_EUNSUP, "GPU forward pass: built without CUDA");
+}
+
+uint64_t mkv_cuda_llama_step_bytes_read(const mkv_cuda_llama *g) { (void)g; return 0; }

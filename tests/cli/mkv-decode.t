@@ -52,7 +52,7 @@ $ mkv-decode model.bin -p hi --fill 100
 ! mkv-decode: --fill is for speed runs with --shape (synthetic rows under a real model mean nothing); try 'mkv-decode --help'
 [2]
 $ mkv-decode --shape smollm2-135m --fill 100 -m quest
-! mkv-decode: --fill fills the full cache; method 'quest' compresses a real prefill
+! mkv-decode: --fill fills the full cache (and quest's with --device gpu); method 'quest' compresses a real prefill
 [2]
 $ mkv-decode model.bin --ppl text.txt --fill 100
 ! mkv-decode: --fill is not an option of --ppl; try 'mkv-decode --help'
@@ -178,8 +178,8 @@ $ mkv-decode model.bin --tokenizer tok.bin --needle --lengths 300 --prompts out.
 [2]
 
 # ---------------------------------------------------------------- the device: usage errors (exit 2)
-$ mkv-decode model.bin -p hi -m quest --device gpu
-! mkv-decode: method 'quest' has no GPU decode path yet (only full has); use --device cpu
+$ mkv-decode model.bin -p hi -m kivi --device gpu
+! mkv-decode: method 'kivi' has no GPU decode path yet (only full and quest have); use --device cpu
 [2]
 $ mkv-decode model.bin -p hi --device tpu
 ! mkv-decode: invalid value 'tpu' for --device: expected auto, cpu or gpu

@@ -24,28 +24,14 @@
 #include <vector>
 
 #include "mosaic_attend.cuh"
+#include "random.cuh"
 
 namespace {
 
 using mkv_attn::THREADS;
+using mkv_random::normal_at;
 
 /* ----------------------------------------------------------- random data */
-
-__device__ __forceinline__ uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-/* Standard normal i of stream `seed` (Box-Muller on a counter hash). */
-__device__ __forceinline__ float normal_at(uint64_t seed, size_t i)
-{
-    const uint64_t r = mix64(seed * 0x9e3779b97f4a7c15ull + i);
-    const float u1 = ((uint32_t)(r >> 40) + 1u) * (1.0f / 16777217.0f);   /* (0, 1] */
-    const float u2 = (uint32_t)(r & 0xffffffu) * (1.0f / 16777216.0f);
-    return sqrtf(-2.f * __logf(u1)) * __cosf(6.2831853f * u2);
-}
 
 __global__ void fill_16(uint16_t *dst, size_t n, uint64_t seed, int is_bf16)
 {
@@ -233,143 +219,31 @@ public:
 
 /* ------------------------------------------------- packed MosaicKV caches */
 
-/* Random packed records: every token keeps exactly rk (rv) of dk (dv)
- * channels, chosen uniformly; values standard normal. */
-__global__ void fill_records(uint8_t *rec, int64_t n_rec, mkv_packed_seg g, int B, uint64_t seed)
+/* The synthetic packed caches' settings (mkv_cuda_mosaic_synth) for the
+ * case: sink and recent tokens dense, the rest in segments of o->segment
+ * tokens, d' and r from the options, block keys the mean over the d'
+ * channels (docs/DESIGN.md 5.1). */
+static mkv_packed_synth packed_synth(const bench_case &c, const mkv_bench_opts *o, uint64_t seed)
 {
-    const int64_t n = n_rec * B;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        uint8_t *r = rec + (i / B) * g.rec_bytes;
-        const int row = (int)(i % B);
-        uint64_t h = mix64(seed ^ (uint64_t)i * 0x9e3779b97f4a7c15ull);
-        for (int t = 0; t < 2; t++) {
-            const int dch = t == 0 ? g.dk : g.dv, keep = t == 0 ? g.rk : g.rv, nw = dch / 32;
-            uint16_t *vals = reinterpret_cast<uint16_t *>(r + (t == 0 ? 0 : g.vval_off)) + row * keep;
-            uint32_t *mask = reinterpret_cast<uint32_t *>(r + (t == 0 ? g.kmask_off : g.vmask_off)) + row * nw;
-            uint32_t m[4] = {0, 0, 0, 0};
-            for (int got = 0; got < keep;) {
-                h = mix64(h + 0x632be59bd9b4e019ull);
-                const int bit = (int)((h >> 32) % (uint64_t)dch);
-                const uint32_t b = 1u << (bit & 31);
-#pragma unroll
-                for (int w = 0; w < 4; w++)
-                    if (w == bit >> 5 && !(m[w] & b)) {
-                        m[w] |= b;
-                        got++;
-                    }
-            }
-            for (int w = 0; w < nw; w++)
-                mask[w] = w == 0 ? m[0] : w == 1 ? m[1] : w == 2 ? m[2] : m[3];
-            for (int e = 0; e < keep; e++)
-                vals[e] = __half_as_ushort(__float2half_rn(normal_at(seed + 17 + t, (size_t)i * 256 + e)));
-        }
-    }
-}
-
-__global__ void fill_16_scaled(uint16_t *dst, size_t n, uint64_t seed, float scale)
-{
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = __half_as_ushort(__float2half_rn(scale * normal_at(seed, i)));
-}
-
-static int32_t align16(int64_t x) { return (int32_t)((x + 15) / 16 * 16); }
-
-/* The strategy every segment of the synthetic caches uses (both tensors). */
-static void packed_geometry(const mkv_bench_opts *o, mkv_packed_seg *g)
-{
-    memset(g, 0, sizeof *g);
-    const int d = o->head_dim, B = o->block;
+    const int d = o->head_dim;
     int dp = o->dprime < 32 ? 32 : o->dprime > d ? d : o->dprime;
     dp = dp / 32 * 32;
     int r = (int)ceil(o->keep * d - 1e-9);
     r = r < 1 ? 1 : r > dp ? dp : r;
-    g->dk = g->dv = g->dpk = g->dpv = dp;
-    g->rk = g->rv = r;
-    g->gk = g->gv = 1;
-    g->pvk = g->pvv = r < dp;
-    g->kdim = g->bk_width = dp;   /* block keys: the mean over the d' channels (docs/DESIGN.md 5.1) */
-    g->kbound = 0;
-    g->kmask_off = align16((int64_t)B * r * 2);
-    g->vval_off = g->kmask_off + align16((int64_t)B * (dp / 32) * 4);
-    g->vmask_off = g->vval_off + align16((int64_t)B * r * 2);
-    g->rec_bytes = g->vmask_off + align16((int64_t)B * (dp / 32) * 4);
-}
-
-/* One synthetic packed cache per (request, KV head) of the case: sink and
- * recent tokens dense, the rest in segments of o->segment tokens, each with
- * its own random rotations. */
-static int build_packed(bench_case &c, const mkv_bench_opts *o, uint64_t seed, cudaStream_t st, mkv_packed_cache **out,
-                        mkv_error *err)
-{
-    const mkv_attn_shape &s = c.shape;
-    const int D = s.head_dim, B = o->block, n_heads = s.batch * s.n_kv_heads;
-    const int64_t T = s.t_max, S = o->segment;
-    mkv_packed_seg g;
-    packed_geometry(o, &g);
-    const int64_t sink = o->sink < T ? o->sink : T;
-    const int64_t recent = o->recent < T - sink ? o->recent : T - sink;
-    std::vector<mkv_packed_head> heads((size_t)n_heads);
-    std::vector<mkv_packed_seg> segs;
-    int64_t rec_off = 0, bk_off = 0, rot_off = 0;
-    for (int h = 0; h < n_heads; h++) {
-        mkv_packed_head &hd = heads[(size_t)h];
-        memset(&hd, 0, sizeof hd);
-        hd.T = T;
-        hd.dense_row = (int64_t)h * (sink + recent);
-        hd.sink_n = (int32_t)sink;
-        hd.recent_n = (int32_t)recent;
-        hd.first_seg = (int32_t)segs.size();
-        int32_t blocks = 0;
-        for (int64_t t = sink; t < T - recent; t += S) {
-            mkv_packed_seg sg = g;
-            sg.start = t;
-            sg.len = T - recent - t < S ? T - recent - t : S;
-            sg.n_blocks = (int32_t)((sg.len + B - 1) / B);
-            sg.first_block = blocks;
-            sg.rec_off = rec_off;
-            sg.bk_off = bk_off;
-            sg.rk_off = rot_off;
-            sg.rv_off = rot_off + (int64_t)D * g.dk;
-            rec_off += (int64_t)sg.n_blocks * g.rec_bytes;
-            bk_off += (int64_t)sg.n_blocks * g.bk_width;
-            rot_off += (int64_t)D * (g.dk + g.dv);
-            blocks += sg.n_blocks;
-            segs.push_back(sg);
-        }
-        hd.n_seg = (int32_t)segs.size() - hd.first_seg;
-        hd.n_blocks = blocks;
-    }
-    mkv_packed_layout l = {};
-    l.head_dim = D;
-    l.block = B;
-    l.n_heads = n_heads;
-    l.heads = heads.data();
-    l.n_segs = (int64_t)segs.size();
-    l.segs = segs.data();
-    l.record_bytes = (size_t)rec_off;
-    l.n_blockkeys = (size_t)bk_off;
-    l.n_rotations = (size_t)rot_off;
-    l.n_dense_rows = (int64_t)n_heads * (sink + recent);
-    int rc = mkv_cuda_mosaic_upload(&l, out, err);   /* pools NULL: allocated only */
-    if (rc != MKV_OK)
-        return rc;
-    mkv_packed_pools p;
-    if ((rc = mkv_cuda_mosaic_pools(*out, &p, err)) != MKV_OK)
-        return rc;
-    const int64_t n_rec = rec_off / g.rec_bytes;
-    fill_records<<<fill_blocks((size_t)(n_rec * B)), 256, 0, st>>>((uint8_t *)p.records, n_rec, g, B, seed);
-    fill_16_scaled<<<fill_blocks((size_t)bk_off), 256, 0, st>>>(p.blockkeys, (size_t)bk_off, seed + 3, 0.35f);
-    fill_16_scaled<<<fill_blocks((size_t)rot_off), 256, 0, st>>>(p.rotations, (size_t)rot_off, seed + 4,
-                                                                  (float)(1.0 / sqrt((double)D)));
-    const size_t dn = (size_t)l.n_dense_rows * D;
-    fill_16_scaled<<<fill_blocks(dn), 256, 0, st>>>(p.dense_k, dn, seed + 5, 1.f);
-    fill_16_scaled<<<fill_blocks(dn), 256, 0, st>>>(p.dense_v, dn, seed + 6, 1.f);
-    MKV_CUDA_CHECK_LAUNCH();
-    MKV_CUDA_CHECK(cudaStreamSynchronize(st));
-    for (int i = 0; i < o->n_blockkey_bits; i++)
-        if (o->blockkey_bits[i] == 8)
-            return mkv_cuda_mosaic_blockkeys8(*out, err);
-    return MKV_OK;
+    mkv_packed_synth ps = {};
+    ps.head_dim = d;
+    ps.block = o->block;
+    ps.n_heads = c.shape.batch * c.shape.n_kv_heads;
+    ps.tokens = c.shape.t_max;
+    ps.sink = o->sink;
+    ps.recent = o->recent;
+    ps.segment = o->segment;
+    ps.dprime = dp;
+    ps.r = r;
+    ps.kdim = dp;
+    ps.kbound = 0;
+    ps.seed = seed;
+    return ps;
 }
 
 class packed_method : public bench_method {
@@ -405,7 +279,9 @@ public:
             MKV_CUDA_CHECK(cudaGetDevice(&dev));
             MKV_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
             mkv_packed_seg g;
-            packed_geometry(o_, &g);
+            const mkv_packed_synth geometry = packed_synth(c, o_, 0);
+            if ((rc = mkv_cuda_mosaic_synth_segment(&geometry, &g, err)) != MKV_OK)
+                return rc;
             const uint64_t per_token = (uint64_t)g.rec_bytes / o_->block + 2ull * g.bk_width / o_->block;
             const uint64_t set = per_token * (uint64_t)s.t_max * s.batch * s.n_kv_heads;
             uint64_t n = set > 0 ? (4ull * (uint64_t)l2 + set - 1) / set : 1;
@@ -414,9 +290,12 @@ public:
                 std::unique_ptr<bench_case::packed_holder> h(new (std::nothrow) bench_case::packed_holder);
                 if (!h)
                     return mkv_fail(err, MKV_ENOMEM, "benchmark: out of host memory");
-                if ((rc = build_packed(c, o_, o_->seed * 7777u + (uint64_t)s.t_max * 13u + i * 101u, NULL, &h->c,
-                                       err)) != MKV_OK)
+                const mkv_packed_synth ps = packed_synth(c, o_, o_->seed * 7777u + (uint64_t)s.t_max * 13u + i * 101u);
+                if ((rc = mkv_cuda_mosaic_synth(&ps, &h->c, err)) != MKV_OK)
                     return rc;
+                for (int b = 0; b < o_->n_blockkey_bits; b++)
+                    if (o_->blockkey_bits[b] == 8 && (rc = mkv_cuda_mosaic_blockkeys8(h->c, err)) != MKV_OK)
+                        return rc;
                 c.packed.push_back(std::move(h));
             }
         }

@@ -92,7 +92,7 @@ __global__ void rope_store_kernel(float *q, float *k, const float *v, int n_head
         *a = x0 * c - x1 * s;
         *b = x0 * s + x1 * c;
     }
-    if (kvh < 0)
+    if (kvh < 0 || kc == nullptr)   /* no dense cache: the caller takes k and v as they are */
         return;
     __syncthreads();
     const float *vr = v + ((size_t)row * n_kv_heads + kvh) * head_dim;
@@ -438,6 +438,10 @@ struct mkv_cuda_llama {
     int64_t quest_pages_max = 0;
     mkv_device_buffer quest_meta, quest_tokens;   /* bounds [layer][kv_head][pages_max][2][head_dim]; a step's tokens */
     mkv_quest_plan *quest_plan = nullptr;         /* the running step's */
+    int mosaic = 0;                 /* decode steps attend the packed MosaicKV cache pc */
+    mkv_packed_cache *pc = nullptr;
+    mkv_packed_params mp = {};
+    std::vector<mkv_packed_plan *> mosaic_plans;  /* per layer, advanced step by step */
     uint64_t step_read = 0;
     cublasHandle_t blas = nullptr;
     mkv_device_buffer weights, inv_freq, rope_cs, kcache, vcache;
@@ -448,6 +452,9 @@ struct mkv_cuda_llama {
     ~mkv_cuda_llama()
     {
         mkv_cuda_quest_plan_free(quest_plan);
+        for (mkv_packed_plan *p : mosaic_plans)
+            mkv_cuda_mosaic_plan_free(p);
+        mkv_cuda_mosaic_free(pc);
         if (blas)
             (void)cublasDestroy(blas);
     }
@@ -628,9 +635,11 @@ int setup(mkv_cuda_llama *g, mkv_error *err)
     MKV_CUDA_CHECK(g->inv_freq.alloc(pairs * sizeof(double)));
     MKV_CUDA_CHECK(cudaMemcpy(g->inv_freq.ptr, d->rope_inv_freq, pairs * sizeof(double), cudaMemcpyHostToDevice));
     MKV_CUDA_CHECK(g->rope_cs.alloc((size_t)d->chunk * (pairs ? pairs : 1) * sizeof(float2)));
-    const size_t cache = (size_t)d->n_layers * d->n_kv_heads * (size_t)d->max_seq_len * d->head_dim * 2;
-    MKV_CUDA_CHECK(g->kcache.alloc(cache));
-    MKV_CUDA_CHECK(g->vcache.alloc(cache));
+    if (!d->external_cache) {
+        const size_t cache = (size_t)d->n_layers * d->n_kv_heads * (size_t)d->max_seq_len * d->head_dim * 2;
+        MKV_CUDA_CHECK(g->kcache.alloc(cache));
+        MKV_CUDA_CHECK(g->vcache.alloc(cache));
+    }
     const size_t ch = (size_t)d->chunk, widest = (size_t)std::max(std::max(d->dim, g->q_dim), d->hidden_dim);
     MKV_CUDA_CHECK(g->x.alloc(ch * d->dim * 4));
     MKV_CUDA_CHECK(g->xb.alloc(ch * d->dim * 4));
@@ -703,9 +712,37 @@ void launch_causal(const mkv_cuda_llama *g, const __half *kc, const __half *vc, 
         (float)(1.0 / sqrt((double)d->head_dim)), g->att.as<float>());
 }
 
+/* A decode step of layer l over the packed cache: the new token grows
+ * the layer's heads, the layer's plan moves to pos (a new plan when it
+ * has no room), then the packed attention. */
+int attend_mosaic(mkv_cuda_llama *g, int l, int pos, mkv_error *err)
+{
+    const int kv = g->d.n_kv_heads;
+    int rc = mkv_cuda_mosaic_grow(g->pc, l * kv, kv, g->k.as<float>(), g->v.as<float>(), NULL, err);
+    if (rc)
+        return rc;
+    const int64_t at = pos;
+    int replan = 1;
+    mkv_packed_plan *&p = g->mosaic_plans[(size_t)l];
+    if (p && (rc = mkv_cuda_mosaic_plan_advance(p, &at, NULL, &replan, err)))
+        return rc;
+    if (replan) {
+        mkv_cuda_mosaic_plan_free(p);
+        p = nullptr;
+        std::vector<int32_t> heads((size_t)kv);
+        for (int h = 0; h < kv; h++)
+            heads[(size_t)h] = l * kv + h;
+        if ((rc = mkv_cuda_mosaic_plan(g->pc, &g->mp, heads.data(), &at, &p, err)))
+            return rc;
+    }
+    return mkv_cuda_mosaic_run(p, g->q.as<float>(), g->att.as<float>(), NULL, err);
+}
+
 int attend(mkv_cuda_llama *g, int l, int pos0, int n, const mkv_dense_plan *plan, mkv_error *err)
 {
     const mkv_cuda_llama_desc *d = &g->d;
+    if (g->mosaic)
+        return attend_mosaic(g, l, pos0, err);
     const size_t layer = (size_t)d->n_kv_heads * (size_t)d->max_seq_len * d->head_dim;
     const __half *kc = g->kcache.as<__half>() + (size_t)l * layer, *vc = g->vcache.as<__half>() + (size_t)l * layer;
     if (g->quest) {
@@ -740,10 +777,11 @@ int rope_store(mkv_cuda_llama *g, int l, int pos0, int n, mkv_error *err)
 {
     const mkv_cuda_llama_desc *d = &g->d;
     const size_t layer = (size_t)d->n_kv_heads * (size_t)d->max_seq_len * d->head_dim;
-    rope_store_kernel<<<dim3(d->n_heads + d->n_kv_heads, n), 64>>>(g->q.as<float>(), g->k.as<float>(), g->v.as<float>(), d->n_heads, d->n_kv_heads,
-                                  d->head_dim, d->rope_dim, d->rope_half, g->rope_cs.as<float2>(), d->max_seq_len,
-                                  pos0, g->kcache.as<__half>() + (size_t)l * layer,
-                                  g->vcache.as<__half>() + (size_t)l * layer);
+    __half *kc = g->kcache.ptr ? g->kcache.as<__half>() + (size_t)l * layer : nullptr;
+    __half *vc = g->vcache.ptr ? g->vcache.as<__half>() + (size_t)l * layer : nullptr;
+    rope_store_kernel<<<dim3(d->n_heads + d->n_kv_heads, n), 64>>>(
+        g->q.as<float>(), g->k.as<float>(), g->v.as<float>(), d->n_heads, d->n_kv_heads, d->head_dim, d->rope_dim,
+        d->rope_half, g->rope_cs.as<float2>(), d->max_seq_len, pos0, kc, vc);
     MKV_CUDA_CHECK_LAUNCH();
     return MKV_OK;
 }
@@ -857,7 +895,9 @@ int run_chunk(mkv_cuda_llama *g, const int32_t *tokens, int n, float *logits, mk
     }
     plan_guard plan;
     int rc;
-    if (g->quest) {
+    if (g->mosaic) {
+        /* each layer advances its own plan (attend_mosaic) */
+    } else if (g->quest) {
         const mkv_attn_shape s = {1, d->n_heads, d->n_kv_heads, d->head_dim, d->max_seq_len, 0, 0.0};
         const int64_t len = g->pos + 1;
         mkv_cuda_quest_plan_free(g->quest_plan);
@@ -893,7 +933,11 @@ int run_chunk(mkv_cuda_llama *g, const int32_t *tokens, int n, float *logits, mk
         MKV_CUDA_CHECK(cudaDeviceSynchronize());
     }
     const uint64_t row = (uint64_t)d->head_dim * 2 * 2;   /* K and V (or min and max) of one row */
-    if (g->quest) {
+    if (g->mosaic) {
+        if ((rc = mkv_cuda_mosaic_grow_check(g->pc, err)))
+            return rc;
+        g->step_read = 0;   /* counted when asked for (mkv_cuda_llama_step_bytes_read) */
+    } else if (g->quest) {
         unsigned long long tokens = 0;
         mkv_quest_counts qc;
         MKV_CUDA_CHECK(cudaMemcpy(&tokens, g->quest_tokens.ptr, sizeof tokens, cudaMemcpyDeviceToHost));
@@ -951,10 +995,99 @@ extern "C" uint64_t mkv_cuda_llama_weight_bytes(const mkv_cuda_llama *g) { retur
 
 extern "C" uint64_t mkv_cuda_llama_cache_bytes(const mkv_cuda_llama *g)
 {
-    return g->kcache.bytes + g->vcache.bytes + g->quest_meta.bytes;
+    return g->kcache.bytes + g->vcache.bytes + g->quest_meta.bytes + (g->pc ? mkv_cuda_mosaic_bytes(g->pc) : 0);
 }
 
-extern "C" uint64_t mkv_cuda_llama_step_bytes_read(const mkv_cuda_llama *g) { return g->step_read; }
+extern "C" uint64_t mkv_cuda_llama_step_bytes_read(const mkv_cuda_llama *g)
+{
+    if (!g->mosaic)
+        return g->step_read;
+    uint64_t bytes = 0;
+    for (const mkv_packed_plan *p : g->mosaic_plans)
+        for (int h = 0; p && h < g->d.n_kv_heads; h++) {
+            mkv_packed_counts counts;
+            mkv_error ignored;
+            if (mkv_cuda_mosaic_selection(p, 0, h, NULL, NULL, &counts, &ignored) != MKV_OK)
+                return 0;
+            bytes += counts.device_bytes;
+        }
+    return bytes;
+}
+
+namespace {
+
+const char *const MOSAIC_WHAT = "MosaicKV on the GPU";
+
+int mosaic_check(const mkv_cuda_llama *g, int head_dim, int n_heads, const mkv_packed_params *pp, mkv_error *err)
+{
+    const mkv_cuda_llama_desc *d = &g->d;
+    if (!d->external_cache || g->pc || g->pos != 0)
+        return mkv_fail(err, MKV_EUSAGE, "%s: the pass must have no cache of its own and no tokens yet", MOSAIC_WHAT);
+    if (pp == NULL || head_dim != d->head_dim || n_heads != d->n_layers * d->n_kv_heads)
+        return mkv_fail(err, MKV_EUSAGE, "%s: the cache must hold head_dim %d and %d heads (layers x KV heads)",
+                        MOSAIC_WHAT, d->head_dim, d->n_layers * d->n_kv_heads);
+    return MKV_OK;
+}
+
+/* The pass decodes over cache c (its own from now on) at position T. */
+int mosaic_adopt(mkv_cuda_llama *g, mkv_packed_cache *c, int64_t T, const mkv_packed_params *pp, mkv_error *err)
+{
+    const mkv_cuda_llama_desc *d = &g->d;
+    if (T < 1 || T > d->max_seq_len) {
+        mkv_cuda_mosaic_free(c);
+        return mkv_fail(err, MKV_EUSAGE, "%s: %lld tokens in a context of %d", MOSAIC_WHAT, (long long)T,
+                        d->max_seq_len);
+    }
+    g->pc = c;
+    try {
+        g->mosaic_plans.assign((size_t)d->n_layers, nullptr);
+    } catch (const std::bad_alloc &) {
+        return mkv_fail(err, MKV_ENOMEM, "%s: out of host memory", MOSAIC_WHAT);
+    }
+    g->mp = *pp;
+    g->mp.batch = 1;
+    g->mp.n_kv_heads = d->n_kv_heads;
+    g->mp.n_heads = d->n_heads;
+    g->mp.scale = 0;
+    g->pos = (int)T;
+    g->mosaic = 1;
+    return MKV_OK;
+}
+
+}  // namespace
+
+extern "C" int mkv_cuda_llama_use_mosaic(mkv_cuda_llama *g, const mkv_packed_layout *l, const mkv_packed_params *pp,
+                                         mkv_error *err)
+{
+    int rc = l ? mosaic_check(g, l->head_dim, l->n_heads, pp, err) : mkv_fail(err, MKV_EUSAGE, "NULL layout");
+    if (rc)
+        return rc;
+    const int64_t T = l->heads[0].T;
+    for (int i = 0; i < l->n_heads; i++)
+        if (l->heads[i].T != T)
+            return mkv_fail(err, MKV_EUSAGE, "%s: heads hold %lld and %lld tokens", MOSAIC_WHAT, (long long)T,
+                            (long long)l->heads[i].T);
+    mkv_packed_cache *c = nullptr;
+    if ((rc = mkv_cuda_mosaic_upload(l, &c, err)))
+        return rc;
+    return mosaic_adopt(g, c, T, pp, err);
+}
+
+extern "C" int mkv_cuda_llama_fill_mosaic(mkv_cuda_llama *g, int n, const mkv_packed_synth *s,
+                                          const mkv_packed_params *pp, mkv_error *err)
+{
+    int rc = s ? mosaic_check(g, s->head_dim, s->n_heads, pp, err) : mkv_fail(err, MKV_EUSAGE, "NULL settings");
+    if (rc)
+        return rc;
+    if (n < 1 || n > g->d.max_seq_len)
+        return mkv_fail(err, MKV_EUSAGE, "%d positions to fill exceed the context of %d tokens", n, g->d.max_seq_len);
+    mkv_packed_synth at = *s;
+    at.tokens = n;
+    mkv_packed_cache *c = nullptr;
+    if ((rc = mkv_cuda_mosaic_synth(&at, &c, err)))
+        return rc;
+    return mosaic_adopt(g, c, n, pp, err);
+}
 
 extern "C" int mkv_cuda_llama_use_quest(mkv_cuda_llama *g, const mkv_quest_params *qp, mkv_error *err)
 {
@@ -996,6 +1129,8 @@ extern "C" int mkv_cuda_llama_fill(mkv_cuda_llama *g, int n, uint64_t seed, mkv_
     const mkv_cuda_llama_desc *d = &g->d;
     if (g->pos != 0)
         return mkv_fail(err, MKV_EUSAGE, "a cache is filled before its first token, not at position %d", g->pos);
+    if (d->external_cache)
+        return mkv_fail(err, MKV_EUSAGE, "the GPU pass has no dense cache to fill");
     if (n < 0 || n > d->max_seq_len)
         return mkv_fail(err, MKV_EUSAGE, "%d positions to fill exceed the context of %d tokens", n, d->max_seq_len);
     if (n > 0) {
@@ -1015,8 +1150,11 @@ extern "C" int mkv_cuda_llama_run(mkv_cuda_llama *g, const int32_t *tokens, size
     const mkv_cuda_llama_desc *d = &g->d;
     if (n == 0)
         return mkv_fail(err, MKV_EUSAGE, "no tokens to run");
-    if (g->quest && n != 1)
-        return mkv_fail(err, MKV_EUSAGE, "the Quest cache on the GPU takes one token per step, not %zu", n);
+    if ((g->quest || g->mosaic) && n != 1)
+        return mkv_fail(err, MKV_EUSAGE, "the %s cache on the GPU takes one token per step, not %zu",
+                        g->quest ? "Quest" : "MosaicKV", n);
+    if (d->external_cache && !g->mosaic)
+        return mkv_fail(err, MKV_EUSAGE, "the GPU pass has no cache yet (mkv_cuda_llama_use_mosaic)");
     if (n > (size_t)(d->max_seq_len - g->pos))
         return mkv_fail(err, MKV_EFORMAT, "%zu tokens at position %d exceed the context of %d tokens", n, g->pos,
                         d->max_seq_len);

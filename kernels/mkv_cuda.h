@@ -233,7 +233,8 @@ typedef struct {
     int32_t dpk, dpv, gk, gv, pvk, pvv;
     int32_t kdim, kbound;      /* block keys: channels, and the leading ones bounded (min, max) */
     int32_t bk_width;          /* fp16 values per stored block-key row (>= kdim + kbound, multiple of 8) */
-    int32_t reserved;
+    int32_t open;              /* 1: the open segment of decode-time growth (mkv_cuda_mosaic_grow):
+                                * the head's last, scored like any other, room for n_blocks blocks */
 } mkv_packed_seg;
 
 typedef struct {
@@ -242,7 +243,8 @@ typedef struct {
     int32_t sink_n, recent_n;  /* dense rows: tokens [0, sink_n), then [T - recent_n, T) */
     int32_t first_seg, n_seg;  /* its rows of the segment table */
     int32_t n_blocks;          /* blocks of all its segments */
-    int32_t reserved;
+    int32_t ring;              /* growth: the recent row holding the oldest recent token is
+                                * sink_n + ring (0 as loaded: rows in token order) */
 } mkv_packed_head;
 
 /* Host copy of a cache: tables and pools.  Pool pointers may be NULL (the
@@ -313,6 +315,14 @@ int mkv_cuda_mosaic_attend(const mkv_packed_plan *p, const float *q, float *out,
 /* Both: one decode step. */
 int mkv_cuda_mosaic_run(const mkv_packed_plan *p, const float *q, float *out, void *stream, mkv_error *err);
 
+/* A plan moved to new positions (one per request, as at mkv_cuda_mosaic_plan)
+ * after the cache grew (mkv_cuda_mosaic_grow): the jobs are recomputed from
+ * the cache's tables and copied to the device on the stream, without
+ * allocating.  *replan gets 1 (and the plan is left as it was) when the new
+ * positions need more room than the plan has (a segment becomes visible,
+ * or more blocks than its buffers hold): make a new plan then. */
+int mkv_cuda_mosaic_plan_advance(mkv_packed_plan *p, const int64_t *pos, void *stream, int *replan, mkv_error *err);
+
 /* What the last step of (request, KV head) attended; synchronises.
  * blocks (may be NULL): [n_blocks of its cache head] 1 for each block
  * attended (selected or in a temporary region, and starting <= pos);
@@ -331,6 +341,26 @@ typedef struct {
 } mkv_packed_counts;
 int mkv_cuda_mosaic_selection(const mkv_packed_plan *p, int request, int kv_head, uint8_t *blocks,
                               uint8_t *attended, mkv_packed_counts *counts, mkv_error *err);
+
+/* Synthetic packed caches (kernels/mosaic_synth.cu), for speed only: the
+ * attention benchmark's and the decode's long contexts (mkv-decode --fill).
+ * Every head holds `tokens` tokens: sink and recent rows dense, the rest
+ * in segments of `segment` tokens with their own rotations, every vector
+ * keeping r of d' channels (uniformly chosen, K and V alike), values,
+ * rotations, block keys and dense rows random normal; with open_tokens > 0
+ * an open segment with room for that many after the last segment
+ * (mkv_cuda_mosaic_grow), sharing its rotations. */
+typedef struct {
+    int head_dim, block, n_heads;
+    int64_t tokens, sink, recent, segment;
+    int dprime, r;             /* d': 32..head_dim, a multiple of 32; r: 1..d' */
+    int kdim, kbound;          /* block keys: channels (<= d'), the leading ones bounded */
+    int64_t open_tokens;
+    uint64_t seed;
+} mkv_packed_synth;
+/* The segment geometry (record layout, block-key width) of those settings. */
+int mkv_cuda_mosaic_synth_segment(const mkv_packed_synth *s, mkv_packed_seg *g, mkv_error *err);
+int mkv_cuda_mosaic_synth(const mkv_packed_synth *s, mkv_packed_cache **out, mkv_error *err);
 
 /* ------------------------------------------------- GPU encode (kernels/mosaic_encode.cu)
  * The GPU half of the dual buffer (docs/DESIGN.md 5.3): new tokens are packed
@@ -362,6 +392,25 @@ int mkv_cuda_mosaic_encode(const mkv_cuda_strategy *s, int d, int64_t n, int blo
 int mkv_cuda_mosaic_append(mkv_packed_cache *c, int head, const float *k, const float *v, int64_t n,
                            void *stream, mkv_error *err);
 
+/* Decode-time growth (lib/mosaic/decode.c, GROWTH 1-2, with no segment
+ * closing): cache heads first .. first + n - 1 each take one new token, row
+ * i of k and v (device float32 [n][head_dim], keys after RoPE).  Its fp16
+ * copy replaces the oldest recent row (the ring of mkv_packed_head), and that
+ * row's token enters the head's open segment: packed with the segment's
+ * strategy and rotations as mkv_cuda_mosaic_encode packs it, its block's key
+ * row recomputed over the block's tokens so far (min and max of the first
+ * kbound rotated channels, the double mean of the rest, as
+ * mkv_mosaic_block_keys).  The device tables change on the stream, the host
+ * copies at once (plans made or advanced afterwards see the token); nothing
+ * synchronises.  MKV_EUSAGE when a head has no open segment, no recent rows
+ * or no room left; a value outside float16 is reported by the next
+ * mkv_cuda_mosaic_grow_check. */
+int mkv_cuda_mosaic_grow(mkv_packed_cache *c, int first, int n, const float *k, const float *v, void *stream,
+                         mkv_error *err);
+/* MKV_EFORMAT when a token grown since the last check did not fit float16
+ * (synchronises), and clears the flag. */
+int mkv_cuda_mosaic_grow_check(mkv_packed_cache *c, mkv_error *err);
+
 /* ------------------------------------- segment rotations (cuSOLVER, batched)
  * Eigenvectors and eigenvalues of `batch` symmetric d x d Gram matrices
  * (host, row-major double, [batch][d][d]) on the GPU, with mkv_eigh's
@@ -383,7 +432,9 @@ int mkv_cuda_eigh_batched(const double *gram, int d, int batch, double *R, doubl
  * (head_dim 64 or 128, 1..8 query heads per KV head), every other case
  * (prefill rows, other shapes) with a causal kernel of this file.  After
  * mkv_cuda_llama_use_quest the decode steps attend it with the Quest
- * kernels (mkv_cuda_quest_*) instead. */
+ * kernels (mkv_cuda_quest_*) instead; a pass made with external_cache has
+ * none and decodes over a packed MosaicKV cache (mkv_cuda_llama_use_mosaic,
+ * _fill_mosaic). */
 typedef struct {
     const float *rms_att;                  /* [dim] */
     const float *wq, *wk, *wv, *wo;        /* row-major [out x in], as model.h */
@@ -405,6 +456,8 @@ typedef struct {
     const float *rms_final;        /* [dim] */
     const float *classifier;       /* [vocab x dim]; may equal tok_embedding */
     const mkv_cuda_llama_layer *layers;  /* [n_layers] */
+    int external_cache;            /* 1: no dense cache; mkv_cuda_llama_use_mosaic hands the pass
+                                    * its cache before the first token */
 } mkv_cuda_llama_desc;
 
 typedef struct mkv_cuda_llama mkv_cuda_llama;
@@ -434,10 +487,28 @@ uint64_t mkv_cuda_llama_cache_bytes(const mkv_cuda_llama *g);
  * 64 or 128 and the kernel's page sizes (MKV_EUNSUP otherwise); runs take
  * one token each from then on. */
 int mkv_cuda_llama_use_quest(mkv_cuda_llama *g, const mkv_quest_params *qp, mkv_error *err);
+/* A pass made with external_cache decodes over a packed MosaicKV cache:
+ * the layout's heads are layer-major (head l * n_kv_heads + h is layer l's
+ * KV head h), each with its open segment (mkv_gpu_layout_build with open
+ * 1, lib/mosaic/packed.h) and all at the same T tokens; the pass continues
+ * at position T.  Each decode step grows every head by its token
+ * (mkv_cuda_mosaic_grow: the recent rows and the open segment, no segment
+ * closing) and attends with the packed kernels under pp's budget, agg and
+ * block-key bits (batch, heads and scale are the pass's).  Runs take one
+ * token each. */
+int mkv_cuda_llama_use_mosaic(mkv_cuda_llama *g, const mkv_packed_layout *l, const mkv_packed_params *pp,
+                              mkv_error *err);
+/* The same over a synthetic cache of n tokens per head (s's head count,
+ * head_dim and tokens are the pass's and n; mkv_cuda_mosaic_synth), in
+ * place of a prefill: long contexts for speed runs. */
+int mkv_cuda_llama_fill_mosaic(mkv_cuda_llama *g, int n, const mkv_packed_synth *s, const mkv_packed_params *pp,
+                               mkv_error *err);
 /* Bytes the last decode step read from the cache, over every layer and KV
  * head: the whole cache for the dense kernels; for Quest, the bounds of
  * the pages scored and K and V of the tokens attended (as quest's CPU
- * attend counts them).  0 before the first step. */
+ * attend counts them); for MosaicKV what its kernels read on the device
+ * (mkv_packed_counts.device_bytes; this synchronises).  0 before the
+ * first step. */
 uint64_t mkv_cuda_llama_step_bytes_read(const mkv_cuda_llama *g);
 
 /* ------------------------------------------------ attention benchmark (GPU)

@@ -5,6 +5,7 @@
 #include <memory>
 #include <new>
 #include <stdlib.h>
+#include <string.h>
 #include <vector>
 
 #include "mosaic_attend.cuh"
@@ -1192,6 +1193,9 @@ int check_layout(const mkv_packed_layout *l, mkv_error *err)
             || (int64_t)hd->sink_n + hd->recent_n > hd->T || hd->dense_row < 0
             || hd->dense_row + hd->sink_n + hd->recent_n > l->n_dense_rows)
             return mkv_fail(err, MKV_EUSAGE, "%s: head %d: dense rows or length out of range", what, h);
+        if (hd->ring < 0 || (hd->ring > 0 && hd->ring >= hd->recent_n))
+            return mkv_fail(err, MKV_EUSAGE, "%s: head %d: ring %d outside its %d recent rows", what, h, hd->ring,
+                            hd->recent_n);
         if (hd->first_seg < 0 || hd->n_seg < 0 || (int64_t)hd->first_seg + hd->n_seg > l->n_segs)
             return mkv_fail(err, MKV_EUSAGE, "%s: head %d: segment rows %d..%d outside the table of %lld", what, h,
                             hd->first_seg, hd->first_seg + hd->n_seg, (long long)l->n_segs);
@@ -1201,13 +1205,15 @@ int check_layout(const mkv_packed_layout *l, mkv_error *err)
             const int64_t nb = (s->len + B - 1) / B;
             const bool last = i == hd->n_seg - 1;
 #define BAD(...) mkv_fail(err, MKV_EUSAGE, "%s: head %d segment %d: " __VA_ARGS__)
-            if (s->always && !last)
-                return BAD("a temporary region must be the head's last segment", what, h, i);
+            if ((s->always || s->open) && !last)
+                return BAD("a temporary region or open segment must be the head's last segment", what, h, i);
+            if (s->always && s->open)
+                return BAD("a temporary region is not an open segment", what, h, i);
             if (s->len < 0 || s->start < prev_end || (s->always && s->start < hd->T)
                 || (!s->always && s->start + s->len > hd->T - hd->recent_n))
                 return BAD("tokens %lld..%lld out of order or outside the packed range", what, h, i,
                            (long long)s->start, (long long)(s->start + s->len));
-            if (s->first_block != blocks || (s->always ? s->n_blocks < nb : s->n_blocks != nb))
+            if (s->first_block != blocks || (s->always || s->open ? s->n_blocks < nb : s->n_blocks != nb))
                 return BAD("block numbering: first %d, %d blocks; expected %lld, %lld", what, h, i, s->first_block,
                            s->n_blocks, (long long)blocks, (long long)nb);
             if (s->dk < 32 || s->dk > D || s->dk % 32 || s->dv < 32 || s->dv > D || s->dv % 32 || s->rk < 1
@@ -1428,6 +1434,18 @@ struct mkv_packed_plan {
     std::vector<int4> attend_items;
     mkv_device_buffer d_jobs, d_score_items, d_attend_items, keys, wts, hist, sel, qt;
     split_plan sp;   /* head_items, part_o, part_ml for merge_kernel */
+    /* mkv_cuda_mosaic_plan_advance: the jobs staged in pinned memory (an
+     * asynchronous copy from pageable memory would wait for the stream),
+     * and the event of their last copy */
+    job_info *staged = nullptr;
+    cudaEvent_t staged_copied = nullptr;
+    ~mkv_packed_plan()
+    {
+        if (staged)
+            (void)cudaFreeHost(staged);
+        if (staged_copied)
+            (void)cudaEventDestroy(staged_copied);
+    }
 };
 
 namespace {
@@ -1468,6 +1486,87 @@ size_t attend_smem_for(int D, int dkmax, int dvmax, int stage_bytes)
     else
         b = dvmax <= 64 ? attend_smem<128, 64>::total(stage_bytes) : attend_smem<128, 128>::total(stage_bytes);
     return b > dense_smem(D) ? b : dense_smem(D);
+}
+
+}  // namespace
+
+namespace {
+
+/* A kernel's dynamic shared memory limit is one per function, for every
+ * plan alive: raised to what a new plan needs, never lowered. */
+cudaError_t raise_smem(const void *fn, size_t bytes)
+{
+    static std::vector<std::pair<const void *, size_t>> limits;
+    for (auto &l : limits)
+        if (l.first == fn) {
+            if (bytes <= l.second)
+                return cudaSuccess;
+            const cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+            if (e == cudaSuccess)
+                l.second = bytes;
+            return e;
+        }
+    const cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    if (e == cudaSuccess)
+        limits.emplace_back(fn, bytes);
+    return e;
+}
+
+/* What a plan's buffers and kernel builds must hold, over its jobs. */
+struct job_extent {
+    int32_t rec_most = 16, dkmax = 0, dvmax = 0, score_kj = 0;
+    int32_t blocks_most = 4;   /* blocks of the jobs' heads, room to grow included */
+};
+
+/* The job of cache head hi for a query at pos (tokens 0..pos); false when
+ * pos is outside the head's tokens. */
+bool make_job(const mkv_packed_cache *c, double budget_param, int32_t hi, int64_t pos, job_info &jb, job_extent &e)
+{
+    const int B = c->block;
+    const mkv_packed_head &hd = c->heads[(size_t)hi];
+    int64_t end = hd.T;
+    if (hd.n_seg > 0 && c->segs[(size_t)(hd.first_seg + hd.n_seg - 1)].always) {
+        const mkv_packed_seg &t = c->segs[(size_t)(hd.first_seg + hd.n_seg - 1)];
+        end = t.len > 0 ? t.start + t.len : end;
+    }
+    if (pos < 0 || pos >= end)
+        return false;
+    jb.pos = pos;
+    jb.head = hi;
+    e.blocks_most = hd.n_blocks > e.blocks_most ? hd.n_blocks : e.blocks_most;
+    const int64_t n_tok = pos + 1;
+    int64_t fixed = 0, cand = 0;
+    /* dense rows: sink rows then recent rows (in ring order: all of them
+     * are visible whenever the newest is) */
+    const int64_t sink_vis = hd.sink_n < n_tok ? hd.sink_n : n_tok;
+    int64_t rec_vis = n_tok - (hd.T - hd.recent_n);
+    rec_vis = rec_vis < 0 ? 0 : rec_vis > hd.recent_n ? hd.recent_n : rec_vis;
+    jb.nd_vis = (int32_t)(sink_vis + rec_vis);
+    fixed += jb.nd_vis;
+    jb.seg_vis = 0;
+    jb.nb_vis = 0;
+    for (int s = 0; s < hd.n_seg; s++) {
+        const mkv_packed_seg &sg = c->segs[(size_t)(hd.first_seg + s)];
+        const int64_t vb = visible_blocks(sg, B, pos);
+        if (vb == 0)
+            break;
+        jb.seg_vis = s + 1;
+        jb.nb_vis = (int32_t)(sg.first_block + vb);
+        int64_t toks = (pos < sg.start + sg.len ? pos + 1 : sg.start + sg.len) - sg.start;
+        if (sg.always)
+            fixed += toks;
+        else
+            cand += toks;
+        e.rec_most = sg.rec_bytes > e.rec_most ? sg.rec_bytes : e.rec_most;
+        e.dkmax = sg.dk > e.dkmax ? sg.dk : e.dkmax;
+        e.dvmax = sg.dv > e.dvmax ? sg.dv : e.dvmax;
+        if (!sg.always && (sg.bk_width + 31) / 32 > e.score_kj)
+            e.score_kj = (sg.bk_width + 31) / 32;
+    }
+    const int64_t budget = mkv_budget_tokens(budget_param, n_tok);
+    jb.need = (int32_t)(budget - fixed > -1 ? budget - fixed : -1);
+    jb.cand_w = (int32_t)cand;
+    return true;
 }
 
 }  // namespace
@@ -1515,8 +1614,9 @@ extern "C" int mkv_cuda_mosaic_plan(const mkv_packed_cache *c, const mkv_packed_
     const double scale = pp->scale > 0 ? pp->scale : 1.0 / sqrt((double)D);
     p->qscale = (float)(scale * 1.4426950408889634);
 
-    int32_t nb_most = 4, rec_most = 16;
+    int32_t nb_most = 4;
     int64_t total_seg_items = 0, total_need = 0;
+    job_extent ext;
     try {
         p->jobs.resize((size_t)n_jobs);
         for (int b = 0; b < pp->batch; b++)
@@ -1525,49 +1625,10 @@ extern "C" int mkv_cuda_mosaic_plan(const mkv_packed_cache *c, const mkv_packed_
                 const int32_t hi = heads[j];
                 if (hi < 0 || hi >= (int)c->heads.size())
                     return mkv_fail(err, MKV_EUSAGE, "%s: request %d KV head %d: no cache head %d", what, b, h, hi);
-                const mkv_packed_head &hd = c->heads[(size_t)hi];
-                int64_t end = hd.T;
-                if (hd.n_seg > 0 && c->segs[(size_t)(hd.first_seg + hd.n_seg - 1)].always) {
-                    const mkv_packed_seg &t = c->segs[(size_t)(hd.first_seg + hd.n_seg - 1)];
-                    end = t.len > 0 ? t.start + t.len : end;
-                }
-                if (pos[b] < 0 || pos[b] >= end)
-                    return mkv_fail(err, MKV_EUSAGE, "%s: request %d: position %lld outside the cache's %lld tokens",
-                                    what, b, (long long)pos[b], (long long)end);
                 job_info &jb = p->jobs[(size_t)j];
-                jb.pos = pos[b];
-                jb.head = hi;
-                const int64_t n_tok = pos[b] + 1;
-                int64_t fixed = 0, cand = 0;
-                /* dense rows: sink rows then recent rows, tokens ascending */
-                const int64_t sink_vis = hd.sink_n < n_tok ? hd.sink_n : n_tok;
-                int64_t rec_vis = n_tok - (hd.T - hd.recent_n);
-                rec_vis = rec_vis < 0 ? 0 : rec_vis > hd.recent_n ? hd.recent_n : rec_vis;
-                jb.nd_vis = (int32_t)(sink_vis + rec_vis);
-                fixed += jb.nd_vis;
-                jb.seg_vis = 0;
-                jb.nb_vis = 0;
-                for (int s = 0; s < hd.n_seg; s++) {
-                    const mkv_packed_seg &sg = c->segs[(size_t)(hd.first_seg + s)];
-                    const int64_t vb = visible_blocks(sg, B, pos[b]);
-                    if (vb == 0)
-                        break;
-                    jb.seg_vis = s + 1;
-                    jb.nb_vis = (int32_t)(sg.first_block + vb);
-                    int64_t toks = (pos[b] < sg.start + sg.len ? pos[b] + 1 : sg.start + sg.len) - sg.start;
-                    if (sg.always)
-                        fixed += toks;
-                    else
-                        cand += toks;
-                    rec_most = sg.rec_bytes > rec_most ? sg.rec_bytes : rec_most;
-                    p->dkmax = sg.dk > p->dkmax ? sg.dk : p->dkmax;
-                    p->dvmax = sg.dv > p->dvmax ? sg.dv : p->dvmax;
-                    if (!sg.always && (sg.bk_width + 31) / 32 > p->score_kj)
-                        p->score_kj = (sg.bk_width + 31) / 32;
-                }
-                const int64_t budget = mkv_budget_tokens(pp->budget, n_tok);
-                jb.need = (int32_t)(budget - fixed > -1 ? budget - fixed : -1);
-                jb.cand_w = (int32_t)cand;
+                if (!make_job(c, pp->budget, hi, pos[b], jb, ext))
+                    return mkv_fail(err, MKV_EUSAGE, "%s: request %d: position %lld outside the cache's tokens",
+                                    what, b, (long long)pos[b]);
                 nb_most = jb.nb_vis > nb_most ? jb.nb_vis : nb_most;
                 p->seg_max = jb.seg_vis > p->seg_max ? jb.seg_vis : p->seg_max;
                 total_seg_items += jb.seg_vis;
@@ -1576,14 +1637,15 @@ extern "C" int mkv_cuda_mosaic_plan(const mkv_packed_cache *c, const mkv_packed_
     } catch (const std::bad_alloc &) {
         return mkv_fail(err, MKV_ENOMEM, "%s: out of host memory", what);
     }
-    p->dkmax = p->dkmax <= 64 ? 64 : 128;
-    p->dvmax = p->dvmax <= 64 ? 64 : 128;
+    p->dkmax = ext.dkmax <= 64 ? 64 : 128;
+    p->dvmax = ext.dvmax <= 64 ? 64 : 128;
     if (D == 64)
         p->dkmax = p->dvmax = 64;
     /* score kernel builds: rows of 64, 128, 160 or 256 channels */
-    p->score_kj = p->score_kj <= 2 ? 2 : p->score_kj <= 4 ? 4 : p->score_kj <= 5 ? 5 : 8;
-    p->kstride = ((int64_t)nb_most + 3) / 4 * 4;
-    p->stage_bytes = (TILE / B) * (rec_most + REC_GAP);
+    p->score_kj = ext.score_kj <= 2 ? 2 : ext.score_kj <= 4 ? 4 : ext.score_kj <= 5 ? 5 : 8;
+    /* keys for every block of the heads: a growing head's plan advances without a new allocation */
+    p->kstride = ((int64_t)(ext.blocks_most > nb_most ? ext.blocks_most : nb_most) + 3) / 4 * 4;
+    p->stage_bytes = (TILE / B) * (ext.rec_most + REC_GAP);
 
     const attend_fn ak = attend_kernel_for(D, p->dkmax, p->dvmax);
     const size_t smem = attend_smem_for(D, p->dkmax, p->dvmax, p->stage_bytes);
@@ -1593,14 +1655,13 @@ extern "C" int mkv_cuda_mosaic_plan(const mkv_packed_cache *c, const mkv_packed_
     MKV_CUDA_CHECK(cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     if (smem > (size_t)smem_max)
         return mkv_fail(err, MKV_EUNSUP, "%s: records of %d bytes need %zu bytes of shared memory, the device has %d",
-                        what, rec_most, smem, smem_max);
-    MKV_CUDA_CHECK(cudaFuncSetAttribute(ak, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+                        what, ext.rec_most, smem, smem_max);
+    MKV_CUDA_CHECK(raise_smem((const void *)ak, smem));
     MKV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ak, THREADS, smem));
     /* score_kernel: R_k (up to 128 x 128 fp16, padded rows) or the
      * histogram, and the block-key stages: may pass the 48 KB default. */
-    MKV_CUDA_CHECK(cudaFuncSetAttribute(score_kernel_for(D, p->score_kj, p->bk8),
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)score_smem(D, p->dkmax, p->score_kj, p->bk8)));
+    MKV_CUDA_CHECK(raise_smem((const void *)score_kernel_for(D, p->score_kj, p->bk8),
+                              score_smem(D, p->dkmax, p->score_kj, p->bk8)));
     /* Parts per segment: enough items for two waves of the attention
      * kernel, as long as each part keeps a few tiles per warp. */
     {
@@ -1676,6 +1737,52 @@ extern "C" int mkv_cuda_mosaic_plan(const mkv_packed_cache *c, const mkv_packed_
 }
 
 extern "C" void mkv_cuda_mosaic_plan_free(mkv_packed_plan *p) { delete p; }
+
+extern "C" int mkv_cuda_mosaic_plan_advance(mkv_packed_plan *p, const int64_t *pos, void *stream, int *replan,
+                                            mkv_error *err)
+{
+    if (p == NULL || pos == NULL || replan == NULL)
+        return mkv_fail(err, MKV_EUSAGE, "packed attention: NULL plan, positions or result");
+    *replan = 0;
+    const mkv_packed_params &pp = p->pp;
+    std::vector<job_info> jobs;
+    try {
+        jobs = p->jobs;
+    } catch (const std::bad_alloc &) {
+        return mkv_fail(err, MKV_ENOMEM, "packed attention: out of host memory");
+    }
+    job_extent ext;
+    for (int b = 0; b < pp.batch; b++)
+        for (int h = 0; h < pp.n_kv_heads; h++) {
+            job_info &jb = jobs[(size_t)b * pp.n_kv_heads + h];
+            const int32_t seg_vis = jb.seg_vis;
+            if (!make_job(p->c, pp.budget, jb.head, pos[b], jb, ext))
+                return mkv_fail(err, MKV_EUSAGE, "packed attention: request %d: position %lld outside the cache's tokens",
+                                b, (long long)pos[b]);
+            /* the work items, the selection's keys and q~ were laid out for these */
+            if (jb.seg_vis != seg_vis || jb.nb_vis > p->kstride) {
+                *replan = 1;
+                return MKV_OK;
+            }
+        }
+    if ((ext.dkmax > 64 && p->dkmax == 64) || (ext.dvmax > 64 && p->dvmax == 64) || ext.score_kj > p->score_kj
+        || (TILE / p->c->block) * (ext.rec_most + REC_GAP) > p->stage_bytes) {
+        *replan = 1;
+        return MKV_OK;
+    }
+    const size_t bytes = sizeof(job_info) * jobs.size();
+    if (p->staged == nullptr) {
+        MKV_CUDA_CHECK(cudaMallocHost((void **)&p->staged, bytes));
+        MKV_CUDA_CHECK(cudaEventCreateWithFlags(&p->staged_copied, cudaEventDisableTiming));
+    } else {
+        MKV_CUDA_CHECK(cudaEventSynchronize(p->staged_copied));   /* the last step's copy has left */
+    }
+    p->jobs.swap(jobs);
+    memcpy(p->staged, p->jobs.data(), bytes);
+    MKV_CUDA_CHECK(cudaMemcpyAsync(p->d_jobs.ptr, p->staged, bytes, cudaMemcpyHostToDevice, (cudaStream_t)stream));
+    MKV_CUDA_CHECK(cudaEventRecord(p->staged_copied, (cudaStream_t)stream));
+    return MKV_OK;
+}
 
 extern "C" int mkv_cuda_mosaic_select(const mkv_packed_plan *p, const float *q, void *stream, mkv_error *err)
 {

@@ -73,6 +73,10 @@ struct mkv_packed_cache {
     bool has_bk8 = false;
     size_t bk8_bytes = 0, n_bk8_rows = 0;
     mkv_device_buffer bk8, bk8_scales, bk8_at;
+    /* Decode-time growth (mkv_cuda_mosaic_grow): per head the open block's
+     * running key-row state (sums, minima, maxima: 3 x 128 doubles), and
+     * the flag of a value outside float16. */
+    mkv_device_buffer grow_blocks, grow_bad;
 };
 
 namespace mkv_packed {

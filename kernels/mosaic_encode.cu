@@ -30,17 +30,17 @@ struct strategy {
 /* f16r(): double -> float -> fp16, both round-to-nearest, as lib/mosaic/mosaic.c. */
 __device__ __forceinline__ uint16_t f16r_bits(double x) { return __half_as_ushort(__float2half_rn(__double2float_rn(x))); }
 
-/* One warp: rotate x (d floats) with R (fp16 [d][ldr], NULL: identity)
- * into xt[0..dp), choose the kept channels; kept[w] gets bit c%32 of word
- * c/32 for each kept channel c < dp.  xt, en and kept are the warp's
- * shared scratch. */
-__device__ void encode_vector(const float *x, const uint16_t *R, int ldr, int d, const strategy &s, double *xt,
-                              double *en, uint32_t *kept)
+/* One warp: xt[0..cols) = x R (x: d floats; R fp16 [d][ldr], not used
+ * without rotation: xt = x). */
+__device__ void rotate_vector(const float *x, const uint16_t *R, int ldr, int d, int rotate, int cols, double *xt)
 {
     const int lane = threadIdx.x & 31;
-    for (int c = lane; c < s.dp; c += 32) {
+    for (int c = lane; c < cols; c += 32) {
         double v = 0;
-        if (s.rotate) {
+        if (rotate) {
+            /* the loads of R independent of the sum, many in flight: a
+             * decode step's rotation is read from DRAM */
+#pragma unroll 16
             for (int j = 0; j < d; j++)
                 v = fma((double)x[j], (double)__half2float(__ushort_as_half(R[(size_t)j * ldr + c])), v);
         } else {
@@ -49,6 +49,13 @@ __device__ void encode_vector(const float *x, const uint16_t *R, int ldr, int d,
         xt[c] = v;
     }
     __syncwarp();
+}
+
+/* One warp: the kept channels of a rotated vector xt[0..dp); kept[w] gets
+ * bit c%32 of word c/32 for each kept channel c < dp.  en is scratch. */
+__device__ void choose_kept(const double *xt, const strategy &s, double *en, uint32_t *kept)
+{
+    const int lane = threadIdx.x & 31;
     const int ng = s.dp / s.g, keep_groups = s.r / s.g;
     if (!s.pervector || s.r >= s.dp) {
         for (int w = lane; w < ENC_MAX_D / 32; w += 32) {
@@ -86,6 +93,14 @@ __device__ void encode_vector(const float *x, const uint16_t *R, int ldr, int d,
     __syncwarp();
 }
 
+/* One warp: rotate x into xt[0..dp) and choose its kept channels. */
+__device__ void encode_vector(const float *x, const uint16_t *R, int ldr, int d, const strategy &s, double *xt,
+                              double *en, uint32_t *kept)
+{
+    rotate_vector(x, R, ldr, d, s.rotate, s.dp, xt);
+    choose_kept(xt, s, en, kept);
+}
+
 /* Kept values of xt in channel order (fp16), and whether one does not fit
  * fp16 (then *bad gets 1). */
 __device__ void write_values(const double *xt, const uint32_t *kept, int dp, uint16_t *vals, unsigned *bad)
@@ -103,6 +118,34 @@ __device__ void write_values(const double *xt, const uint32_t *kept, int dp, uin
         }
         base += __popc(m);
     }
+}
+
+/* The strategy a packed segment stores for tensor 0 (K) or 1 (V). */
+__device__ strategy segment_strategy(const mkv_packed_seg &g, int tensor)
+{
+    strategy s;
+    s.rotate = (tensor ? g.rv_off : g.rk_off) >= 0;
+    s.r = tensor ? g.rv : g.rk;
+    s.g = tensor ? g.gv : g.gk;
+    s.dp = tensor ? g.dpv : g.dpk;
+    s.pervector = tensor ? g.pvv : g.pvk;
+    return s;
+}
+
+/* One warp: a vector encoded for segment g (xt, kept) into its record as
+ * token idx of the segment: its values and per-channel bitmap. */
+__device__ void store_in_record(const double *xt, const uint32_t *kept, const mkv_packed_seg &g, int tensor,
+                                const strategy &s, uint8_t *records, int64_t idx, int B, unsigned *bad)
+{
+    const int lane = threadIdx.x & 31;
+    uint8_t *rec = records + g.rec_off + (idx / B) * g.rec_bytes;
+    const int row = (int)(idx % B);
+    uint16_t *vals = reinterpret_cast<uint16_t *>(rec + (tensor ? g.vval_off : 0)) + row * s.r;
+    const int words = tensor ? g.dv / 32 : (s.dp + 31) / 32;
+    uint32_t *mask = reinterpret_cast<uint32_t *>(rec + (tensor ? g.vmask_off : g.kmask_off)) + row * words;
+    write_values(xt, kept, s.dp, vals, bad);
+    for (int i = lane; i < words; i += 32)
+        mask[i] = kept[i];
 }
 
 struct encode_args {
@@ -176,29 +219,86 @@ __global__ void __launch_bounds__(ENC_WARPS * 32) append_kernel(const append_arg
     __shared__ double sm_xt[ENC_WARPS][ENC_MAX_D];
     __shared__ double sm_en[ENC_WARPS][ENC_MAX_D];
     __shared__ uint32_t sm_kept[ENC_WARPS][ENC_MAX_D / 32];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
     const mkv_packed_seg &g = a.seg;
     for (int64_t w = (int64_t)blockIdx.x * ENC_WARPS + warp; w < 2 * a.n; w += (int64_t)gridDim.x * ENC_WARPS) {
         const int tensor = (int)(w & 1);
         const int64_t t = w >> 1, idx = a.first + t;
-        strategy s;
-        s.rotate = (tensor ? g.rv_off : g.rk_off) >= 0;
-        s.r = tensor ? g.rv : g.rk;
-        s.g = tensor ? g.gv : g.gk;
-        s.dp = tensor ? g.dpv : g.dpk;
-        s.pervector = tensor ? g.pvv : g.pvk;
-        const int dpad = tensor ? g.dv : g.dk;
+        const strategy s = segment_strategy(g, tensor);
         const uint16_t *R = s.rotate ? a.rotations + (tensor ? g.rv_off : g.rk_off) : nullptr;
-        encode_vector((tensor ? a.v : a.k) + t * a.d, R, dpad, a.d, s, sm_xt[warp], sm_en[warp], sm_kept[warp]);
-        uint8_t *rec = a.records + g.rec_off + (idx / a.B) * g.rec_bytes;
-        const int row = (int)(idx % a.B);
-        uint16_t *vals = reinterpret_cast<uint16_t *>(rec + (tensor ? g.vval_off : 0)) + row * s.r;
-        const int words = tensor ? dpad / 32 : (s.dp + 31) / 32;
-        uint32_t *mask = reinterpret_cast<uint32_t *>(rec + (tensor ? g.vmask_off : g.kmask_off)) + row * words;
-        write_values(sm_xt[warp], sm_kept[warp], s.dp, vals, a.bad);
-        for (int i = lane; i < words; i += 32)
-            mask[i] = sm_kept[warp][i];
+        encode_vector((tensor ? a.v : a.k) + t * a.d, R, tensor ? g.dv : g.dk, a.d, s, sm_xt[warp], sm_en[warp],
+                      sm_kept[warp]);
+        store_in_record(sm_xt[warp], sm_kept[warp], g, tensor, s, a.records, idx, a.B, a.bad);
         __syncwarp();
+    }
+}
+
+/* Growth: one block of two warps (K, V) per cache head, one token each. */
+struct grow_args {
+    const float *k, *v;               /* [n][d] */
+    mkv_packed_head *heads;           /* device tables */
+    mkv_packed_seg *segs;
+    uint8_t *records;
+    uint16_t *blockkeys, *rotations, *dense_k, *dense_v;
+    double *blocks;                   /* [heads][3][ENC_MAX_D] */
+    int first, d, B;
+    unsigned *bad;
+};
+
+__global__ void __launch_bounds__(64) grow_kernel(const grow_args a)
+{
+    __shared__ float sm_x[2][ENC_MAX_D];
+    __shared__ double sm_xt[2][ENC_MAX_D];
+    __shared__ double sm_en[2][ENC_MAX_D];
+    __shared__ uint32_t sm_kept[2][ENC_MAX_D / 32];
+    const int head = a.first + blockIdx.x, tensor = threadIdx.x >> 5, lane = threadIdx.x & 31, D = a.d;
+    const mkv_packed_head hd = a.heads[head];
+    const int64_t row = (int64_t)hd.first_seg + hd.n_seg - 1;
+    const mkv_packed_seg g = a.segs[row];
+    /* the oldest recent token leaves its row for the open segment; the new one takes the row */
+    __half *dense = reinterpret_cast<__half *>(tensor ? a.dense_v : a.dense_k) +
+                    (size_t)(hd.dense_row + hd.sink_n + hd.ring) * D;
+    for (int c = lane; c < D; c += 32)
+        sm_x[tensor][c] = __half2float(dense[c]);
+    __syncwarp();
+    const float *nx = (tensor ? a.v : a.k) + (size_t)blockIdx.x * D;
+    for (int c = lane; c < D; c += 32) {
+        const float f = nx[c];
+        if (!(fabsf(f) <= 65504.0f))
+            atomicExch(a.bad, 1u);
+        dense[c] = __float2half_rn(f);
+    }
+    const strategy s = segment_strategy(g, tensor);
+    const int cols = tensor || g.kdim <= s.dp ? s.dp : g.kdim;   /* the block keys may span more channels */
+    rotate_vector(sm_x[tensor], s.rotate ? a.rotations + (tensor ? g.rv_off : g.rk_off) : nullptr,
+                  tensor ? g.dv : g.dk, D, s.rotate, cols, sm_xt[tensor]);
+    choose_kept(sm_xt[tensor], s, sm_en[tensor], sm_kept[tensor]);
+    const int64_t idx = g.len;
+    const int in_block = (int)(idx % a.B);
+    store_in_record(sm_xt[tensor], sm_kept[tensor], g, tensor, s, a.records, idx, a.B, a.bad);
+    if (tensor == 0) {
+        /* the block's key row over its tokens so far, as mkv_mosaic_block_keys sums them */
+        double *sum = a.blocks + (size_t)head * 3 * ENC_MAX_D, *lo = sum + ENC_MAX_D, *hi = lo + ENC_MAX_D;
+        uint16_t *key = a.blockkeys + g.bk_off + (idx / a.B) * g.bk_width;
+        for (int c = lane; c < g.kdim; c += 32) {
+            const double x = sm_xt[0][c];
+            const double s0 = in_block ? sum[c] : 0.0, l0 = in_block ? lo[c] : INFINITY, h0 = in_block ? hi[c] : -INFINITY;
+            sum[c] = __dadd_rn(s0, x);
+            lo[c] = x < l0 ? x : l0;
+            hi[c] = x > h0 ? x : h0;
+            if (c < g.kbound) {
+                key[c] = f16r_bits(lo[c]);
+                key[g.kbound + c] = f16r_bits(hi[c]);
+            } else {
+                key[g.kbound + c] = f16r_bits(__ddiv_rn(sum[c], (double)(in_block + 1)));
+            }
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        a.segs[row].len = g.len + 1;
+        a.heads[head].T = hd.T + 1;
+        a.heads[head].ring = hd.ring + 1 < hd.recent_n ? hd.ring + 1 : 0;
     }
 }
 
@@ -283,6 +383,57 @@ extern "C" int mkv_cuda_mosaic_append(mkv_packed_cache *c, int head, const float
         return mkv_fail(err, MKV_EFORMAT, "%s: a rotated value does not fit float16 (|x| <= 65504)", what);
     g.len += n;
     return cache_sync_seg(c, row, st, err);
+}
+
+extern "C" int mkv_cuda_mosaic_grow(mkv_packed_cache *c, int first, int n, const float *k, const float *v,
+                                    void *stream, mkv_error *err)
+{
+    const char *what = "packed growth";
+    if (c == NULL || k == NULL || v == NULL || n < 1 || first < 0 || first > (int)c->heads.size() - n)
+        return mkv_fail(err, MKV_EUSAGE, "%s: NULL cache or buffers, or heads %d..%d outside the cache", what, first,
+                        first + n - 1);
+    if (c->head_dim > ENC_MAX_D)
+        return mkv_fail(err, MKV_EUNSUP, "%s: head_dim %d", what, c->head_dim);
+    const int B = c->block;
+    for (int h = first; h < first + n; h++) {
+        const mkv_packed_head &hd = c->heads[(size_t)h];
+        const mkv_packed_seg *g = hd.n_seg > 0 ? &c->segs[(size_t)(hd.first_seg + hd.n_seg - 1)] : nullptr;
+        if (g == nullptr || !g->open || hd.recent_n < 1)
+            return mkv_fail(err, MKV_EUSAGE, "%s: head %d has no open segment or no recent rows", what, h);
+        if (g->len >= (int64_t)g->n_blocks * B || hd.T >= INT32_MAX)
+            return mkv_fail(err, MKV_EUSAGE, "%s: head %d: its open segment is full (%lld tokens)", what, h,
+                            (long long)g->len);
+    }
+    if (c->grow_blocks.ptr == nullptr) {
+        MKV_CUDA_CHECK(c->grow_blocks.alloc(sizeof(double) * 3 * ENC_MAX_D * c->heads.size()));
+        MKV_CUDA_CHECK(c->grow_bad.alloc(sizeof(unsigned)));
+        MKV_CUDA_CHECK(cudaMemset(c->grow_bad.ptr, 0, sizeof(unsigned)));
+    }
+    const grow_args a = {k, v, c->d_heads.as<mkv_packed_head>(), c->d_segs.as<mkv_packed_seg>(),
+                         c->records.as<uint8_t>(), c->blockkeys.as<uint16_t>(), c->rotations.as<uint16_t>(),
+                         c->dense_k.as<uint16_t>(), c->dense_v.as<uint16_t>(), c->grow_blocks.as<double>(),
+                         first, c->head_dim, B, c->grow_bad.as<unsigned>()};
+    grow_kernel<<<(unsigned)n, 64, 0, (cudaStream_t)stream>>>(a);
+    MKV_CUDA_CHECK_LAUNCH();
+    for (int h = first; h < first + n; h++) {
+        mkv_packed_head &hd = c->heads[(size_t)h];
+        c->segs[(size_t)(hd.first_seg + hd.n_seg - 1)].len++;
+        hd.T++;
+        hd.ring = hd.ring + 1 < hd.recent_n ? hd.ring + 1 : 0;
+    }
+    return MKV_OK;
+}
+
+extern "C" int mkv_cuda_mosaic_grow_check(mkv_packed_cache *c, mkv_error *err)
+{
+    if (c == NULL || c->grow_bad.ptr == nullptr)
+        return MKV_OK;
+    unsigned bad = 0;
+    MKV_CUDA_CHECK(cudaMemcpy(&bad, c->grow_bad.ptr, sizeof bad, cudaMemcpyDeviceToHost));
+    if (!bad)
+        return MKV_OK;
+    MKV_CUDA_CHECK(cudaMemset(c->grow_bad.ptr, 0, sizeof bad));
+    return mkv_fail(err, MKV_EFORMAT, "mosaic: a new key or value does not fit float16");
 }
 
 /* ------------------------------------------------------------- rotations */

@@ -993,7 +993,7 @@ START_TEST(misuse_refused)
     mkv_params_init(&p, quest->params);
     qo.fill = 30;
     ck_assert_int_eq(mkv_decoder_prefill(m, tok, 20, &qo, NULL, &q, &err), MKV_EUNSUP);
-    ck_assert_msg(strstr(err.msg, "only the full cache (and Quest on the GPU) is filled"), "%s", err.msg);
+    ck_assert_msg(strstr(err.msg, "only the full cache (and Quest's and mosaic's on the GPU) is filled"), "%s", err.msg);
     mkv_decoder_opts fo = opts_for(NULL, NULL, 10, 1);
     fo.fill = c.max_seq_len - 29;
     ck_assert_int_eq(mkv_decoder_prefill(m, tok, 20, &fo, NULL, &d, &err), MKV_EFORMAT);

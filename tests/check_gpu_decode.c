@@ -36,6 +36,7 @@
 #include "model/model.h"
 #include "model/model_load.h"
 #include "model/shapes.h"
+#include "mosaic/mosaic.h"
 #include "gpu_testutil.h"
 #include "model_testutil.h"
 #include "testutil.h"
@@ -81,7 +82,8 @@ static double top_margin(const float *x, int n)
  * both caches first filled with that many synthetic rows, each side
  * making them itself (mkv_forward_fill, mkv_cuda_llama_fill). */
 static void compare_decode(const mkv_model *m, const int32_t *prompt, int n, int steps, int chunk, int f16,
-                           int every_argmax, int fill, const mkv_params *quest, const char *what)
+                           int every_argmax, int fill, const mkv_method *method, const mkv_params *params,
+                           const char *what)
 {
     const int V = m->cfg.vocab_size;
     const double tol_rms = f16 ? F16_RMS : F32_RMS, tol_max = f16 ? F16_MAX : F32_MAX;
@@ -92,10 +94,9 @@ static void compare_decode(const mkv_model *m, const int32_t *prompt, int n, int
     o.chunk = chunk;
     o.fill = fill;
     o.fill_seed = 5;
-    if (quest) {
-        o.method = mkv_method_find("quest");
-        o.params = quest;
-    }
+    o.method = method;
+    o.params = params;
+    const int mosaic = method && strcmp(method->name, "mosaic") == 0;
     mkv_decoder_opts og = o;
     og.gpu = 1;
     og.gpu_f16_weights = f16;
@@ -142,12 +143,25 @@ static void compare_decode(const mkv_model *m, const int32_t *prompt, int n, int
     mkv_decoder_get_stats(cpu, &sc);
     mkv_decoder_get_stats(gpu, &sg);
     ck_assert_int_eq(sg.tokens, fill + n + steps);
-    ck_assert_uint_eq(sg.bytes_held, sc.bytes_held);
-    /* Quest's last step: the same bounds scored and, the selections
-     * agreeing, the same tokens attended */
-    ck_assert_msg(fabs((double)sg.bytes_read - (double)sc.bytes_read) <= 0.02 * (double)sc.bytes_read,
-                  "%s: the last step read %llu bytes on the GPU, %llu on the CPU", what,
-                  (unsigned long long)sg.bytes_read, (unsigned long long)sc.bytes_read);
+    if (mosaic) {
+        /* the GPU counts its device records (padded, room for the decode
+         * included) and what its kernels read, the CPU the stored arrays
+         * and what its attend reads: compared in the printed line only */
+        ck_assert_msg(sg.bytes_held > 0 && sg.bytes_read > 0, "%s: %llu bytes held, %llu read", what,
+                      (unsigned long long)sg.bytes_held, (unsigned long long)sg.bytes_read);
+        printf("check_gpu_decode: %s: bytes held %llu on the GPU, %llu on the CPU; the last step read %llu, %llu\n",
+               what, (unsigned long long)sg.bytes_held, (unsigned long long)sc.bytes_held,
+               (unsigned long long)sg.bytes_read, (unsigned long long)sc.bytes_read);
+        ck_assert_int_eq(sg.prefix_tokens, sc.prefix_tokens);
+        ck_assert_int_eq(sg.tail_tokens, steps);
+    } else {
+        ck_assert_uint_eq(sg.bytes_held, sc.bytes_held);
+        /* Quest's last step: the same bounds scored and, the selections
+         * agreeing, the same tokens attended */
+        ck_assert_msg(fabs((double)sg.bytes_read - (double)sc.bytes_read) <= 0.02 * (double)sc.bytes_read,
+                      "%s: the last step read %llu bytes on the GPU, %llu on the CPU", what,
+                      (unsigned long long)sg.bytes_read, (unsigned long long)sc.bytes_read);
+    }
     printf("check_gpu_decode: %s, %s weights: %d filled + %d + %d tokens, logits within %.2g RMS, %.2g at most; argmax "
            "checked at %d of %d steps\n",
            what, f16 ? "fp16" : "float32", fill, n, steps, worst_rms, worst_max, checked, steps + 1);
@@ -180,8 +194,8 @@ START_TEST(stories260K_on_gpu_is_the_cpu_pass)
     int32_t *ids;
     size_t n;
     ck_assert_int_eq(mkv_tokenizer_encode(lm.tok, "Once upon a time", 16, MKV_ENCODE_BOS, &ids, &n, &err), MKV_OK);
-    compare_decode(lm.model, ids, (int)n, 60, 0, 0, 1, 0, NULL, "stories260K");
-    compare_decode(lm.model, ids, (int)n, 60, 0, 1, 0, 0, NULL, "stories260K");
+    compare_decode(lm.model, ids, (int)n, 60, 0, 0, 1, 0, NULL, NULL, "stories260K");
+    compare_decode(lm.model, ids, (int)n, 60, 0, 1, 0, 0, NULL, NULL, "stories260K");
     free(ids);
     mkv_loaded_model_free(&lm);
 }
@@ -190,7 +204,8 @@ END_TEST
 /* A random model of a published shape with `layers` layers and a small
  * vocabulary; prefill in chunks of 48 so that later chunks attend earlier
  * ones. */
-static void shape_case(const char *name, int layers, int prompt, int steps, int fill, const mkv_params *quest)
+static void shape_case(const char *name, int layers, int prompt, int steps, int fill, const mkv_method *method,
+                       const mkv_params *params)
 {
     const mkv_shape *s = mkv_shape_find(name);
     ck_assert_ptr_nonnull(s);
@@ -201,28 +216,28 @@ static void shape_case(const char *name, int layers, int prompt, int steps, int 
     c.max_seq_len = fill + prompt + steps;
     ck_assert_msg(mkv_shape_build(&c, NULL, 7, cpu_threads(), &m, &err) == MKV_OK, "%s", err.msg);
     int32_t *tok = test_tokens(prompt, c.vocab_size, 11);
-    char what[160];
+    char what[400];
     snprintf(what, sizeof what, "%s shape, %d layers", name, layers);
-    if (quest) {
-        char params[256];
-        mkv_params_format(quest, params, sizeof params);
-        snprintf(what, sizeof what, "%s shape, %d layers, quest %s", name, layers, params);
+    if (method) {
+        char text[256];
+        mkv_params_format(params, text, sizeof text);
+        snprintf(what, sizeof what, "%s shape, %d layers, %s %s", name, layers, method->name, text);
     }
-    compare_decode(m, tok, prompt, steps, 48, 0, 0, fill, quest, what);
-    /* fp16 weights move q enough to swap pages near the budget's edge, a
-     * different selection rather than an error: Quest is compared with
-     * float32 weights only */
-    if (!quest)
-        compare_decode(m, tok, prompt, steps, 48, 1, 0, fill, quest, what);
+    compare_decode(m, tok, prompt, steps, 48, 0, 0, fill, method, params, what);
+    /* fp16 weights move q enough to swap pages or blocks near the budget's
+     * edge, a different selection rather than an error: the selecting
+     * methods are compared with float32 weights only */
+    if (!method)
+        compare_decode(m, tok, prompt, steps, 48, 1, 0, fill, method, params, what);
     free(tok);
     mkv_model_free(m);
 }
 
 START_TEST(shapes_on_gpu_are_the_cpu_pass)
 {
-    shape_case("smollm2-135m", 4, 130, 12, 0, NULL);
-    shape_case("llama3.1-8b", 1, 100, 8, 0, NULL);
-    shape_case("qwen2.5-7b", 1, 100, 8, 0, NULL);
+    shape_case("smollm2-135m", 4, 130, 12, 0, NULL, NULL);
+    shape_case("llama3.1-8b", 1, 100, 8, 0, NULL, NULL);
+    shape_case("qwen2.5-7b", 1, 100, 8, 0, NULL, NULL);
 }
 END_TEST
 
@@ -232,40 +247,35 @@ END_TEST
  * 16), prompts prefilled after them in chunks. */
 START_TEST(filled_caches_on_gpu_are_the_cpus)
 {
-    shape_case("llama3.1-8b", 1, 60, 8, 5000, NULL);
-    shape_case("smollm2-135m", 2, 70, 8, 1200, NULL);
+    shape_case("llama3.1-8b", 1, 60, 8, 5000, NULL, NULL);
+    shape_case("smollm2-135m", 2, 70, 8, 1200, NULL, NULL);
     mkv_model_config c;
     test_decode_config(&c);
     c.max_seq_len = 300 + 40 + 10;
     mkv_model *m = random_model(&c, 9);
     int32_t *tok = test_tokens(40, c.vocab_size, 4);
-    compare_decode(m, tok, 40, 10, 16, 0, 0, 300, NULL, "test model, head_dim 16");
+    compare_decode(m, tok, 40, 10, 16, 0, 0, 300, NULL, NULL, "test model, head_dim 16");
     free(tok);
     mkv_model_free(m);
 }
 END_TEST
 
-static void quest_case(const char *name, int layers, int prompt, int steps, const char *params)
+static void method_case(const char *name, int layers, int prompt, int steps, const char *method, const char *params)
 {
+    const mkv_method *mt = mkv_method_find(method);
+    ck_assert_ptr_nonnull(mt);
     mkv_params p;
     mkv_error err;
-    mkv_params_init(&p, mkv_method_find("quest")->params);
+    mkv_params_init(&p, mt->params);
     ck_assert_msg(mkv_params_parse_list(&p, params, &err) >= 0, "%s", err.msg);
-    shape_case(name, layers, prompt, steps, 0, &p);
+    shape_case(name, layers, prompt, steps, 0, mt, &p);
 }
 
-/* Quest on the GPU (page bounds kept by the decode steps, the Quest
- * kernels' selection and attention) against quest's CPU decode: pages of
- * 16 and 32, budgets as fractions and as token counts, max and sum over
- * 3 to 7 query heads per KV head; the budgets leave most pages out, so
- * the selection decides the logits (float32 weights: shape_case). */
-START_TEST(quest_on_gpu_is_the_cpus)
+/* --ppl's pairing on the GPU for method with params on a 2-layer model
+ * of SmolLM2's shape: the full reference and the method each prefilled,
+ * as a GPU decoder does not fork; perplexities within 1e-3 relative. */
+static void ppl_case(const char *method, const char *params, mkv_ppl_result *cpu, mkv_ppl_result *gpu)
 {
-    quest_case("smollm2-135m", 2, 300, 16, "page=16,budget=0.25");
-    quest_case("llama3.1-8b", 1, 400, 16, "page=32,budget=96,recent=32");
-    quest_case("qwen2.5-7b", 1, 250, 8, "page=16,budget=0.3,agg=sum");
-    /* --ppl's pairing on the GPU: the full reference and quest each
-     * prefilled, as a GPU decoder does not fork */
     const mkv_shape *sh = mkv_shape_find("smollm2-135m");
     mkv_model_config c;
     mkv_model *m;
@@ -276,30 +286,64 @@ START_TEST(quest_on_gpu_is_the_cpus)
     const int64_t context = 320, score = 48;
     int32_t *tok = test_tokens((int)(context + score + 1), c.vocab_size, 8);
     mkv_params p;
-    mkv_params_init(&p, mkv_method_find("quest")->params);
-    ck_assert_msg(mkv_params_parse_list(&p, "page=16,budget=0.2", &err) >= 0, "%s", err.msg);
+    mkv_params_init(&p, mkv_method_find(method)->params);
+    ck_assert_msg(mkv_params_parse_list(&p, params, &err) >= 0, "%s", err.msg);
     mkv_decoder_opts o;
     mkv_decoder_opts_init(&o);
     o.threads = cpu_threads();
-    o.method = mkv_method_find("quest");
+    o.method = mkv_method_find(method);
     o.params = &p;
-    mkv_ppl_result cpu, gpu;
-    ck_assert_msg(mkv_decode_ppl(m, tok, (size_t)(context + score + 1), context, score, &o, 1, &cpu, &err) == MKV_OK,
+    ck_assert_msg(mkv_decode_ppl(m, tok, (size_t)(context + score + 1), context, score, &o, 1, cpu, &err) == MKV_OK,
                   "%s", err.msg);
     o.gpu = 1;
-    ck_assert_msg(mkv_decode_ppl(m, tok, (size_t)(context + score + 1), context, score, &o, 1, &gpu, &err) == MKV_OK,
+    ck_assert_msg(mkv_decode_ppl(m, tok, (size_t)(context + score + 1), context, score, &o, 1, gpu, &err) == MKV_OK,
                   "%s", err.msg);
-    const double rel = fabs(exp(gpu.nll) / exp(cpu.nll) - 1), rel_full = fabs(exp(gpu.nll_full) / exp(cpu.nll_full) - 1);
-    printf("check_gpu_decode: quest perplexity, smollm2-135m shape, 2 layers: CPU %.6f (full %.6f, KL %.3g), GPU %.6f "
+    const double rel = fabs(exp(gpu->nll) / exp(cpu->nll) - 1), rel_full = fabs(exp(gpu->nll_full) / exp(cpu->nll_full) - 1);
+    printf("check_gpu_decode: %s perplexity, smollm2-135m shape, 2 layers: CPU %.6f (full %.6f, KL %.3g), GPU %.6f "
            "(full %.6f, KL %.3g)\n",
-           exp(cpu.nll), exp(cpu.nll_full), cpu.kl, exp(gpu.nll), exp(gpu.nll_full), gpu.kl);
-    ck_assert_msg(rel <= 1e-3 && rel_full <= 1e-3, "perplexity %.6f (full %.6f) on the GPU, %.6f (%.6f) on the CPU",
-                  exp(gpu.nll), exp(gpu.nll_full), exp(cpu.nll), exp(cpu.nll_full));
+           method, exp(cpu->nll), exp(cpu->nll_full), cpu->kl, exp(gpu->nll), exp(gpu->nll_full), gpu->kl);
+    ck_assert_msg(rel <= 1e-3 && rel_full <= 1e-3, "%s: perplexity %.6f (full %.6f) on the GPU, %.6f (%.6f) on the CPU",
+                  method, exp(gpu->nll), exp(gpu->nll_full), exp(cpu->nll), exp(cpu->nll_full));
+    free(tok);
+    mkv_model_free(m);
+}
+
+/* Quest on the GPU (page bounds kept by the decode steps, the Quest
+ * kernels' selection and attention) against quest's CPU decode: pages of
+ * 16 and 32, budgets as fractions and as token counts, max and sum over
+ * 3 to 7 query heads per KV head; the budgets leave most pages out, so
+ * the selection decides the logits (float32 weights: shape_case). */
+START_TEST(quest_on_gpu_is_the_cpus)
+{
+    method_case("smollm2-135m", 2, 300, 16, "quest", "page=16,budget=0.25");
+    method_case("llama3.1-8b", 1, 400, 16, "quest", "page=32,budget=96,recent=32");
+    method_case("qwen2.5-7b", 1, 250, 8, "quest", "page=16,budget=0.3,agg=sum");
+    mkv_ppl_result cpu, gpu;
+    ppl_case("quest", "page=16,budget=0.2", &cpu, &gpu);
     ck_assert_uint_eq(gpu.bytes_held, cpu.bytes_held);
     ck_assert_msg(fabs(gpu.bytes_read_mean / cpu.bytes_read_mean - 1) <= 0.02, "bytes read per step %.0f vs %.0f",
                   gpu.bytes_read_mean, cpu.bytes_read_mean);
-    free(tok);
-    mkv_model_free(m);
+}
+END_TEST
+
+/* MosaicKV on the GPU (the CPU's packed heads converted once, each step's
+ * token pushed through the recent rows into the open segment by the GPU
+ * encode, the packed kernels' selection and attention) against mosaic's
+ * CPU decode with the manager off (no segment closes, as on the GPU):
+ * fixed strategies of 25% and 50% of the elements with and without groups,
+ * the default ratio strategy (quantized values, which the GPU holds as
+ * fp16 of the same values), blocks of 8 and 4, budgets as fractions and
+ * counts, max and sum over 3 to 7 query heads per KV head, open segments
+ * that fill several blocks. */
+START_TEST(mosaic_on_gpu_is_the_cpus)
+{
+    mkv_mosaic_set_manager(MKV_MOSAIC_MANAGER_OFF);
+    method_case("smollm2-135m", 2, 300, 20, "mosaic", "strategy=fixed,segment=96,budget=0.25");
+    method_case("llama3.1-8b", 1, 400, 16, "mosaic", "strategy=fixed,keep=0.5,group=2,segment=128,budget=96,recent=32");
+    method_case("qwen2.5-7b", 1, 250, 12, "mosaic", "segment=64,block=4,budget=0.3,agg=sum");
+    mkv_ppl_result cpu, gpu;
+    ppl_case("mosaic", "strategy=fixed,segment=96,budget=0.2", &cpu, &gpu);
+    mkv_mosaic_set_manager(MKV_MOSAIC_MANAGER_ASYNC);
 }
 END_TEST
 
@@ -312,7 +356,7 @@ START_TEST(partial_rope_on_gpu_is_the_cpu_pass)
     c.rope_dim = 8;
     mkv_model *m = random_model(&c, 5);
     int32_t *tok = test_tokens(150, c.vocab_size, 3);
-    compare_decode(m, tok, 150, 40, 64, 0, 0, 0, NULL, "partial RoPE model");
+    compare_decode(m, tok, 150, 40, 64, 0, 0, 0, NULL, NULL, "partial RoPE model");
     free(tok);
     mkv_model_free(m);
 }
@@ -328,8 +372,8 @@ START_TEST(smollm2_on_gpu_is_the_cpu_pass)
     int32_t *ids;
     size_t n;
     ck_assert_int_eq(mkv_tokenizer_encode(lm.tok, prompt, strlen(prompt), 0, &ids, &n, &err), MKV_OK);
-    compare_decode(lm.model, ids, (int)n, 32, 0, 0, 0, 0, NULL, "SmolLM2-135M");
-    compare_decode(lm.model, ids, (int)n, 32, 0, 1, 0, 0, NULL, "SmolLM2-135M");
+    compare_decode(lm.model, ids, (int)n, 32, 0, 0, 0, 0, NULL, NULL, "SmolLM2-135M");
+    compare_decode(lm.model, ids, (int)n, 32, 0, 1, 0, 0, NULL, NULL, "SmolLM2-135M");
     free(ids);
     mkv_loaded_model_free(&lm);
 }
@@ -416,6 +460,19 @@ START_TEST(gpu_decoder_refuses_misuse)
     ck_assert_ptr_nonnull(oq.method);
     ck_assert_int_eq(mkv_decoder_prefill(m, tok, 4, &oq, logits, &d, &err), MKV_EUNSUP);
     ck_assert_msg(strstr(err.msg, "method 'kivi' has no GPU decode path") != NULL, "%s", err.msg);
+    /* mosaic: a selection the GPU kernel does not make, and a prompt too
+     * short to leave a packed segment */
+    oq.method = mkv_method_find("mosaic");
+    mkv_params mp;
+    mkv_params_init(&mp, oq.method->params);
+    ck_assert_int_ge(mkv_params_parse_list(&mp, "refine=2", &err), 0);
+    oq.params = &mp;
+    ck_assert_int_eq(mkv_decoder_prefill(m, tok, 4, &oq, logits, &d, &err), MKV_EUNSUP);
+    ck_assert_msg(strstr(err.msg, "refine=2") != NULL, "%s", err.msg);
+    oq.params = NULL;
+    ck_assert_int_eq(mkv_decoder_prefill(m, tok, 4, &oq, logits, &d, &err), MKV_EUNSUP);
+    ck_assert_msg(strstr(err.msg, "leaves no packed segment") != NULL, "%s", err.msg);
+    ck_assert_ptr_null(d);
     mkv_model_free(m);
 }
 END_TEST
@@ -458,6 +515,7 @@ static Suite *gpu_decode_suite(void)
     tcase_add_test(tc, shapes_on_gpu_are_the_cpu_pass);
     tcase_add_test(tc, filled_caches_on_gpu_are_the_cpus);
     tcase_add_test(tc, quest_on_gpu_is_the_cpus);
+    tcase_add_test(tc, mosaic_on_gpu_is_the_cpus);
     tcase_add_test(tc, smollm2_on_gpu_is_the_cpu_pass);
     tcase_add_test(tc, perplexity_on_gpu_is_the_cpus);
     tcase_add_test(tc, gpu_decoder_refuses_misuse);

@@ -685,7 +685,7 @@ static void run_case(const pcase *pc, pstats *st)
         hp[i] = &h[i];
     }
     mkv_gpu_layout lay;
-    ck_assert_msg(mkv_gpu_layout_build(hp, nh, pc->temp, &lay, &err) == MKV_OK, "layout: %s", err.msg);
+    ck_assert_msg(mkv_gpu_layout_build(hp, nh, pc->temp, 0, &lay, &err) == MKV_OK, "layout: %s", err.msg);
     mkv_packed_cache *cache = NULL;
     ck_assert_msg(mkv_cuda_mosaic_upload(&lay.l, &cache, &err) == MKV_OK, "upload: %s", err.msg);
     const int bits = pc->blockkey_bits == 8 ? 8 : 16;
@@ -1267,7 +1267,7 @@ START_TEST(test_refusals)
     compress(&hd, &c, &h);
     const mkv_mosaic_head *hp = &h;
     mkv_gpu_layout lay;
-    ck_assert_int_eq(mkv_gpu_layout_build(&hp, 1, 0, &lay, &err), MKV_OK);
+    ck_assert_int_eq(mkv_gpu_layout_build(&hp, 1, 0, 0, &lay, &err), MKV_OK);
     mkv_packed_cache *cache = NULL;
 
     mkv_packed_layout bad = lay.l;

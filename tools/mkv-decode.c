@@ -30,6 +30,7 @@
 #include "core/tensor.h"
 #include "decode/decoder.h"
 #include "decode/needle.h"
+#include "gpu/decode_gpu.h"
 #include "methods/method.h"
 #include "mkv_cuda.h"
 #include "model/prompt.h"
@@ -191,11 +192,11 @@ static void usage(FILE *fp, int status)
             "      --fill N         the full cache's first N positions filled directly with\n"
             "                       synthetic keys and values (no prefill), the prompt after\n"
             "                       them: long contexts in seconds (the shape's context grows\n"
-            "                       to hold them); also quest's with --device gpu\n"
+            "                       to hold them); also quest's and mosaic's with --device gpu\n"
             "      --chunk N        prefill chunk in tokens (default 512)\n\n"
             "Device:\n"
             "      --device D       gpu: the forward pass and the dense cache on the GPU\n"
-            "                       (methods full and quest so far); cpu; auto (default): the GPU\n"
+            "                       (methods full, quest and mosaic so far); cpu; auto (default): the GPU\n"
             "                       when this build has CUDA, a GPU is there and the method\n"
             "                       is full\n"
             "      --gpu-weights T  the GPU's copy of the matrices: f32 (default) or f16\n\n",
@@ -531,9 +532,16 @@ static void parse_args(int argc, char **argv, decode_args *a)
     if (a->shape && (a->ppl || a->needle))
         misuse(a->ppl ? "--ppl needs a real model, not --shape (random weights measure speed only)"
                       : "--needle needs a real model, not --shape (random weights measure speed only)");
-    if (a->device == MKV_DEVICE_GPU && strcmp(a->method->name, "full") != 0 && strcmp(a->method->name, "quest") != 0) {
-        mkv_usage_error("method '%s' has no GPU decode path yet (only full and quest have); use --device cpu",
+    const int on_gpu_mosaic = a->device == MKV_DEVICE_GPU && strcmp(a->method->name, "mosaic") == 0;
+    if (a->device == MKV_DEVICE_GPU && strcmp(a->method->name, "full") != 0 && strcmp(a->method->name, "quest") != 0 &&
+        !on_gpu_mosaic) {
+        mkv_usage_error("method '%s' has no GPU decode path yet (only full, quest and mosaic have); use --device cpu",
                         a->method->name);
+        exit(2);
+    }
+    char why[160];
+    if (on_gpu_mosaic && !mkv_gpu_decode_mosaic_supports(&a->params, why, sizeof why)) {
+        mkv_usage_error("mosaic on the GPU: %s; use --device cpu", why);
         exit(2);
     }
     if (a->given[OPT_GPU_WEIGHTS] && a->device == MKV_DEVICE_CPU)
@@ -549,9 +557,9 @@ static void parse_args(int argc, char **argv, decode_args *a)
     if (a->fill && !a->shape)
         misuse("--fill is for speed runs with --shape (synthetic rows under a real model mean nothing)");
     if (a->fill && strcmp(a->method->name, "full") != 0 &&
-        !(strcmp(a->method->name, "quest") == 0 && a->device == MKV_DEVICE_GPU)) {
-        mkv_usage_error("--fill fills the full cache (and quest's with --device gpu); method '%s' compresses a "
-                        "real prefill", a->method->name);
+        !((strcmp(a->method->name, "quest") == 0 || on_gpu_mosaic) && a->device == MKV_DEVICE_GPU)) {
+        mkv_usage_error("--fill fills the full cache (and quest's and mosaic's with --device gpu); method '%s' "
+                        "compresses a real prefill", a->method->name);
         exit(2);
     }
     mkv_error err;
@@ -600,11 +608,11 @@ static int resolve_device(decode_args *a, mkv_error *err)
     const char *why = NULL;
     mkv_gpu_info info[1];
     int count = 0;
-    const int quest = strcmp(a->method->name, "quest") == 0;
-    if (strcmp(a->method->name, "full") != 0 && !quest)
+    const int full = strcmp(a->method->name, "full") == 0;
+    if (!full && strcmp(a->method->name, "quest") != 0 && strcmp(a->method->name, "mosaic") != 0)
         why = "the method has no GPU decode path yet";
-    else if (quest && a->device != MKV_DEVICE_GPU)
-        why = "quest decodes on the GPU with --device gpu only";
+    else if (!full && a->device != MKV_DEVICE_GPU)
+        why = "quest and mosaic decode on the GPU with --device gpu only";
     else if (!mkv_cuda_built())
         why = "built without CUDA";
     else if (mkv_cuda_devices(info, 1, &count, err) != MKV_OK)

@@ -480,6 +480,11 @@ int mkv_ccache_attention(void *user, const mkv_capture_batch *b, float *out, mkv
     return MKV_OK;
 }
 
+void *mkv_ccache_state(const mkv_ccache *cc, int layer, int head)
+{
+    return cc->states[head_index(cc, layer, head)];
+}
+
 void mkv_ccache_get_stats(const mkv_ccache *cc, mkv_ccache_stats *s)
 {
     uint64_t heads = (uint64_t)cc->n_layers * (uint64_t)cc->n_kv_heads, per_token = 2u * (uint64_t)cc->d * 2u;

@@ -106,6 +106,10 @@ typedef struct {
 
 void mkv_ccache_get_stats(const mkv_ccache *cc, mkv_ccache_stats *s);
 
+/* The method's state of (layer, KV head) in a finished cache (what its
+ * load made; a GPU decode path converts it). */
+void *mkv_ccache_state(const mkv_ccache *cc, int layer, int head);
+
 /* Finish the methods' pending decode-time work (a manager's segments)
  * and publish it: the end of a run, never a decode step. */
 int mkv_ccache_flush(mkv_ccache *cc, mkv_error *err);

@@ -8,9 +8,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/log.h"
 #include "core/tensor.h"
 #include "decode/ccache.h"
 #include "decode/decoder.h"
+#include "gpu/decode_gpu.h"
 #include "model/forward.h"
 #include "mkv_cuda.h"
 
@@ -21,6 +23,7 @@ struct mkv_decoder {
     mkv_forward *f;            /* NULL when the pass runs on the GPU */
     mkv_cuda_llama *gpu;       /* the GPU forward pass and its dense cache */
     int gpu_quest_page;        /* that cache attended as Quest, with pages of this many tokens (0: dense) */
+    int gpu_mosaic;            /* the pass decodes over the packed MosaicKV cache the prefill left */
     mkv_ccache *cc;            /* NULL: the forward pass's own cache */
     int64_t prefilled;         /* tokens of the prefill */
     int64_t filled;            /* synthetic positions before them (mkv_decoder_opts.fill) */
@@ -30,7 +33,19 @@ struct mkv_decoder {
     int32_t *obs_pos;          /* [W] */
     float *obs_q;              /* [n_layers][n_heads][W][head_dim] */
     double prefill_seconds, compress_seconds;
+    mkv_params defaults;       /* the method's parameters when the options give none */
 };
+
+/* o with the method's default parameters (in d) where it gives none. */
+static mkv_decoder_opts with_params(mkv_decoder *d, const mkv_decoder_opts *o)
+{
+    mkv_decoder_opts r = *o;
+    if (r.method && !r.params) {
+        mkv_params_init(&d->defaults, r.method->params);
+        r.params = &d->defaults;
+    }
+    return r;
+}
 
 static double now(void)
 {
@@ -121,11 +136,31 @@ static int is_quest(const mkv_decoder_opts *o)
     return o->method && strcmp(o->method->name, "quest") == 0;
 }
 
-/* The full cache and Quest have GPU decode paths so far. */
+static int is_mosaic(const mkv_decoder_opts *o)
+{
+    return o->method && strcmp(o->method->name, "mosaic") == 0;
+}
+
+/* o's parameters, or the method's defaults in *store. */
+static const mkv_params *params_of(const mkv_decoder_opts *o, mkv_params *store)
+{
+    if (o->params)
+        return o->params;
+    mkv_params_init(store, o->method->params);
+    return store;
+}
+
+/* The full cache, Quest and MosaicKV have GPU decode paths so far. */
 static int check_gpu_method(const mkv_decoder_opts *o, mkv_error *err)
 {
-    if (o->gpu && !is_full(o) && !is_quest(o))
+    if (!o->gpu || is_full(o) || is_quest(o))
+        return MKV_OK;
+    if (!is_mosaic(o))
         return mkv_fail(err, MKV_EUNSUP, "method '%s' has no GPU decode path yet", o->method->name);
+    mkv_params store;
+    char why[160];
+    if (!mkv_gpu_decode_mosaic_supports(params_of(o, &store), why, sizeof why))
+        return mkv_fail(err, MKV_EUNSUP, "mosaic on the GPU: %s", why);
     return MKV_OK;
 }
 
@@ -133,12 +168,8 @@ static int check_gpu_method(const mkv_decoder_opts *o, mkv_error *err)
  * page bounds, attended by the Quest kernels with o's parameters. */
 static int gpu_use_quest(mkv_cuda_llama *g, const mkv_decoder_opts *o, int *page, mkv_error *err)
 {
-    mkv_params defaults;
-    const mkv_params *p = o->params;
-    if (!p) {
-        mkv_params_init(&defaults, o->method->params);
-        p = &defaults;
-    }
+    mkv_params store;
+    const mkv_params *p = params_of(o, &store);
     const mkv_quest_params qp = {(int)mkv_params_int(p, "page"), (int)mkv_params_int(p, "sink"),
                                  (int)mkv_params_int(p, "recent"), mkv_params_double(p, "budget"),
                                  strcmp(mkv_params_str(p, "agg"), "sum") == 0};
@@ -146,9 +177,10 @@ static int gpu_use_quest(mkv_cuda_llama *g, const mkv_decoder_opts *o, int *page
     return mkv_cuda_llama_use_quest(g, &qp, err);
 }
 
-/* The GPU forward pass of m with a cache of `positions` tokens. */
-static int create_gpu(const mkv_model *m, const mkv_decoder_opts *o, int64_t positions, mkv_cuda_llama **g,
-                      mkv_error *err)
+/* The GPU forward pass of m with a cache of `positions` tokens (external:
+ * none of its own, a compressed one to be handed over). */
+static int create_gpu(const mkv_model *m, const mkv_decoder_opts *o, int64_t positions, int external,
+                      mkv_cuda_llama **g, mkv_error *err)
 {
     const mkv_model_config *c = &m->cfg;
     if (positions > c->max_seq_len)
@@ -177,7 +209,7 @@ static int create_gpu(const mkv_model *m, const mkv_decoder_opts *o, int64_t pos
         .rope_dim = c->rope_dim, .rope_half = c->rope_layout == MKV_ROPE_HALF, .rope_inv_freq = inv_freq,
         .rms_eps = c->rms_eps, .max_seq_len = (int)positions, .chunk = o->chunk > 0 ? o->chunk : DEFAULT_CHUNK,
         .weights_f16 = o->gpu_f16_weights, .tok_embedding = m->tok_embedding, .rms_final = m->rms_final,
-        .classifier = m->classifier, .layers = layers};
+        .classifier = m->classifier, .layers = layers, .external_cache = external};
     int rc = mkv_cuda_llama_create(&desc, g, err);
     free(layers);
     free(inv_freq);
@@ -198,6 +230,43 @@ static int use_ccache(mkv_decoder *d, mkv_error *err)
     if (!rc)
         mkv_forward_set_attention(d->f, mkv_ccache_attention, d->cc);
     return rc;
+}
+
+/* MosaicKV on the GPU: the packed cache the CPU's prefill and compression
+ * left goes to a GPU pass, which decodes from then on; the CPU's pass and
+ * cache are freed.  The GPU closes no segment: its open segments take
+ * every token leaving the recent windows (the CPU's --manager off). */
+static int use_gpu_mosaic(mkv_decoder *d, const mkv_decoder_opts *o, int64_t positions, mkv_error *err)
+{
+    const mkv_model_config *c = &d->model->cfg;
+    const int n = c->n_layers * c->n_kv_heads;
+    mkv_params store;
+    const mkv_params *p = params_of(o, &store);
+    const int64_t opens = mkv_params_int(p, "segment") / 4;
+    if (o->max_new > opens)
+        mkv_warn("mosaic on the GPU closes no segment: %d decoded tokens all stay in each head's open segment "
+                 "(the CPU's manager would close one after %lld; --manager off decodes as the GPU does)",
+                 o->max_new, (long long)opens);
+    void **states = calloc((size_t)n, sizeof *states);
+    if (!states)
+        return mkv_fail(err, MKV_ENOMEM, "out of memory for the state list");
+    for (int l = 0; l < c->n_layers; l++)
+        for (int h = 0; h < c->n_kv_heads; h++)
+            states[l * c->n_kv_heads + h] = mkv_ccache_state(d->cc, l, h);
+    int rc = mkv_gpu_decode_mosaic_check(states, n, p, err);
+    if (!rc)
+        rc = create_gpu(d->model, o, positions, 1, &d->gpu, err);
+    if (!rc)
+        rc = mkv_gpu_decode_use_mosaic(d->gpu, states, n, p, o->max_new, err);
+    free(states);
+    if (rc)
+        return rc;
+    mkv_ccache_free(d->cc);
+    d->cc = NULL;
+    mkv_forward_free(d->f);
+    d->f = NULL;
+    d->gpu_mosaic = 1;
+    return MKV_OK;
 }
 
 /* Give d a compressed cache built from the prefill cache of src, and make
@@ -238,23 +307,44 @@ int mkv_decoder_prefill(const mkv_model *m, const int32_t *tokens, int64_t n, co
         return rc;
     if (o->fill < 0 || o->fill > INT32_MAX)
         return mkv_fail(err, MKV_EUSAGE, "%lld positions to fill", (long long)o->fill);
-    if (o->fill > 0 && !is_full(o) && !(o->gpu && is_quest(o)))
+    if (o->fill > 0 && !is_full(o) && !(o->gpu && (is_quest(o) || is_mosaic(o))))
         return mkv_fail(err, MKV_EUNSUP,
-                        "method '%s' compresses a prefill; only the full cache (and Quest on the GPU) is filled",
-                        o->method->name);
+                        "method '%s' compresses a prefill; only the full cache (and Quest's and mosaic's on the GPU) "
+                        "is filled", o->method->name);
     const int64_t positions = o->fill + n + o->max_new;
     mkv_decoder *d = calloc(1, sizeof *d);
     if (!d)
         return mkv_fail(err, MKV_ENOMEM, "out of memory for the decoder");
+    const mkv_decoder_opts resolved = with_params(d, o);
+    o = &resolved;
     d->model = m;
     d->prefilled = n;
     d->filled = o->fill;
     d->W = (int)(o->window < n ? o->window : n);
     const mkv_model_config *c = &m->cfg;
-    if (o->gpu) {
+    if (o->gpu && is_mosaic(o) && o->fill) {
+        /* a synthetic packed cache, the prompt decoded after it token by token */
+        mkv_params store;
+        rc = create_gpu(m, o, positions, 1, &d->gpu, err);
+        if (!rc)
+            rc = mkv_gpu_decode_fill_mosaic(d->gpu, (int)o->fill, c->n_layers * c->n_kv_heads, c->head_dim,
+                                            params_of(o, &store), (int)(n + o->max_new), o->fill_seed, err);
+        double t0 = now();
+        for (int64_t i = 0; i < n && !rc; i++)
+            rc = mkv_cuda_llama_run(d->gpu, tokens + i, 1, i == n - 1 ? logits : NULL, err);
+        d->prefill_seconds = now() - t0;
+        if (rc) {
+            mkv_decoder_free(d);
+            return rc;
+        }
+        d->gpu_mosaic = 1;
+        *out = d;
+        return MKV_OK;
+    }
+    if (o->gpu && !is_mosaic(o)) {
         /* full and Quest keep no observation queries: Quest's pages
          * bound the keys as they are */
-        rc = create_gpu(m, o, positions, &d->gpu, err);
+        rc = create_gpu(m, o, positions, 0, &d->gpu, err);
         if (!rc && o->fill)
             rc = mkv_cuda_llama_fill(d->gpu, (int)o->fill, o->fill_seed, err);
         double t0 = now();
@@ -307,7 +397,7 @@ int mkv_decoder_prefill(const mkv_model *m, const int32_t *tokens, int64_t n, co
         double t1 = now();
         rc = by_layer ? mkv_ccache_end(d->cc, err) : mkv_ccache_fill(d->cc, d->f, err);
         if (!rc)
-            rc = use_ccache(d, err);
+            rc = o->gpu ? use_gpu_mosaic(d, o, positions, err) : use_ccache(d, err);
         d->compress_seconds += now() - t1;
     }
     if (rc) {
@@ -336,6 +426,8 @@ int mkv_decoder_fork(const mkv_decoder *full, const mkv_decoder_opts *o, mkv_dec
     mkv_decoder *d = calloc(1, sizeof *d);
     if (!d)
         return mkv_fail(err, MKV_ENOMEM, "out of memory for the decoder");
+    const mkv_decoder_opts resolved = with_params(d, o);
+    o = &resolved;
     d->model = full->model;
     d->prefilled = full->prefilled;
     d->prefill_seconds = full->prefill_seconds;
@@ -370,6 +462,15 @@ void mkv_decoder_get_stats(const mkv_decoder *d, mkv_decoder_stats *s)
     s->prefill_seconds = d->prefill_seconds;
     s->compress_seconds = d->compress_seconds;
     s->logical_bytes = (uint64_t)s->tokens * per_token;
+    if (d->gpu_mosaic) {
+        /* the device bytes of the packed cache, room for the decode's tokens included */
+        s->prefix_tokens = d->filled + d->prefilled;
+        s->tail_tokens = d->stepped;
+        s->bytes_held = mkv_cuda_llama_cache_bytes(d->gpu);
+        s->bytes_read = d->stepped ? mkv_cuda_llama_step_bytes_read(d->gpu) : 0;
+        s->growth.temp_tokens = d->stepped;
+        return;
+    }
     if (d->gpu_quest_page) {
         /* quest's arrays (lib/methods/quest.c): K and V, and a minimum and
          * a maximum per page, all 16-bit */

@@ -27,18 +27,21 @@
 
 typedef struct {
     const mkv_method *method;   /* NULL or the "full" method: the dense cache */
-    const mkv_params *params;
+    const mkv_params *params;   /* NULL: the method's defaults */
     int threads;                /* forward pass and method workers (>= 1) */
     int chunk;                  /* prefill chunk in tokens; 0: 512 */
     int window;                 /* observation queries: the last window prefill positions (>= 1) */
     int max_new;                /* decode steps after the prefill */
-    int gpu;                    /* 1: the forward pass and its dense cache on the
-                                   GPU (the full cache only: other methods are
-                                   MKV_EUNSUP) */
+    int gpu;                    /* 1: the forward pass on the GPU, with its dense cache
+                                   (full, Quest) or the packed cache the CPU's
+                                   compression left (MosaicKV); other methods are
+                                   MKV_EUNSUP */
     int gpu_f16_weights;        /* with gpu: matrices in fp16 instead of float32 */
     int64_t fill;               /* > 0: the full cache's first `fill` positions hold the
                                    synthetic rows of core/kvfill.h (fill_seed) and the
-                                   prefill runs after them: speed runs at long contexts */
+                                   prefill runs after them: speed runs at long contexts
+                                   (on the GPU also Quest's, and MosaicKV's as a synthetic
+                                   packed cache, the prompt then decoded step by step) */
     uint64_t fill_seed;
 } mkv_decoder_opts;
 

@@ -221,6 +221,25 @@ int mkv_cuda_mosaic_append(mkv_packed_cache *c, int head, const float *k, const 
     return mkv_fail(err, MKV_EUNSUP, "GPU encode: built without CUDA");
 }
 
+int mkv_cuda_mosaic_plan_advance(mkv_packed_plan *p, const int64_t *pos, void *stream, int *replan, mkv_error *err)
+{
+    (void)p; (void)pos; (void)stream; (void)replan;
+    return mkv_fail(err, MKV_EUNSUP, "GPU packed attention: built without CUDA");
+}
+
+int mkv_cuda_mosaic_grow(mkv_packed_cache *c, int first, int n, const float *k, const float *v, void *stream,
+                         mkv_error *err)
+{
+    (void)c; (void)first; (void)n; (void)k; (void)v; (void)stream;
+    return mkv_fail(err, MKV_EUNSUP, "GPU encode: built without CUDA");
+}
+
+int mkv_cuda_mosaic_grow_check(mkv_packed_cache *c, mkv_error *err)
+{
+    (void)c; (void)err;
+    return MKV_OK;
+}
+
 int mkv_cuda_eigh_batched(const double *gram, int d, int batch, double *R, double *evals, mkv_error *err)
 {
     (void)gram; (void)d; (void)batch; (void)R; (void)evals;
@@ -259,6 +278,33 @@ uint64_t mkv_cuda_llama_cache_bytes(const mkv_cuda_llama *g) { (void)g; return 0
 int mkv_cuda_llama_use_quest(mkv_cuda_llama *g, const mkv_quest_params *qp, mkv_error *err)
 {
     (void)g; (void)qp;
+    return mkv_fail(err, MKV_EUNSUP, "GPU forward pass: built without CUDA");
+}
+
+int mkv_cuda_llama_fill_mosaic(mkv_cuda_llama *g, int n, const mkv_packed_synth *s, const mkv_packed_params *pp,
+                               mkv_error *err)
+{
+    (void)g; (void)n; (void)s; (void)pp;
+    return mkv_fail(err, MKV_EUNSUP, "GPU forward pass: built without CUDA");
+}
+
+int mkv_cuda_mosaic_synth_segment(const mkv_packed_synth *s, mkv_packed_seg *g, mkv_error *err)
+{
+    (void)s; (void)g;
+    return mkv_fail(err, MKV_EUNSUP, "GPU packed attention: built without CUDA");
+}
+
+int mkv_cuda_mosaic_synth(const mkv_packed_synth *s, mkv_packed_cache **out, mkv_error *err)
+{
+    (void)s;
+    *out = NULL;
+    return mkv_fail(err, MKV_EUNSUP, "GPU packed attention: built without CUDA");
+}
+
+int mkv_cuda_llama_use_mosaic(mkv_cuda_llama *g, const mkv_packed_layout *l, const mkv_packed_params *pp,
+                              mkv_error *err)
+{
+    (void)g; (void)l; (void)pp;
     return mkv_fail(err, MKV_EUNSUP, "GPU forward pass: built without CUDA");
 }
 

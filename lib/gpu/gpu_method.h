@@ -27,6 +27,11 @@
 int mkv_gpu_method_usable(const mkv_method *m, const mkv_params *p, const mkv_dump_meta *meta, char *why,
                           size_t len);
 
+/* Whether the packed kernels take the selection of mosaic (or uniform2d)
+ * parameters p: blocks of 1, 2, 4, 8 or 16 tokens, refine=1.  0 and the
+ * reason in why when not. */
+int mkv_gpu_mosaic_kernel_takes(const mkv_params *p, char *why, size_t len);
+
 /* Answer every query of (layer, head) with method m's GPU kernel over the
  * arrays of compressed dump c (the scale is 1/sqrt(d)): the evaluation
  * loop's device hook (mkv_eval_device of methods/evaluate.h).  Not

@@ -45,9 +45,8 @@ static int64_t blockkeys8_delta(const mkv_gpu_layout *g, int64_t pos)
     return delta;
 }
 
-static int mosaic_gpu_supports(const mkv_params *p, const mkv_dump_meta *meta, char *why, size_t len)
+int mkv_gpu_mosaic_kernel_takes(const mkv_params *p, char *why, size_t len)
 {
-    (void)meta;
     const int64_t B = mkv_params_int(p, "block");
     if (B != 1 && B != 2 && B != 4 && B != 8 && B != 16) {
         snprintf(why, len, "block=%lld (the GPU kernel takes 1, 2, 4, 8 or 16 tokens)", (long long)B);
@@ -58,6 +57,12 @@ static int mosaic_gpu_supports(const mkv_params *p, const mkv_dump_meta *meta, c
         return 0;
     }
     return 1;
+}
+
+static int mosaic_gpu_supports(const mkv_params *p, const mkv_dump_meta *meta, char *why, size_t len)
+{
+    (void)meta;
+    return mkv_gpu_mosaic_kernel_takes(p, why, len);
 }
 
 static int mosaic_gpu_attend(const mkv_params *pr, mkv_cdump *c, int layer, int head, const mkv_eval_queries *q,
@@ -81,7 +86,7 @@ static int mosaic_gpu_attend(const mkv_params *pr, mkv_cdump *c, int layer, int 
     mkv_gpu_devset ds = {0};
     int32_t *heads = mkv_calloc((size_t)q->W, sizeof *heads, "head table", err);
     uint8_t *blocks = NULL;
-    rc = heads ? mkv_gpu_layout_build(&hp, 1, 0, &g, err) : (err ? (int)err->code : MKV_ENOMEM);
+    rc = heads ? mkv_gpu_layout_build(&hp, 1, 0, 0, &g, err) : (err ? (int)err->code : MKV_ENOMEM);
     if (rc != MKV_OK) {
         mkv_free(heads);
         mkv_mosaic_head_free(&h);

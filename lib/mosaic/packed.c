@@ -678,7 +678,7 @@ static void put_rotation(const uint16_t *R, int d, int dp, int dpad, uint16_t *o
             out[(size_t)j * dpad + c] = c < dp ? R[(size_t)j * dp + c] : 0;
 }
 
-int mkv_gpu_layout_build(const mkv_mosaic_head *const *hs, int n, int64_t temp_tokens, mkv_gpu_layout *g,
+int mkv_gpu_layout_build(const mkv_mosaic_head *const *hs, int n, int64_t temp_tokens, int open, mkv_gpu_layout *g,
                          mkv_error *err)
 {
     memset(g, 0, sizeof *g);
@@ -702,8 +702,10 @@ int mkv_gpu_layout_build(const mkv_mosaic_head *const *hs, int n, int64_t temp_t
             rec_bytes += nb * sg.rec_bytes;
             n_bk += nb * sg.bk_width;
             n_rot += (ks->rotate ? (int64_t)d * sg.dk : 0) + (vs->rotate ? (int64_t)d * sg.dv : 0);
-            if (temp && s == h->k.nseg - 1)
+            if (temp && s == h->k.nseg - 1) {
                 rec_bytes += mkv_mosaic_nblocks(temp_tokens, B) * sg.rec_bytes;
+                n_bk += open ? mkv_mosaic_nblocks(temp_tokens, B) * sg.bk_width : 0;
+            }
         }
     }
     g->heads = mkv_calloc((size_t)n, sizeof *g->heads, "GPU head table", err);
@@ -789,14 +791,16 @@ int mkv_gpu_layout_build(const mkv_mosaic_head *const *hs, int n, int64_t temp_t
         if (temp_tokens > 0 && h->k.nseg > 0) {
             mkv_packed_seg *sg = &g->segs[seg_row++];
             *sg = g->segs[seg_row - 2];   /* the last segment's strategy and rotations */
-            sg->start = h->T;
+            sg->start = open ? h->T - h->recent_n : h->T;
             sg->len = 0;
             sg->n_blocks = (int32_t)mkv_mosaic_nblocks(temp_tokens, B);
             sg->first_block = blocks;
             sg->rec_off = rec_off;
-            sg->bk_off = -1;
-            sg->always = 1;
+            sg->bk_off = open ? bk_off : -1;
+            sg->always = !open;
+            sg->open = open;
             rec_off += (int64_t)sg->n_blocks * sg->rec_bytes;
+            bk_off += open ? (int64_t)sg->n_blocks * sg->bk_width : 0;
             blocks += sg->n_blocks;
         }
         hd->n_seg = (int32_t)(seg_row - hd->first_seg);

@@ -268,12 +268,16 @@ typedef struct {
 } mkv_gpu_layout;
 
 /* Build the layout of n heads (same head_dim and block size).  With
- * temp_tokens > 0 every head that has a segment gets a temporary region
- * for that many tokens after its T tokens, with its last segment's
- * strategy and rotations (what mkv_cuda_mosaic_append encodes with).
- * MKV_EUNSUP (with the reason) for shapes the GPU kernel does not take. */
-int mkv_gpu_layout_build(const mkv_mosaic_head *const *heads, int n, int64_t temp_tokens, mkv_gpu_layout *out,
-                         mkv_error *err);
+ * temp_tokens > 0 every head that has a segment gets room for that many
+ * new tokens with its last segment's strategy and rotations: open 0, a
+ * temporary region after its T tokens, attended whole (what
+ * mkv_cuda_mosaic_append encodes into); open 1, an open segment after its
+ * last segment, scored with block keys of the same shape (what
+ * mkv_cuda_mosaic_grow packs the tokens leaving the recent rows into, as
+ * lib/mosaic/decode.c grows a head).  MKV_EUNSUP (with the reason) for
+ * shapes the GPU kernel does not take. */
+int mkv_gpu_layout_build(const mkv_mosaic_head *const *heads, int n, int64_t temp_tokens, int open,
+                         mkv_gpu_layout *out, mkv_error *err);
 void mkv_gpu_layout_free(mkv_gpu_layout *g);
 
 /* bytes_read of mkv_mosaic_attend (rule 5 of lib/mosaic/method.c) for a

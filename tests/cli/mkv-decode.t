@@ -52,7 +52,7 @@ $ mkv-decode model.bin -p hi --fill 100
 ! mkv-decode: --fill is for speed runs with --shape (synthetic rows under a real model mean nothing); try 'mkv-decode --help'
 [2]
 $ mkv-decode --shape smollm2-135m --fill 100 -m quest
-! mkv-decode: --fill fills the full cache (and quest's with --device gpu); method 'quest' compresses a real prefill
+! mkv-decode: --fill fills the full cache (and quest's and mosaic's with --device gpu); method 'quest' compresses a real prefill
 [2]
 $ mkv-decode model.bin --ppl text.txt --fill 100
 ! mkv-decode: --fill is not an option of --ppl; try 'mkv-decode --help'
@@ -179,7 +179,7 @@ $ mkv-decode model.bin --tokenizer tok.bin --needle --lengths 300 --prompts out.
 
 # ---------------------------------------------------------------- the device: usage errors (exit 2)
 $ mkv-decode model.bin -p hi -m kivi --device gpu
-! mkv-decode: method 'kivi' has no GPU decode path yet (only full and quest have); use --device cpu
+! mkv-decode: method 'kivi' has no GPU decode path yet (only full, quest and mosaic have); use --device cpu
 [2]
 $ mkv-decode model.bin -p hi --device tpu
 ! mkv-decode: invalid value 'tpu' for --device: expected auto, cpu or gpu

@@ -63,9 +63,9 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, int dim, float ep
  * angle in double and both rounded to float, as mkv_rope_angle does:
  * cs [row][pairs], once per pass over the layers (every layer, q and k,
  * turns by the same angles). */
-__global__ void rope_table_kernel(const double *inv_freq, int pairs, int pos0, float2 *cs)
+__global__ void rope_table_kernel(const double *inv_freq, int pairs, const int *row_pos, float2 *cs)
 {
-    const double pos = (double)(pos0 + (int)blockIdx.x);
+    const double pos = (double)row_pos[blockIdx.x];
     for (int j = threadIdx.x; j < pairs; j += blockDim.x) {
         double sd, cd;
         sincos(pos * inv_freq[j], &sd, &cd);
@@ -73,13 +73,13 @@ __global__ void rope_table_kernel(const double *inv_freq, int pairs, int pos0, f
     }
 }
 
-/* Head blockIdx.x (query heads, then key heads) of token row blockIdx.y
- * at position pos0 + blockIdx.y: rotated by the angles of cs
- * (rope_table_kernel); a key head is then stored into one layer's cache in
- * fp16 with its value head. */
+/* Head blockIdx.x (query heads, then key heads) of token row blockIdx.y,
+ * request row_req[row] at position row_pos[row]: rotated by the angles of
+ * cs (rope_table_kernel); a key head is then stored with its value head
+ * into one layer's cache ([request][kv_head][max_seq][head_dim]) in fp16. */
 __global__ void rope_store_kernel(float *q, float *k, const float *v, int n_heads, int n_kv_heads, int head_dim,
-                                  int rope_dim, int half_layout, const float2 *cs, int64_t max_seq, int pos0,
-                                  __half *kc, __half *vc)
+                                  int rope_dim, int half_layout, const float2 *cs, int64_t max_seq,
+                                  const int *row_req, const int *row_pos, __half *kc, __half *vc)
 {
     const int pairs = rope_dim / 2, row = blockIdx.y, h = blockIdx.x, kvh = h - n_heads;
     const float2 *angle = cs + (size_t)row * pairs;
@@ -96,7 +96,7 @@ __global__ void rope_store_kernel(float *q, float *k, const float *v, int n_head
         return;
     __syncthreads();
     const float *vr = v + ((size_t)row * n_kv_heads + kvh) * head_dim;
-    const size_t at = ((size_t)kvh * (size_t)max_seq + (size_t)pos0 + row) * head_dim;
+    const size_t at = (((size_t)row_req[row] * n_kv_heads + kvh) * (size_t)max_seq + (size_t)row_pos[row]) * head_dim;
     for (int c = threadIdx.x; c < head_dim; c += blockDim.x) {
         kc[at + c] = __float2half_rn(r[c]);
         vc[at + c] = __float2half_rn(vr[c]);
@@ -124,16 +124,20 @@ __global__ void to_half_kernel(const float *src, __half *dst, size_t total)
 }
 
 /* Rows 0..n-1 of every layer and KV head: core/kvfill.h's values in fp16. */
-__global__ void fill_kv_kernel(int n_layers, int n_kv, int head_dim, int64_t max_seq, int n, uint64_t seed,
+/* Positions 0..n-1 of every layer, request and KV head (cache
+ * [layer][request][kv_head][max_seq][head_dim]); request r's rows come
+ * from seed + r x golden, so request 0's are the CPU pass's for seed. */
+__global__ void fill_kv_kernel(int n_layers, int batch, int n_kv, int head_dim, int64_t max_seq, int n, uint64_t seed,
                                __half *kc, __half *vc)
 {
-    const size_t per_head = (size_t)n * head_dim, total = (size_t)n_layers * n_kv * per_head;
+    const size_t per_head = (size_t)n * head_dim, total = (size_t)n_layers * batch * n_kv * per_head;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         const size_t lh = i / per_head, rest = i % per_head, t = rest / head_dim, c = rest % head_dim;
-        const int layer = (int)(lh / n_kv), head = (int)(lh % n_kv);
+        const int layer = (int)(lh / ((size_t)batch * n_kv)), req = (int)(lh / n_kv % batch), head = (int)(lh % n_kv);
+        const uint64_t rs = seed + (uint64_t)req * 0x9e3779b97f4a7c15ull;
         const size_t at = (lh * (size_t)max_seq + t) * head_dim + c;
-        kc[at] = __float2half_rn(mkv_kvfill_value(seed, layer, n_kv, head, (int64_t)t, head_dim, (int)c, 0));
-        vc[at] = __float2half_rn(mkv_kvfill_value(seed, layer, n_kv, head, (int64_t)t, head_dim, (int)c, 1));
+        kc[at] = __float2half_rn(mkv_kvfill_value(rs, layer, n_kv, head, (int64_t)t, head_dim, (int)c, 0));
+        vc[at] = __float2half_rn(mkv_kvfill_value(rs, layer, n_kv, head, (int64_t)t, head_dim, (int)c, 1));
     }
 }
 
@@ -429,7 +433,9 @@ struct plan_guard {
 
 struct mkv_cuda_llama {
     mkv_cuda_llama_desc d = {};
-    int q_dim = 0, kv_dim = 0, group = 0, pos = 0;
+    int q_dim = 0, kv_dim = 0, group = 0;
+    int batch = 1;                  /* requests, each with its own cache rows and position */
+    std::vector<int> pos;           /* [batch]: the positions each request has run */
     int dense_decode = 0;           /* the dense decode kernel takes this shape */
     int step_gemv = 0;              /* fp16 weights whose widest input fits gemv_kernel's shared memory */
     int sms = 0;
@@ -446,6 +452,7 @@ struct mkv_cuda_llama {
     cublasHandle_t blas = nullptr;
     mkv_device_buffer weights, inv_freq, rope_cs, kcache, vcache;
     mkv_device_buffer x, xb, q, k, v, att, h1, h3, xh, tokens, logits;
+    mkv_device_buffer row_req, row_pos;           /* a pass's rows: request and position of each */
     const void *emb = nullptr, *cls = nullptr;
     const float *rms_final = nullptr;
     std::vector<layer_dev> layers;
@@ -636,7 +643,8 @@ int setup(mkv_cuda_llama *g, mkv_error *err)
     MKV_CUDA_CHECK(cudaMemcpy(g->inv_freq.ptr, d->rope_inv_freq, pairs * sizeof(double), cudaMemcpyHostToDevice));
     MKV_CUDA_CHECK(g->rope_cs.alloc((size_t)d->chunk * (pairs ? pairs : 1) * sizeof(float2)));
     if (!d->external_cache) {
-        const size_t cache = (size_t)d->n_layers * d->n_kv_heads * (size_t)d->max_seq_len * d->head_dim * 2;
+        const size_t cache =
+            (size_t)d->n_layers * g->batch * d->n_kv_heads * (size_t)d->max_seq_len * d->head_dim * 2;
         MKV_CUDA_CHECK(g->kcache.alloc(cache));
         MKV_CUDA_CHECK(g->vcache.alloc(cache));
     }
@@ -651,7 +659,9 @@ int setup(mkv_cuda_llama *g, mkv_error *err)
     MKV_CUDA_CHECK(g->h3.alloc(ch * d->hidden_dim * 4));
     MKV_CUDA_CHECK(g->xh.alloc(ch * widest * 2));
     MKV_CUDA_CHECK(g->tokens.alloc(ch * 4));
-    MKV_CUDA_CHECK(g->logits.alloc((size_t)d->vocab_size * 4));
+    MKV_CUDA_CHECK(g->row_req.alloc(ch * 4));
+    MKV_CUDA_CHECK(g->row_pos.alloc(ch * 4));
+    MKV_CUDA_CHECK(g->logits.alloc((size_t)g->batch * d->vocab_size * 4));
     MKV_CUDA_CHECK(cudaDeviceSynchronize());
     return MKV_OK;
 }
@@ -715,35 +725,40 @@ void launch_causal(const mkv_cuda_llama *g, const __half *kc, const __half *vc, 
 /* A decode step of layer l over the packed cache: the new token grows
  * the layer's heads, the layer's plan moves to pos (a new plan when it
  * has no room), then the packed attention. */
-int attend_mosaic(mkv_cuda_llama *g, int l, int pos, mkv_error *err)
+int attend_mosaic(mkv_cuda_llama *g, int l, mkv_error *err)
 {
-    const int kv = g->d.n_kv_heads;
-    int rc = mkv_cuda_mosaic_grow(g->pc, l * kv, kv, g->k.as<float>(), g->v.as<float>(), NULL, err);
+    const int kv = g->d.n_kv_heads, B = g->batch;
+    /* heads (l, request, kv_head) in that order: the rows of k and v */
+    int rc = mkv_cuda_mosaic_grow(g->pc, l * B * kv, B * kv, g->k.as<float>(), g->v.as<float>(), NULL, err);
     if (rc)
         return rc;
-    const int64_t at = pos;
+    std::vector<int64_t> at(g->pos.begin(), g->pos.end());
     int replan = 1;
     mkv_packed_plan *&p = g->mosaic_plans[(size_t)l];
-    if (p && (rc = mkv_cuda_mosaic_plan_advance(p, &at, NULL, &replan, err)))
+    if (p && (rc = mkv_cuda_mosaic_plan_advance(p, at.data(), NULL, &replan, err)))
         return rc;
     if (replan) {
         mkv_cuda_mosaic_plan_free(p);
         p = nullptr;
-        std::vector<int32_t> heads((size_t)kv);
-        for (int h = 0; h < kv; h++)
-            heads[(size_t)h] = l * kv + h;
-        if ((rc = mkv_cuda_mosaic_plan(g->pc, &g->mp, heads.data(), &at, &p, err)))
+        std::vector<int32_t> heads((size_t)B * kv);
+        for (int h = 0; h < B * kv; h++)
+            heads[(size_t)h] = l * B * kv + h;
+        if ((rc = mkv_cuda_mosaic_plan(g->pc, &g->mp, heads.data(), at.data(), &p, err)))
             return rc;
     }
     return mkv_cuda_mosaic_run(p, g->q.as<float>(), g->att.as<float>(), NULL, err);
 }
 
-int attend(mkv_cuda_llama *g, int l, int pos0, int n, const mkv_dense_plan *plan, mkv_error *err)
+/* Layer l's attention for a pass: a decode step of every request (req < 0:
+ * the dense plan over the batch, or MosaicKV), a decode step of request req
+ * (the dense plan of one request, Quest, MosaicKV), or a chunk of request
+ * req from pos0 on (the causal kernel). */
+int attend(mkv_cuda_llama *g, int l, int req, int pos0, int n, const mkv_dense_plan *plan, mkv_error *err)
 {
     const mkv_cuda_llama_desc *d = &g->d;
     if (g->mosaic)
-        return attend_mosaic(g, l, pos0, err);
-    const size_t layer = (size_t)d->n_kv_heads * (size_t)d->max_seq_len * d->head_dim;
+        return attend_mosaic(g, l, err);
+    const size_t per_req = (size_t)d->n_kv_heads * (size_t)d->max_seq_len * d->head_dim, layer = per_req * g->batch;
     const __half *kc = g->kcache.as<__half>() + (size_t)l * layer, *vc = g->vcache.as<__half>() + (size_t)l * layer;
     if (g->quest) {
         __half *meta = g->quest_meta.as<__half>() + (size_t)l * d->n_kv_heads * g->quest_pages_max * 2 * d->head_dim;
@@ -756,6 +771,10 @@ int attend(mkv_cuda_llama *g, int l, int pos0, int n, const mkv_dense_plan *plan
                                         (const uint16_t *)vc, g->att.as<float>(), NULL, err)))
             return rc;
         return mkv_cuda_quest_add_tokens(g->quest_plan, g->quest_tokens.as<unsigned long long>(), NULL, err);
+    }
+    if (req > 0) {
+        kc += (size_t)req * per_req;
+        vc += (size_t)req * per_req;
     }
     if (plan)
         return mkv_cuda_dense_run(plan, g->q.as<float>(), (const uint16_t *)kc, (const uint16_t *)vc,
@@ -772,16 +791,17 @@ int attend(mkv_cuda_llama *g, int l, int pos0, int n, const mkv_dense_plan *plan
     return MKV_OK;
 }
 
-/* Rotate the chunk's q and k and store its K/V rows at pos0.. of layer l. */
-int rope_store(mkv_cuda_llama *g, int l, int pos0, int n, mkv_error *err)
+/* Rotate the pass's q and k and store its K/V rows into layer l's cache,
+ * each at its request and position (row_req, row_pos). */
+int rope_store(mkv_cuda_llama *g, int l, int n, mkv_error *err)
 {
     const mkv_cuda_llama_desc *d = &g->d;
-    const size_t layer = (size_t)d->n_kv_heads * (size_t)d->max_seq_len * d->head_dim;
+    const size_t layer = (size_t)g->batch * d->n_kv_heads * (size_t)d->max_seq_len * d->head_dim;
     __half *kc = g->kcache.ptr ? g->kcache.as<__half>() + (size_t)l * layer : nullptr;
     __half *vc = g->vcache.ptr ? g->vcache.as<__half>() + (size_t)l * layer : nullptr;
     rope_store_kernel<<<dim3(d->n_heads + d->n_kv_heads, n), 64>>>(
         g->q.as<float>(), g->k.as<float>(), g->v.as<float>(), d->n_heads, d->n_kv_heads, d->head_dim, d->rope_dim,
-        d->rope_half, g->rope_cs.as<float2>(), d->max_seq_len, pos0, kc, vc);
+        d->rope_half, g->rope_cs.as<float2>(), d->max_seq_len, g->row_req.as<int>(), g->row_pos.as<int>(), kc, vc);
     MKV_CUDA_CHECK_LAUNCH();
     return MKV_OK;
 }
@@ -839,7 +859,7 @@ int layer_step(mkv_cuda_llama *g, int l, int pos0, const mkv_dense_plan *plan, m
     qkv.split[0] = qd;
     qkv.split[1] = qd + kvd;
     int rc = gemv(g, qkv, err);
-    if (rc || (rc = rope_store(g, l, pos0, 1, err)) || (rc = attend(g, l, pos0, 1, plan, err)) ||
+    if (rc || (rc = rope_store(g, l, 1, err)) || (rc = attend(g, l, 0, pos0, 1, plan, err)) ||
         (rc = gemv(g, make_gemv(w->wo, qd, dim, GEMV_ADD, g->att.as<float>(), x), err)))
         return rc;
     gemv_job ffn = normed(make_gemv(w->w1, dim, d->hidden_dim, GEMV_SWIGLU, x, g->h1.as<float>()), w->rms_ffn, eps);
@@ -850,7 +870,7 @@ int layer_step(mkv_cuda_llama *g, int l, int pos0, const mkv_dense_plan *plan, m
 }
 
 /* One layer for a chunk of n tokens with cuBLAS. */
-int layer_chunk(mkv_cuda_llama *g, int l, int pos0, int n, const mkv_dense_plan *plan, mkv_error *err)
+int layer_chunk(mkv_cuda_llama *g, int l, int req, int pos0, int n, const mkv_dense_plan *plan, mkv_error *err)
 {
     const mkv_cuda_llama_desc *d = &g->d;
     const layer_dev *w = &g->layers[(size_t)l];
@@ -864,8 +884,8 @@ int layer_chunk(mkv_cuda_llama *g, int l, int pos0, int n, const mkv_dense_plan 
         (rc = gemm(g, w->wk, dim, g->kv_dim, n, in, k, 0.0f, err)) ||
         (rc = gemm(g, w->wv, dim, g->kv_dim, n, in, v, 0.0f, err)) ||
         (rc = add_bias(q, w->bq, g->q_dim, n, err)) || (rc = add_bias(k, w->bk, g->kv_dim, n, err)) ||
-        (rc = add_bias(v, w->bv, g->kv_dim, n, err)) || (rc = rope_store(g, l, pos0, n, err)) ||
-        (rc = attend(g, l, pos0, n, plan, err)) ||
+        (rc = add_bias(v, w->bv, g->kv_dim, n, err)) || (rc = rope_store(g, l, n, err)) ||
+        (rc = attend(g, l, req, pos0, n, plan, err)) ||
         (rc = operand(g, g->att.as<float>(), (size_t)n * g->q_dim, &in, err)) ||
         (rc = gemm(g, w->wo, g->q_dim, dim, n, in, x, 1.0f, err)) ||
         (rc = rmsnorm(g, x, w->rms_ffn, n, xb, err)) || (rc = operand(g, xb, (size_t)n * dim, &in, err)) ||
@@ -880,55 +900,76 @@ int layer_chunk(mkv_cuda_llama *g, int l, int pos0, int n, const mkv_dense_plan 
     return gemm(g, w->w2, hid, dim, n, in, x, 1.0f, err);
 }
 
-int run_chunk(mkv_cuda_llama *g, const int32_t *tokens, int n, float *logits, mkv_error *err)
+/* One pass over the layers: n tokens of request req from its position on
+ * (a prefill chunk, or its decode step when n is 1), or with req < 0 a
+ * decode step of every request (n = batch, row b request b's token).
+ * logits (host): the last row's, or every row's for a step of every
+ * request; NULL for none. */
+int run_pass(mkv_cuda_llama *g, const int32_t *tokens, int n, int req, float *logits, mkv_error *err)
 {
     const mkv_cuda_llama_desc *d = &g->d;
+    const bool all = req < 0;
+    std::vector<int> rr((size_t)n), rp((size_t)n);
+    for (int i = 0; i < n; i++) {
+        rr[(size_t)i] = all ? i : req;
+        rp[(size_t)i] = all ? g->pos[(size_t)i] : g->pos[(size_t)req] + i;
+    }
     MKV_CUDA_CHECK(cudaMemcpy(g->tokens.ptr, tokens, (size_t)n * 4, cudaMemcpyHostToDevice));
+    MKV_CUDA_CHECK(cudaMemcpy(g->row_req.ptr, rr.data(), (size_t)n * 4, cudaMemcpyHostToDevice));
+    MKV_CUDA_CHECK(cudaMemcpy(g->row_pos.ptr, rp.data(), (size_t)n * 4, cudaMemcpyHostToDevice));
     if (d->weights_f16)
         embed_kernel<<<n, 256>>>((const __half *)g->emb, g->tokens.as<int32_t>(), d->dim, g->x.as<float>());
     else
         embed_kernel<<<n, 256>>>((const float *)g->emb, g->tokens.as<int32_t>(), d->dim, g->x.as<float>());
     MKV_CUDA_CHECK_LAUNCH();
     if (d->rope_dim > 0) {
-        rope_table_kernel<<<n, 64>>>(g->inv_freq.as<double>(), d->rope_dim / 2, g->pos, g->rope_cs.as<float2>());
+        rope_table_kernel<<<n, 64>>>(g->inv_freq.as<double>(), d->rope_dim / 2, g->row_pos.as<int>(),
+                                     g->rope_cs.as<float2>());
         MKV_CUDA_CHECK_LAUNCH();
     }
+    const int pos0 = rp[0];
+    const int step = all || n == 1;   /* one new token per request involved */
     plan_guard plan;
     int rc;
     if (g->mosaic) {
         /* each layer advances its own plan (attend_mosaic) */
     } else if (g->quest) {
         const mkv_attn_shape s = {1, d->n_heads, d->n_kv_heads, d->head_dim, d->max_seq_len, 0, 0.0};
-        const int64_t len = g->pos + 1;
+        const int64_t len = pos0 + 1;
         mkv_cuda_quest_plan_free(g->quest_plan);
         g->quest_plan = nullptr;
         if ((rc = mkv_cuda_quest_plan(&s, &len, &len, &g->qp, &g->quest_plan, err)))
             return rc;
         MKV_CUDA_CHECK(cudaMemset(g->quest_tokens.ptr, 0, sizeof(unsigned long long)));
-    } else if (n == 1 && g->dense_decode) {
-        const mkv_attn_shape s = {1, d->n_heads, d->n_kv_heads, d->head_dim, d->max_seq_len, 0, 0.0};
-        const int64_t len = g->pos + 1;
-        if ((rc = mkv_cuda_dense_plan(&s, &len, &plan.p, err)))
+    } else if (step && g->dense_decode) {
+        const int rows = all ? g->batch : 1;
+        const mkv_attn_shape s = {rows, d->n_heads, d->n_kv_heads, d->head_dim, d->max_seq_len, 0, 0.0};
+        std::vector<int64_t> len((size_t)rows);
+        for (int b = 0; b < rows; b++)
+            len[(size_t)b] = rp[(size_t)b] + 1;
+        if ((rc = mkv_cuda_dense_plan(&s, len.data(), &plan.p, err)))
             return rc;
     }
-    const int step = n == 1 && g->step_gemv;
+    const int gemv_step = n == 1 && g->batch == 1 && g->step_gemv;
     for (int l = 0; l < d->n_layers; l++)
-        if ((rc = step ? layer_step(g, l, g->pos, plan.p, err) : layer_chunk(g, l, g->pos, n, plan.p, err)))
+        if ((rc = gemv_step ? layer_step(g, l, pos0, plan.p, err)
+                            : layer_chunk(g, l, all ? -1 : req, pos0, n, plan.p, err)))
             return rc;
     if (logits) {
         const void *in;
-        const float *last = g->x.as<float>() + (size_t)(n - 1) * d->dim;
-        if (g->step_gemv) {
-            if ((rc = gemv(g, normed(make_gemv(g->cls, d->dim, d->vocab_size, GEMV_STORE, last, g->logits.as<float>()),
+        const int rows = all ? n : 1;
+        const float *first = g->x.as<float>() + (size_t)(n - rows) * d->dim;
+        if (g->step_gemv && rows == 1) {
+            if ((rc = gemv(g, normed(make_gemv(g->cls, d->dim, d->vocab_size, GEMV_STORE, first, g->logits.as<float>()),
                                      g->rms_final, d->rms_eps),
                            err)))
                 return rc;
-        } else if ((rc = rmsnorm(g, last, g->rms_final, 1, g->xb.as<float>(), err)) ||
-                   (rc = operand(g, g->xb.as<float>(), (size_t)d->dim, &in, err)) ||
-                   (rc = gemm(g, g->cls, d->dim, d->vocab_size, 1, in, g->logits.as<float>(), 0.0f, err))) {
+        } else if ((rc = rmsnorm(g, first, g->rms_final, rows, g->xb.as<float>(), err)) ||
+                   (rc = operand(g, g->xb.as<float>(), (size_t)rows * d->dim, &in, err)) ||
+                   (rc = gemm(g, g->cls, d->dim, d->vocab_size, rows, in, g->logits.as<float>(), 0.0f, err))) {
             return rc;
         }
-        MKV_CUDA_CHECK(cudaMemcpy(logits, g->logits.ptr, (size_t)d->vocab_size * 4, cudaMemcpyDeviceToHost));
+        MKV_CUDA_CHECK(cudaMemcpy(logits, g->logits.ptr, (size_t)rows * d->vocab_size * 4, cudaMemcpyDeviceToHost));
     } else {
         MKV_CUDA_CHECK(cudaDeviceSynchronize());
     }
@@ -944,8 +985,11 @@ int run_chunk(mkv_cuda_llama *g, const int32_t *tokens, int n, float *logits, mk
         if ((rc = mkv_cuda_quest_counts(g->quest_plan, 0, &qc, err)))
             return rc;
         g->step_read = ((uint64_t)qc.pages * d->n_layers * d->n_kv_heads + tokens) * row;
-    } else if (n == 1) {
-        g->step_read = (uint64_t)(g->pos + 1) * d->n_layers * d->n_kv_heads * row;
+    } else if (step) {
+        uint64_t tokens = 0;
+        for (int i = 0; i < n; i++)
+            tokens += (uint64_t)rp[(size_t)i] + 1;
+        g->step_read = tokens * d->n_layers * d->n_kv_heads * row;
     }
     return MKV_OK;
 }
@@ -962,8 +1006,20 @@ extern "C" int mkv_cuda_llama_create(const mkv_cuda_llama_desc *d, mkv_cuda_llam
     if (!g)
         return mkv_fail(err, MKV_ENOMEM, "out of memory for the GPU forward pass");
     g->d = *d;
-    /* a chunk's rows are a grid dimension of the attention and RoPE kernels */
-    g->d.chunk = std::min(std::min(d->chunk, d->max_seq_len), MAX_CHUNK);
+    g->batch = d->batch > 1 ? d->batch : 1;
+    if (g->batch > MAX_CHUNK) {
+        delete g;
+        return mkv_fail(err, MKV_EUNSUP, "GPU forward pass: a batch of %d requests; at most %d", d->batch, MAX_CHUNK);
+    }
+    try {
+        g->pos.assign((size_t)g->batch, 0);
+    } catch (const std::bad_alloc &) {
+        delete g;
+        return mkv_fail(err, MKV_ENOMEM, "out of memory for the GPU forward pass");
+    }
+    /* a chunk's rows are a grid dimension of the attention and RoPE kernels;
+     * a decode step of every request is one pass of batch rows */
+    g->d.chunk = std::max(std::min(std::min(d->chunk, d->max_seq_len), MAX_CHUNK), g->batch);
     g->q_dim = d->n_heads * d->head_dim;
     g->kv_dim = d->n_kv_heads * d->head_dim;
     g->group = d->n_heads / d->n_kv_heads;
@@ -975,6 +1031,11 @@ extern "C" int mkv_cuda_llama_create(const mkv_cuda_llama_desc *d, mkv_cuda_llam
     if ((rc = mkv_cuda_dense_plan(&s, &one, &probe, &ignored)) == MKV_OK)
         g->dense_decode = 1;
     mkv_cuda_dense_plan_free(probe);
+    if (rc != MKV_EGPU && g->batch > 1 && !g->dense_decode) {
+        delete g;
+        return mkv_fail(err, MKV_EUNSUP, "GPU forward pass: a batch of requests needs the dense decode kernel's "
+                        "shapes (%s)", ignored.msg);
+    }
     if (rc == MKV_EGPU) {
         delete g;
         return mkv_fail(err, MKV_EGPU, "GPU forward pass: %s", ignored.msg);
@@ -989,7 +1050,12 @@ extern "C" int mkv_cuda_llama_create(const mkv_cuda_llama_desc *d, mkv_cuda_llam
 
 extern "C" void mkv_cuda_llama_free(mkv_cuda_llama *g) { delete g; }
 
-extern "C" int mkv_cuda_llama_pos(const mkv_cuda_llama *g) { return g->pos; }
+extern "C" int mkv_cuda_llama_pos(const mkv_cuda_llama *g) { return g->pos[0]; }
+
+extern "C" int mkv_cuda_llama_request_pos(const mkv_cuda_llama *g, int request)
+{
+    return request >= 0 && request < g->batch ? g->pos[(size_t)request] : -1;
+}
 
 extern "C" uint64_t mkv_cuda_llama_weight_bytes(const mkv_cuda_llama *g) { return g->weights.bytes; }
 
@@ -1004,10 +1070,11 @@ extern "C" uint64_t mkv_cuda_llama_step_bytes_read(const mkv_cuda_llama *g)
         return g->step_read;
     uint64_t bytes = 0;
     for (const mkv_packed_plan *p : g->mosaic_plans)
-        for (int h = 0; p && h < g->d.n_kv_heads; h++) {
+        for (int j = 0; p && j < g->batch * g->d.n_kv_heads; j++) {
             mkv_packed_counts counts;
             mkv_error ignored;
-            if (mkv_cuda_mosaic_selection(p, 0, h, NULL, NULL, &counts, &ignored) != MKV_OK)
+            if (mkv_cuda_mosaic_selection(p, j / g->d.n_kv_heads, j % g->d.n_kv_heads, NULL, NULL, &counts,
+                                          &ignored) != MKV_OK)
                 return 0;
             bytes += counts.device_bytes;
         }
@@ -1021,11 +1088,12 @@ const char *const MOSAIC_WHAT = "MosaicKV on the GPU";
 int mosaic_check(const mkv_cuda_llama *g, int head_dim, int n_heads, const mkv_packed_params *pp, mkv_error *err)
 {
     const mkv_cuda_llama_desc *d = &g->d;
-    if (!d->external_cache || g->pc || g->pos != 0)
+    if (!d->external_cache || g->pc || g->pos[0] != 0)
         return mkv_fail(err, MKV_EUSAGE, "%s: the pass must have no cache of its own and no tokens yet", MOSAIC_WHAT);
-    if (pp == NULL || head_dim != d->head_dim || n_heads != d->n_layers * d->n_kv_heads)
-        return mkv_fail(err, MKV_EUSAGE, "%s: the cache must hold head_dim %d and %d heads (layers x KV heads)",
-                        MOSAIC_WHAT, d->head_dim, d->n_layers * d->n_kv_heads);
+    if (pp == NULL || head_dim != d->head_dim || n_heads != d->n_layers * g->batch * d->n_kv_heads)
+        return mkv_fail(err, MKV_EUSAGE,
+                        "%s: the cache must hold head_dim %d and %d heads (layers x requests x KV heads)", MOSAIC_WHAT,
+                        d->head_dim, d->n_layers * g->batch * d->n_kv_heads);
     return MKV_OK;
 }
 
@@ -1045,11 +1113,11 @@ int mosaic_adopt(mkv_cuda_llama *g, mkv_packed_cache *c, int64_t T, const mkv_pa
         return mkv_fail(err, MKV_ENOMEM, "%s: out of host memory", MOSAIC_WHAT);
     }
     g->mp = *pp;
-    g->mp.batch = 1;
+    g->mp.batch = g->batch;
     g->mp.n_kv_heads = d->n_kv_heads;
     g->mp.n_heads = d->n_heads;
     g->mp.scale = 0;
-    g->pos = (int)T;
+    g->pos.assign((size_t)g->batch, (int)T);
     g->mosaic = 1;
     return MKV_OK;
 }
@@ -1094,12 +1162,14 @@ extern "C" int mkv_cuda_llama_use_quest(mkv_cuda_llama *g, const mkv_quest_param
     const mkv_cuda_llama_desc *d = &g->d;
     if (g->quest)
         return mkv_fail(err, MKV_EUSAGE, "the GPU cache already attends as Quest");
-    if (g->pos < 1)
+    if (g->batch > 1)
+        return mkv_fail(err, MKV_EUNSUP, "Quest on the GPU decodes one request, not a batch of %d", g->batch);
+    if (g->pos[0] < 1)
         return mkv_fail(err, MKV_EUSAGE, "Quest on the GPU starts from a filled or prefilled cache");
     if (d->head_dim != 64 && d->head_dim != 128)
         return mkv_fail(err, MKV_EUNSUP, "Quest on the GPU: head_dim %d; its kernels take 64 or 128", d->head_dim);
     const mkv_attn_shape s = {1, d->n_heads, d->n_kv_heads, d->head_dim, d->max_seq_len, 0, 0.0};
-    const int64_t len = g->pos;
+    const int64_t len = g->pos[0];
     mkv_quest_plan *p = nullptr;
     int rc = mkv_cuda_quest_plan(&s, &len, &len, qp, &p, err);
     if (rc)
@@ -1127,52 +1197,98 @@ extern "C" int mkv_cuda_llama_use_quest(mkv_cuda_llama *g, const mkv_quest_param
 extern "C" int mkv_cuda_llama_fill(mkv_cuda_llama *g, int n, uint64_t seed, mkv_error *err)
 {
     const mkv_cuda_llama_desc *d = &g->d;
-    if (g->pos != 0)
-        return mkv_fail(err, MKV_EUSAGE, "a cache is filled before its first token, not at position %d", g->pos);
+    for (int r = 0; r < g->batch; r++)
+        if (g->pos[(size_t)r] != 0)
+            return mkv_fail(err, MKV_EUSAGE, "a cache is filled before its first token, not at position %d",
+                            g->pos[(size_t)r]);
     if (d->external_cache)
         return mkv_fail(err, MKV_EUSAGE, "the GPU pass has no dense cache to fill");
     if (n < 0 || n > d->max_seq_len)
         return mkv_fail(err, MKV_EUSAGE, "%d positions to fill exceed the context of %d tokens", n, d->max_seq_len);
     if (n > 0) {
-        const size_t total = (size_t)d->n_layers * d->n_kv_heads * (size_t)n * d->head_dim;
+        const size_t total = (size_t)d->n_layers * g->batch * d->n_kv_heads * (size_t)n * d->head_dim;
         const size_t blocks = std::min<size_t>((total + 255) / 256, (size_t)132 * 64);
-        fill_kv_kernel<<<(unsigned)blocks, 256>>>(d->n_layers, d->n_kv_heads, d->head_dim, d->max_seq_len, n, seed,
-                                                  g->kcache.as<__half>(), g->vcache.as<__half>());
+        fill_kv_kernel<<<(unsigned)blocks, 256>>>(d->n_layers, g->batch, d->n_kv_heads, d->head_dim, d->max_seq_len,
+                                                  n, seed, g->kcache.as<__half>(), g->vcache.as<__half>());
         MKV_CUDA_CHECK_LAUNCH();
         MKV_CUDA_CHECK(cudaDeviceSynchronize());
     }
-    g->pos = n;
+    g->pos.assign((size_t)g->batch, n);
     return MKV_OK;
 }
 
-extern "C" int mkv_cuda_llama_run(mkv_cuda_llama *g, const int32_t *tokens, size_t n, float *logits, mkv_error *err)
+namespace {
+
+int check_tokens(const mkv_cuda_llama *g, const int32_t *tokens, size_t n, mkv_error *err)
+{
+    for (size_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= g->d.vocab_size)
+            return mkv_fail(err, MKV_EFORMAT, "token id %d at index %zu is outside the vocabulary of %d",
+                            (int)tokens[i], i, g->d.vocab_size);
+    if (g->d.external_cache && !g->mosaic)
+        return mkv_fail(err, MKV_EUSAGE, "the GPU pass has no cache yet (mkv_cuda_llama_use_mosaic)");
+    return MKV_OK;
+}
+
+}  // namespace
+
+extern "C" int mkv_cuda_llama_run_request(mkv_cuda_llama *g, int request, const int32_t *tokens, size_t n,
+                                          float *logits, mkv_error *err)
 {
     const mkv_cuda_llama_desc *d = &g->d;
+    if (request < 0 || request >= g->batch)
+        return mkv_fail(err, MKV_EUSAGE, "no request %d in a batch of %d", request, g->batch);
     if (n == 0)
         return mkv_fail(err, MKV_EUSAGE, "no tokens to run");
     if ((g->quest || g->mosaic) && n != 1)
         return mkv_fail(err, MKV_EUSAGE, "the %s cache on the GPU takes one token per step, not %zu",
                         g->quest ? "Quest" : "MosaicKV", n);
-    if (d->external_cache && !g->mosaic)
-        return mkv_fail(err, MKV_EUSAGE, "the GPU pass has no cache yet (mkv_cuda_llama_use_mosaic)");
-    if (n > (size_t)(d->max_seq_len - g->pos))
-        return mkv_fail(err, MKV_EFORMAT, "%zu tokens at position %d exceed the context of %d tokens", n, g->pos,
+    if (g->mosaic && g->batch > 1)
+        return mkv_fail(err, MKV_EUSAGE, "a batch's MosaicKV caches grow together: run every request's step at once");
+    int &pos = g->pos[(size_t)request];
+    if (n > (size_t)(d->max_seq_len - pos))
+        return mkv_fail(err, MKV_EFORMAT, "%zu tokens at position %d exceed the context of %d tokens", n, pos,
                         d->max_seq_len);
-    for (size_t i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= d->vocab_size)
-            return mkv_fail(err, MKV_EFORMAT, "token id %d at index %zu is outside the vocabulary of %d",
-                            (int)tokens[i], i, d->vocab_size);
-    const int start = g->pos;
+    int rc = check_tokens(g, tokens, n, err);
+    if (rc)
+        return rc;
+    const int start = pos;
     for (size_t done = 0; done < n;) {
         const int count = n - done < (size_t)d->chunk ? (int)(n - done) : d->chunk;
         const int last = done + (size_t)count == n;
-        int rc = run_chunk(g, tokens + done, count, last ? logits : nullptr, err);
-        if (rc) {
-            g->pos = start;
+        if ((rc = run_pass(g, tokens + done, count, request, last ? logits : nullptr, err))) {
+            pos = start;
             return rc;
         }
-        g->pos += count;
+        pos += count;
         done += (size_t)count;
     }
+    return MKV_OK;
+}
+
+extern "C" int mkv_cuda_llama_run(mkv_cuda_llama *g, const int32_t *tokens, size_t n, float *logits, mkv_error *err)
+{
+    if (g->batch > 1)
+        return mkv_fail(err, MKV_EUSAGE, "a pass of %d requests runs them with mkv_cuda_llama_run_request or _step",
+                        g->batch);
+    return mkv_cuda_llama_run_request(g, 0, tokens, n, logits, err);
+}
+
+extern "C" int mkv_cuda_llama_step(mkv_cuda_llama *g, const int32_t *tokens, float *logits, mkv_error *err)
+{
+    const mkv_cuda_llama_desc *d = &g->d;
+    if (g->quest && g->batch > 1)
+        return mkv_fail(err, MKV_EUNSUP, "Quest on the GPU decodes one request");
+    for (int r = 0; r < g->batch; r++)
+        if (g->pos[(size_t)r] >= d->max_seq_len)
+            return mkv_fail(err, MKV_EFORMAT, "request %d at position %d: the context of %d tokens is full", r,
+                            g->pos[(size_t)r], d->max_seq_len);
+    int rc = check_tokens(g, tokens, (size_t)g->batch, err);
+    if (rc)
+        return rc;
+    if ((rc = run_pass(g, tokens, g->batch, -1, logits, err)))
+        return rc;
+    for (int r = 0; r < g->batch; r++)
+        g->pos[(size_t)r]++;
     return MKV_OK;
 }

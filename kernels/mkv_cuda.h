@@ -427,7 +427,9 @@ int mkv_cuda_eigh_batched(const double *gram, int d, int batch, double *R, doubl
  * float32 or fp16 (weights_f16); projections and logits are cuBLAS GEMMs
  * (fp32 accumulation; no TF32), the rest small kernels: embedding lookup,
  * RMSNorm, RoPE, SwiGLU, the K/V store, attention.  The cache is fp16
- * [layer][kv_head][max_seq_len][head_dim], keys after RoPE; a decode step
+ * [layer][request][kv_head][max_seq_len][head_dim], keys after RoPE (a
+ * batch of requests, each at its own position, decodes in one pass per
+ * step: mkv_cuda_llama_step); a decode step
  * attends it with the dense decode kernel above where its shapes allow
  * (head_dim 64 or 128, 1..8 query heads per KV head), every other case
  * (prefill rows, other shapes) with a causal kernel of this file.  After
@@ -458,6 +460,7 @@ typedef struct {
     const mkv_cuda_llama_layer *layers;  /* [n_layers] */
     int external_cache;            /* 1: no dense cache; mkv_cuda_llama_use_mosaic hands the pass
                                     * its cache before the first token */
+    int batch;                     /* requests (0: 1); above 1 needs the dense decode kernel's shapes */
 } mkv_cuda_llama_desc;
 
 typedef struct mkv_cuda_llama mkv_cuda_llama;
@@ -471,9 +474,19 @@ void mkv_cuda_llama_free(mkv_cuda_llama *g);
  * the last token's, or NULL for none.  Token ids outside the vocabulary
  * or past the cache are MKV_EFORMAT, reported before any work. */
 int mkv_cuda_llama_run(mkv_cuda_llama *g, const int32_t *tokens, size_t n, float *logits, mkv_error *err);
-/* Fill cache positions 0..n-1 of every layer with core/kvfill.h's rows
- * for seed (what mkv_forward_fill gives the CPU pass) and place the pass
- * at n: only before the first token. */
+/* The same for request `request` of a batch (a prefill of its prompt, or
+ * one token: a decode step of that request alone). */
+int mkv_cuda_llama_run_request(mkv_cuda_llama *g, int request, const int32_t *tokens, size_t n, float *logits,
+                               mkv_error *err);
+/* One decode step of every request: tokens [batch] (request b's next
+ * token), logits (host, may be NULL) [batch][vocab_size]. */
+int mkv_cuda_llama_step(mkv_cuda_llama *g, const int32_t *tokens, float *logits, mkv_error *err);
+/* Position of request `request` (-1 when there is none). */
+int mkv_cuda_llama_request_pos(const mkv_cuda_llama *g, int request);
+/* Fill cache positions 0..n-1 of every layer and request with
+ * core/kvfill.h's rows (request r's for seed + r x 0x9e3779b97f4a7c15, so
+ * request 0's are what mkv_forward_fill gives the CPU pass for seed) and
+ * place every request at n: only before the first token. */
 int mkv_cuda_llama_fill(mkv_cuda_llama *g, int n, uint64_t seed, mkv_error *err);
 int mkv_cuda_llama_pos(const mkv_cuda_llama *g);
 /* Device bytes of the weights and of the cache (with Quest's page
@@ -488,8 +501,8 @@ uint64_t mkv_cuda_llama_cache_bytes(const mkv_cuda_llama *g);
  * one token each from then on. */
 int mkv_cuda_llama_use_quest(mkv_cuda_llama *g, const mkv_quest_params *qp, mkv_error *err);
 /* A pass made with external_cache decodes over a packed MosaicKV cache:
- * the layout's heads are layer-major (head l * n_kv_heads + h is layer l's
- * KV head h), each with its open segment (mkv_gpu_layout_build with open
+ * the layout's heads are (layer, request, KV head) in that order (head
+ * (l * batch + b) * n_kv_heads + h), each with its open segment (mkv_gpu_layout_build with open
  * 1, lib/mosaic/packed.h) and all at the same T tokens; the pass continues
  * at position T.  Each decode step grows every head by its token
  * (mkv_cuda_mosaic_grow: the recent rows and the open segment, no segment
@@ -500,7 +513,8 @@ int mkv_cuda_llama_use_mosaic(mkv_cuda_llama *g, const mkv_packed_layout *l, con
                               mkv_error *err);
 /* The same over a synthetic cache of n tokens per head (s's head count,
  * head_dim and tokens are the pass's and n; mkv_cuda_mosaic_synth), in
- * place of a prefill: long contexts for speed runs. */
+ * place of a prefill: long contexts for speed runs.  A batch's caches grow
+ * together: its requests decode with mkv_cuda_llama_step only. */
 int mkv_cuda_llama_fill_mosaic(mkv_cuda_llama *g, int n, const mkv_packed_synth *s, const mkv_packed_params *pp,
                                mkv_error *err);
 /* Bytes the last decode step read from the cache, over every layer and KV

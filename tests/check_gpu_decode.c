@@ -326,6 +326,131 @@ START_TEST(quest_on_gpu_is_the_cpus)
 }
 END_TEST
 
+/* Relative RMS and largest difference of got against ref over n logits. */
+static void logit_error(const float *ref, const float *got, int n, double *rms_rel, double *max_rel)
+{
+    double ss_ref = 0, ss_diff = 0, worst = 0;
+    for (int i = 0; i < n; i++) {
+        const double d = (double)got[i] - ref[i];
+        ss_ref += (double)ref[i] * ref[i];
+        ss_diff += d * d;
+        worst = fabs(d) > worst ? fabs(d) : worst;
+    }
+    const double rms = sqrt(ss_ref / n);
+    *rms_rel = sqrt(ss_diff / n) / rms;
+    *max_rel = worst / rms;
+}
+
+/* A batch of B requests on the GPU (the full cache, each request filled
+ * with its own rows, one pass per step) against B decoders of one request
+ * each, every request's logits compared at the prefill and every step
+ * (teacher-forced with each request's own argmax); the single decoders are
+ * held to the CPU by the tests above.  A batch refuses the compressing
+ * methods and single-request steps. */
+static void batch_case(const char *name, int B, int fill, int prompt, int steps, int f16)
+{
+    const mkv_shape *sh = mkv_shape_find(name);
+    mkv_model_config c;
+    mkv_model *m;
+    mkv_error err;
+    ck_assert_msg(mkv_shape_config(sh, 2, 2048, &c, &err) == MKV_OK, "%s", err.msg);
+    c.max_seq_len = fill + prompt + steps;
+    ck_assert_msg(mkv_shape_build(&c, NULL, 5, cpu_threads(), &m, &err) == MKV_OK, "%s", err.msg);
+    const int V = c.vocab_size;
+    int32_t *tok = test_tokens(prompt, V, 13);
+    mkv_decoder_opts o;
+    mkv_decoder_opts_init(&o);
+    o.threads = cpu_threads();
+    o.max_new = steps;
+    o.gpu = 1;
+    o.gpu_f16_weights = f16;
+    o.fill = fill;
+    o.fill_seed = 21;
+    o.chunk = 32;
+    float *ref = malloc((size_t)B * V * sizeof *ref), *got = malloc((size_t)B * V * sizeof *got);
+    mkv_decoder **one = calloc((size_t)B, sizeof *one), *all;
+    int32_t *next = malloc((size_t)B * sizeof *next);
+    ck_assert(ref && got && one && next);
+    for (int b = 0; b < B; b++) {
+        mkv_decoder_opts ob = o;
+        ob.fill_seed = o.fill_seed + (uint64_t)b * 0x9e3779b97f4a7c15ull;
+        ck_assert_msg(mkv_decoder_prefill(m, tok, prompt, &ob, ref + (size_t)b * V, &one[b], &err) == MKV_OK, "%s",
+                      err.msg);
+    }
+    o.batch = B;
+    ck_assert_msg(mkv_decoder_prefill(m, tok, prompt, &o, got, &all, &err) == MKV_OK, "%s", err.msg);
+    const double tol_rms = f16 ? F16_RMS : F32_RMS, tol_max = f16 ? F16_MAX : F32_MAX;
+    double worst_rms = 0, worst_max = 0;
+    for (int step = 0;; step++) {
+        for (int b = 0; b < B; b++) {
+            double rms_rel, max_rel;
+            logit_error(ref + (size_t)b * V, got + (size_t)b * V, V, &rms_rel, &max_rel);
+            ck_assert_msg(rms_rel <= tol_rms && max_rel <= tol_max,
+                          "%s batch of %d: step %d request %d: logits differ by %.3g RMS, %.3g at most", name, B,
+                          step, b, rms_rel, max_rel);
+            worst_rms = rms_rel > worst_rms ? rms_rel : worst_rms;
+            worst_max = max_rel > worst_max ? max_rel : worst_max;
+            next[b] = argmax(ref + (size_t)b * V, V);
+        }
+        if (step == steps)
+            break;
+        for (int b = 0; b < B; b++)
+            ck_assert_msg(mkv_decoder_step(one[b], next[b], ref + (size_t)b * V, &err) == MKV_OK, "%s", err.msg);
+        ck_assert_msg(mkv_decoder_step_batch(all, next, got, &err) == MKV_OK, "%s", err.msg);
+    }
+    mkv_decoder_stats sa, s0;
+    mkv_decoder_get_stats(all, &sa);
+    mkv_decoder_get_stats(one[0], &s0);
+    ck_assert_int_eq(sa.tokens, (int64_t)B * s0.tokens);
+    ck_assert_uint_eq(sa.bytes_read, (uint64_t)B * s0.bytes_read);
+    printf("check_gpu_decode: %s shape, 2 layers, %s weights, a batch of %d after %d filled + %d tokens: every "
+           "request's logits within %.2g RMS, %.2g at most, of its own decoder's over %d steps\n",
+           name, f16 ? "fp16" : "float32", B, fill, prompt, worst_rms, worst_max, steps);
+    for (int b = 0; b < B; b++)
+        mkv_decoder_free(one[b]);
+    mkv_decoder_free(all);
+    free(one);
+    free(next);
+    free(ref);
+    free(got);
+    free(tok);
+    mkv_model_free(m);
+}
+
+START_TEST(batches_on_gpu_are_each_request)
+{
+    batch_case("llama3.1-8b", 3, 700, 40, 6, 0);
+    batch_case("smollm2-135m", 4, 300, 20, 6, 1);
+    /* what a batch does not take */
+    const mkv_shape *sh = mkv_shape_find("smollm2-135m");
+    mkv_model_config c;
+    mkv_model *m;
+    mkv_error err;
+    ck_assert_msg(mkv_shape_config(sh, 1, 2048, &c, &err) == MKV_OK, "%s", err.msg);
+    c.max_seq_len = 600;
+    ck_assert_msg(mkv_shape_build(&c, NULL, 5, cpu_threads(), &m, &err) == MKV_OK, "%s", err.msg);
+    int32_t *tok = test_tokens(8, c.vocab_size, 2);
+    float *logits = malloc((size_t)2 * c.vocab_size * sizeof *logits);
+    mkv_decoder_opts o;
+    mkv_decoder_opts_init(&o);
+    o.gpu = 1;
+    o.max_new = 4;
+    o.batch = 2;
+    o.fill = 500;
+    o.method = mkv_method_find("mosaic");
+    mkv_decoder *d = NULL;
+    ck_assert_int_eq(mkv_decoder_prefill(m, tok, 8, &o, logits, &d, &err), MKV_EUNSUP);
+    ck_assert_msg(strstr(err.msg, "full cache only") != NULL, "%s", err.msg);
+    o.method = NULL;
+    ck_assert_msg(mkv_decoder_prefill(m, tok, 8, &o, logits, &d, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_int_eq(mkv_decoder_step(d, 1, logits, &err), MKV_EUSAGE);
+    mkv_decoder_free(d);
+    free(logits);
+    free(tok);
+    mkv_model_free(m);
+}
+END_TEST
+
 /* MosaicKV on the GPU (the CPU's packed heads converted once, each step's
  * token pushed through the recent rows into the open segment by the GPU
  * encode, the packed kernels' selection and attention) against mosaic's
@@ -516,6 +641,7 @@ static Suite *gpu_decode_suite(void)
     tcase_add_test(tc, filled_caches_on_gpu_are_the_cpus);
     tcase_add_test(tc, quest_on_gpu_is_the_cpus);
     tcase_add_test(tc, mosaic_on_gpu_is_the_cpus);
+    tcase_add_test(tc, batches_on_gpu_are_each_request);
     tcase_add_test(tc, smollm2_on_gpu_is_the_cpu_pass);
     tcase_add_test(tc, perplexity_on_gpu_is_the_cpus);
     tcase_add_test(tc, gpu_decoder_refuses_misuse);

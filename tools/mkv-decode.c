@@ -61,6 +61,7 @@ enum {
     OPT_SHAPE,
     OPT_TOKENS,
     OPT_FILL,
+    OPT_BATCH,
     OPT_NEEDLE,
     OPT_LENGTHS,
     OPT_DEPTHS,
@@ -106,6 +107,7 @@ static const struct option longopts[] = {
     {"shape", required_argument, NULL, OPT_SHAPE},
     {"tokens", required_argument, NULL, OPT_TOKENS},
     {"fill", required_argument, NULL, OPT_FILL},
+    {"batch", required_argument, NULL, OPT_BATCH},
     {"needle", no_argument, NULL, OPT_NEEDLE},
     {"lengths", required_argument, NULL, OPT_LENGTHS},
     {"depths", required_argument, NULL, OPT_DEPTHS},
@@ -193,6 +195,9 @@ static void usage(FILE *fp, int status)
             "                       synthetic keys and values (no prefill), the prompt after\n"
             "                       them: long contexts in seconds (the shape's context grows\n"
             "                       to hold them); also quest's and mosaic's with --device gpu\n"
+            "      --batch B        with --device gpu and the full cache: B requests decoded\n"
+            "                       together, each the prompt after its own filled rows;\n"
+            "                       the text is request 0's, a step all B\n"
             "      --chunk N        prefill chunk in tokens (default 512)\n\n"
             "Device:\n"
             "      --device D       gpu: the forward pass and the dense cache on the GPU\n"
@@ -216,7 +221,7 @@ typedef struct {
     const mkv_method *method;
     mkv_params params;
     mkv_prompt_opts prompt;
-    int64_t generate, tokens, fill;
+    int64_t generate, tokens, fill, batch;
     const char *ppl, *output, *stats;
     int64_t contexts[MAX_CONTEXTS];
     int n_contexts;
@@ -307,7 +312,7 @@ static const struct {
 } MODE_OPTIONS[] = {
     {OPT_CONTEXT, MODE_PPL}, {OPT_SCORE, MODE_PPL}, {OPT_NO_REFERENCE, MODE_PPL | MODE_NEEDLE},
     {'o', MODE_PPL | MODE_NEEDLE}, {'p', MODE_GENERATE}, {'n', MODE_GENERATE}, {'f', MODE_GENERATE},
-    {OPT_TOKEN_IDS, MODE_GENERATE}, {OPT_TOKENS, MODE_GENERATE}, {OPT_FILL, MODE_GENERATE}, {OPT_CHAT, MODE_GENERATE | MODE_NEEDLE},
+    {OPT_TOKEN_IDS, MODE_GENERATE}, {OPT_TOKENS, MODE_GENERATE}, {OPT_FILL, MODE_GENERATE}, {OPT_BATCH, MODE_GENERATE}, {OPT_CHAT, MODE_GENERATE | MODE_NEEDLE},
     {OPT_SYSTEM, MODE_GENERATE | MODE_NEEDLE}, {OPT_SPECIAL, MODE_GENERATE}, {OPT_TEMPERATURE, MODE_GENERATE},
     {OPT_TOP_P, MODE_GENERATE}, {OPT_STATS, MODE_GENERATE}, {OPT_LENGTHS, MODE_NEEDLE},
     {OPT_DEPTHS, MODE_NEEDLE}, {OPT_TRIALS, MODE_NEEDLE}, {OPT_FILLER, MODE_NEEDLE}, {OPT_PROMPTS, MODE_NEEDLE},
@@ -450,6 +455,9 @@ static void parse_args(int argc, char **argv, decode_args *a)
         case OPT_FILL:
             a->fill = size_or_exit(optarg, "fill", 1, INT32_MAX);
             break;
+        case OPT_BATCH:
+            a->batch = size_or_exit(optarg, "batch", 1, 4096);
+            break;
         case OPT_NEEDLE:
             a->needle = 1;
             break;
@@ -554,6 +562,10 @@ static void parse_args(int argc, char **argv, decode_args *a)
                      mode_name(mode));
             misuse(what);
         }
+    if (a->batch > 1 && (!a->shape || a->device != MKV_DEVICE_GPU))
+        misuse("--batch is for speed runs with --shape and --device gpu");
+    if (a->batch > 1 && strcmp(a->method->name, "full") != 0)
+        misuse("--batch decodes the full cache only so far");
     if (a->fill && !a->shape)
         misuse("--fill is for speed runs with --shape (synthetic rows under a real model mean nothing)");
     if (a->fill && strcmp(a->method->name, "full") != 0 &&
@@ -597,6 +609,7 @@ static void decoder_opts(const decode_args *a, int max_new, mkv_decoder_opts *o)
     o->gpu_f16_weights = a->gpu_f16_weights;
     o->fill = a->fill;
     o->fill_seed = a->seed;
+    o->batch = (int)a->batch;
 }
 
 /* --device: gpu must find a usable GPU; auto takes one when the method can
@@ -655,8 +668,11 @@ static int generate(const decode_args *a, mkv_run_model *rm, mkv_error *err)
         have_stats = 1;
         fputs(STATS_HEADER, mkv_outfile_fp(&stats));
     }
-    float *logits = mkv_alloc((size_t)V, sizeof(float), "logits", err);
-    if (!logits) {
+    const int B = a->batch > 1 ? (int)a->batch : 1;
+    float *logits = mkv_alloc((size_t)B * (size_t)V, sizeof(float), "logits", err);
+    int32_t *toks = logits ? mkv_alloc((size_t)B, sizeof *toks, "tokens", err) : NULL;
+    if (!toks) {
+        mkv_free(logits);
         if (have_stats)
             mkv_outfile_abort(&stats);
         return MKV_ENOMEM;
@@ -671,11 +687,12 @@ static int generate(const decode_args *a, mkv_run_model *rm, mkv_error *err)
     double steps_seconds = 0;
     int64_t done = 0;
     for (int64_t i = 0; i < a->generate && !rc; i++) {
-        int tok = mkv_sample(&s, logits, V, err);
-        if (tok < 0) {
-            rc = err->code;
+        for (int b = 0; b < B && !rc; b++)
+            if ((toks[b] = mkv_sample(&s, logits + (size_t)b * V, V, err)) < 0)
+                rc = err->code;
+        if (rc)
             break;
-        }
+        const int tok = toks[0];
         if (rm->lm.tok) {
             size_t len;
             const char *piece = mkv_tokenizer_piece(rm->lm.tok, prev, tok, &len);
@@ -691,7 +708,7 @@ static int generate(const decode_args *a, mkv_run_model *rm, mkv_error *err)
         if (rm->lm.tok && tok == rm->lm.tok->eos_id)
             break;
         double t0 = now();
-        if ((rc = mkv_decoder_step(d, tok, logits, err)))
+        if ((rc = mkv_decoder_step_batch(d, toks, logits, err)))
             break;
         double dt = now() - t0;
         steps_seconds += dt;
@@ -722,9 +739,11 @@ static int generate(const decode_args *a, mkv_run_model *rm, mkv_error *err)
                     st.growth.finalized ? 1e3 * st.growth.finalize_seconds / (double)st.growth.finalized : 0.0,
                     1e3 * st.growth.finalize_seconds_max, 1e3 * st.growth.manager_cpu_seconds,
                     st.growth.steps_waited, st.growth.temp_bytes_peak);
-        char filled[64] = "";
+        char filled[96] = "";
         if (a->fill)
             snprintf(filled, sizeof filled, " after %" PRId64 " filled positions", a->fill);
+        if (B > 1)
+            snprintf(filled + strlen(filled), sizeof filled - strlen(filled), ", %d requests", B);
         fprintf(stderr,
                 "%s: %s%s: prompt %zu tokens%s, %" PRId64 " decode steps, %.2f ms per step; KV %" PRIu64
                 " bytes held (dense 16-bit %" PRIu64 ", ratio %.3f); prefill %.2f s, compression %.2f s\n",
@@ -741,6 +760,7 @@ static int generate(const decode_args *a, mkv_run_model *rm, mkv_error *err)
     }
     mkv_decoder_free(d);
     mkv_sampler_free(&s);
+    mkv_free(toks);
     mkv_free(logits);
     return rc;
 }

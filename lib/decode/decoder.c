@@ -24,6 +24,7 @@ struct mkv_decoder {
     mkv_cuda_llama *gpu;       /* the GPU forward pass and its dense cache */
     int gpu_quest_page;        /* that cache attended as Quest, with pages of this many tokens (0: dense) */
     int gpu_mosaic;            /* the pass decodes over the packed MosaicKV cache the prefill left */
+    int batch;                 /* requests decoded together (on the GPU) */
     mkv_ccache *cc;            /* NULL: the forward pass's own cache */
     int64_t prefilled;         /* tokens of the prefill */
     int64_t filled;            /* synthetic positions before them (mkv_decoder_opts.fill) */
@@ -209,7 +210,8 @@ static int create_gpu(const mkv_model *m, const mkv_decoder_opts *o, int64_t pos
         .rope_dim = c->rope_dim, .rope_half = c->rope_layout == MKV_ROPE_HALF, .rope_inv_freq = inv_freq,
         .rms_eps = c->rms_eps, .max_seq_len = (int)positions, .chunk = o->chunk > 0 ? o->chunk : DEFAULT_CHUNK,
         .weights_f16 = o->gpu_f16_weights, .tok_embedding = m->tok_embedding, .rms_final = m->rms_final,
-        .classifier = m->classifier, .layers = layers, .external_cache = external};
+        .classifier = m->classifier, .layers = layers, .external_cache = external,
+        .batch = o->batch > 1 ? o->batch : 1};
     int rc = mkv_cuda_llama_create(&desc, g, err);
     free(layers);
     free(inv_freq);
@@ -307,6 +309,8 @@ int mkv_decoder_prefill(const mkv_model *m, const int32_t *tokens, int64_t n, co
         return rc;
     if (o->fill < 0 || o->fill > INT32_MAX)
         return mkv_fail(err, MKV_EUSAGE, "%lld positions to fill", (long long)o->fill);
+    if (o->batch > 1 && !(o->gpu && is_full(o)))
+        return mkv_fail(err, MKV_EUNSUP, "a batch of requests decodes on the GPU with the full cache only");
     if (o->fill > 0 && !is_full(o) && !(o->gpu && (is_quest(o) || is_mosaic(o))))
         return mkv_fail(err, MKV_EUNSUP,
                         "method '%s' compresses a prefill; only the full cache (and Quest's and mosaic's on the GPU) "
@@ -320,6 +324,7 @@ int mkv_decoder_prefill(const mkv_model *m, const int32_t *tokens, int64_t n, co
     d->model = m;
     d->prefilled = n;
     d->filled = o->fill;
+    d->batch = o->batch > 1 ? o->batch : 1;
     d->W = (int)(o->window < n ? o->window : n);
     const mkv_model_config *c = &m->cfg;
     if (o->gpu && is_mosaic(o) && o->fill) {
@@ -329,10 +334,17 @@ int mkv_decoder_prefill(const mkv_model *m, const int32_t *tokens, int64_t n, co
         if (!rc)
             rc = mkv_gpu_decode_fill_mosaic(d->gpu, (int)o->fill, c->n_layers * c->n_kv_heads, c->head_dim,
                                             params_of(o, &store), (int)(n + o->max_new), o->fill_seed, err);
+        int32_t *row = calloc((size_t)d->batch, sizeof *row);
+        if (!rc && !row)
+            rc = mkv_fail(err, MKV_ENOMEM, "out of memory for a batch's tokens");
         double t0 = now();
-        for (int64_t i = 0; i < n && !rc; i++)
-            rc = mkv_cuda_llama_run(d->gpu, tokens + i, 1, i == n - 1 ? logits : NULL, err);
+        for (int64_t i = 0; i < n && !rc; i++) {
+            for (int b = 0; b < d->batch; b++)
+                row[b] = tokens[i];
+            rc = mkv_cuda_llama_step(d->gpu, row, i == n - 1 ? logits : NULL, err);
+        }
         d->prefill_seconds = now() - t0;
+        free(row);
         if (rc) {
             mkv_decoder_free(d);
             return rc;
@@ -348,8 +360,9 @@ int mkv_decoder_prefill(const mkv_model *m, const int32_t *tokens, int64_t n, co
         if (!rc && o->fill)
             rc = mkv_cuda_llama_fill(d->gpu, (int)o->fill, o->fill_seed, err);
         double t0 = now();
-        if (!rc)
-            rc = mkv_cuda_llama_run(d->gpu, tokens, (size_t)n, logits, err);
+        for (int b = 0; b < d->batch && !rc; b++)
+            rc = mkv_cuda_llama_run_request(d->gpu, b, tokens, (size_t)n,
+                                            logits ? logits + (size_t)b * c->vocab_size : NULL, err);
         d->prefill_seconds = now() - t0;
         if (!rc && is_quest(o)) {
             double t1 = now();
@@ -444,8 +457,20 @@ int mkv_decoder_fork(const mkv_decoder *full, const mkv_decoder_opts *o, mkv_dec
     return MKV_OK;
 }
 
+int mkv_decoder_step_batch(mkv_decoder *d, const int32_t *tokens, float *logits, mkv_error *err)
+{
+    if (d->batch == 1)
+        return mkv_decoder_step(d, tokens[0], logits, err);
+    int rc = mkv_cuda_llama_step(d->gpu, tokens, logits, err);
+    if (!rc)
+        d->stepped++;
+    return rc;
+}
+
 int mkv_decoder_step(mkv_decoder *d, int32_t token, float *logits, mkv_error *err)
 {
+    if (d->batch > 1)
+        return mkv_fail(err, MKV_EUSAGE, "a batch of %d requests steps with mkv_decoder_step_batch", d->batch);
     int rc = d->gpu ? mkv_cuda_llama_run(d->gpu, &token, 1, logits, err)
                     : mkv_forward_run(d->f, &token, 1, logits, MKV_LOGITS_LAST, err);
     if (!rc)
@@ -458,14 +483,16 @@ void mkv_decoder_get_stats(const mkv_decoder *d, mkv_decoder_stats *s)
     const mkv_model_config *c = &d->model->cfg;
     uint64_t per_token = (uint64_t)c->n_layers * (uint64_t)c->n_kv_heads * 2u * (uint64_t)c->head_dim * 2u;
     memset(s, 0, sizeof *s);
-    s->tokens = d->gpu ? mkv_cuda_llama_pos(d->gpu) : mkv_forward_pos(d->f);
+    s->tokens = d->gpu ? 0 : mkv_forward_pos(d->f);
+    for (int b = 0; d->gpu && b < d->batch; b++)
+        s->tokens += mkv_cuda_llama_request_pos(d->gpu, b);
     s->prefill_seconds = d->prefill_seconds;
     s->compress_seconds = d->compress_seconds;
     s->logical_bytes = (uint64_t)s->tokens * per_token;
     if (d->gpu_mosaic) {
         /* the device bytes of the packed cache, room for the decode's tokens included */
-        s->prefix_tokens = d->filled + d->prefilled;
-        s->tail_tokens = d->stepped;
+        s->prefix_tokens = (d->filled + d->prefilled) * d->batch;
+        s->tail_tokens = (int64_t)d->stepped * d->batch;
         s->bytes_held = mkv_cuda_llama_cache_bytes(d->gpu);
         s->bytes_read = d->stepped ? mkv_cuda_llama_step_bytes_read(d->gpu) : 0;
         s->growth.temp_tokens = d->stepped;
@@ -485,7 +512,7 @@ void mkv_decoder_get_stats(const mkv_decoder *d, mkv_decoder_stats *s)
         /* the dense cache counted in 16 bits, as the full method stores it */
         s->bytes_held = s->logical_bytes;
         s->bytes_read = d->stepped ? s->logical_bytes : 0;
-        s->tail_tokens = s->tokens - d->filled - d->prefilled;
+        s->tail_tokens = s->tokens - (d->filled + d->prefilled) * d->batch;
         return;
     }
     mkv_ccache_stats cs;

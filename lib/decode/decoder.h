@@ -43,6 +43,10 @@ typedef struct {
                                    (on the GPU also Quest's, and MosaicKV's as a synthetic
                                    packed cache, the prompt then decoded step by step) */
     uint64_t fill_seed;
+    int batch;                  /* > 1 (speed runs on the GPU, the full cache): that many
+                                   requests decoded together, each with the same prompt
+                                   after its own filled rows (request r's from
+                                   fill_seed + r x 0x9e3779b97f4a7c15) */
 } mkv_decoder_opts;
 
 void mkv_decoder_opts_init(mkv_decoder_opts *o);
@@ -50,10 +54,11 @@ void mkv_decoder_opts_init(mkv_decoder_opts *o);
 typedef struct mkv_decoder mkv_decoder;
 
 /* Prefill tokens[0..n) with full attention (logits: the last token's, or
- * NULL) and compress the cache unless the method is the full cache: layer
- * by layer where the method allows it (above).  With o->fill the tokens
- * go at positions fill.. after the filled rows (the full cache only).
- * MKV_EFORMAT when fill + n + max_new exceeds the model's context. */
+ * NULL; with o->batch > 1 [batch][vocab], every request's) and compress
+ * the cache unless the method is the full cache: layer by layer where the
+ * method allows it (above).  With o->fill the tokens go at positions
+ * fill.. after the filled rows (the full cache only).  MKV_EFORMAT when
+ * fill + n + max_new exceeds the model's context. */
 int mkv_decoder_prefill(const mkv_model *m, const int32_t *tokens, int64_t n, const mkv_decoder_opts *o,
                         float *logits, mkv_decoder **out, mkv_error *err);
 
@@ -63,11 +68,14 @@ int mkv_decoder_fork(const mkv_decoder *full, const mkv_decoder_opts *o, mkv_dec
 
 /* Run token at the next position; logits [vocab] of what follows it. */
 int mkv_decoder_step(mkv_decoder *d, int32_t token, float *logits, mkv_error *err);
+/* The same for every request of a batch: tokens [batch], logits
+ * [batch][vocab]; a decoder of one request takes it too. */
+int mkv_decoder_step_batch(mkv_decoder *d, const int32_t *tokens, float *logits, mkv_error *err);
 
 void mkv_decoder_free(mkv_decoder *d);
 
 typedef struct {
-    int64_t tokens;            /* in the cache */
+    int64_t tokens;            /* in the cache (of every request of a batch) */
     int64_t prefix_tokens;     /* compressed by the method (0 for the full cache) */
     int64_t tail_tokens;       /* decoded since, held dense */
     uint64_t bytes_held;       /* physical bytes of K and V held */

@@ -263,6 +263,21 @@ int mkv_cuda_llama_run(mkv_cuda_llama *g, const int32_t *tokens, size_t n, float
     return mkv_fail(err, MKV_EUNSUP, "GPU forward pass: built without CUDA");
 }
 
+int mkv_cuda_llama_run_request(mkv_cuda_llama *g, int request, const int32_t *tokens, size_t n, float *logits,
+                               mkv_error *err)
+{
+    (void)g; (void)request; (void)tokens; (void)n; (void)logits;
+    return mkv_fail(err, MKV_EUNSUP, "GPU forward pass: built without CUDA");
+}
+
+int mkv_cuda_llama_step(mkv_cuda_llama *g, const int32_t *tokens, float *logits, mkv_error *err)
+{
+    (void)g; (void)tokens; (void)logits;
+    return mkv_fail(err, MKV_EUNSUP, "GPU forward pass: built without CUDA");
+}
+
+int mkv_cuda_llama_request_pos(const mkv_cuda_llama *g, int request) { (void)g; (void)request; return -1; }
+
 int mkv_cuda_llama_fill(mkv_cuda_llama *g, int n, uint64_t seed, mkv_error *err)
 {
     (void)g; (void)n; (void)seed;

@@ -44,7 +44,8 @@ int mkv_gpu_decode_fill_mosaic(mkv_cuda_llama *g, int n, int n_heads, int head_d
     int dp = dprime > 0 ? mkv_mosaic_kept(dprime, head_dim) : head_dim / 2;
     dp = (dp + 31) / 32 * 32;
     dp = dp > head_dim ? head_dim : dp;
-    int r = mkv_mosaic_kept(mkv_params_double(p, "keep"), head_dim), kdim = mkv_mosaic_kept(mkv_params_double(p, "keydim"), head_dim);
+    int r = mkv_mosaic_kept(mkv_params_double(p, "keep"), head_dim);
+    int kdim = mkv_mosaic_kept(mkv_params_double(p, "keydim"), head_dim);
     r = r > dp ? dp : r;
     kdim = kdim > dp ? dp : kdim;
     const int bound = (int)mkv_params_int(p, "bound");

@@ -181,6 +181,15 @@ $ mkv-decode model.bin --tokenizer tok.bin --needle --lengths 300 --prompts out.
 $ mkv-decode model.bin -p hi -m kivi --device gpu
 ! mkv-decode: method 'kivi' has no GPU decode path yet (only full, quest and mosaic have); use --device cpu
 [2]
+$ mkv-decode --shape smollm2-135m --batch 2
+! mkv-decode: --batch is for speed runs with --shape and --device gpu; try 'mkv-decode --help'
+[2]
+$ mkv-decode --shape smollm2-135m --batch 2 --device gpu -m quest
+! mkv-decode: --batch decodes the full cache only so far; try 'mkv-decode --help'
+[2]
+$ mkv-decode model.bin -p hi -m mosaic -P refine=2 --device gpu
+! mkv-decode: mosaic on the GPU: refine=2 (the GPU kernel selects whole blocks: refine=1); use --device cpu
+[2]
 $ mkv-decode model.bin -p hi --device tpu
 ! mkv-decode: invalid value 'tpu' for --device: expected auto, cpu or gpu
 [2]

@@ -200,10 +200,10 @@ static void usage(FILE *fp, int status)
             "                       the text is request 0's, a step all B\n"
             "      --chunk N        prefill chunk in tokens (default 512)\n\n"
             "Device:\n"
-            "      --device D       gpu: the forward pass and the dense cache on the GPU\n"
-            "                       (methods full, quest and mosaic so far); cpu; auto (default): the GPU\n"
-            "                       when this build has CUDA, a GPU is there and the method\n"
-            "                       is full\n"
+            "      --device D       gpu: the forward pass and the cache on the GPU\n"
+            "                       (methods full, quest and mosaic so far); cpu; auto\n"
+            "                       (default): the GPU when this build has CUDA, a GPU is\n"
+            "                       there and the method is full\n"
             "      --gpu-weights T  the GPU's copy of the matrices: f32 (default) or f16\n\n",
             mkv_progname(), mkv_progname(), mkv_progname(), mkv_progname(), mkv_progname(), DEFAULT_GENERATE,
             DEFAULT_SCORE, MKV_MOSAIC_CLOSE_LOSS_DEFAULT);

@@ -16,6 +16,7 @@
 #include "core/half.h"
 #include "core/rng.h"
 #include "methods/method.h"
+#include "mosaic/packed.h"
 #include "mosaic/mosaic.h"
 #include "testutil.h"
 
@@ -746,6 +747,65 @@ START_TEST(packed_attention_equals_reconstruction)
         }
         mkv_mosaic_head_free(&h);
     }
+    head_data_free(&hd);
+}
+END_TEST
+
+/* The GPU layout's room for decoded tokens (mkv_gpu_layout_build): an open
+ * segment (open 1) continues the last packed segment at T - recent with its
+ * strategy, rotations and block-key shape, records and block-key rows of
+ * its own right after the last segment's; a temporary region (open 0)
+ * starts at T, attended whole, without block keys. */
+START_TEST(gpu_layout_room_for_decoded_tokens)
+{
+    head_data hd;
+    head_data_make(&hd, 33, 437, 64, 2, 8);
+    mkv_head_kv in = as_input(&hd);
+    mkv_error err;
+    mkv_mosaic_config c = fixed_config(64, 0.25, 2, 0.8);
+    mkv_mosaic_head h;
+    ck_assert_int_eq(mkv_mosaic_compress(&c, &in, &h, &err), MKV_OK);
+    const mkv_mosaic_head *hp = &h;
+    mkv_gpu_layout none, open, temp;
+    ck_assert_msg(mkv_gpu_layout_build(&hp, 1, 0, 0, &none, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_msg(mkv_gpu_layout_build(&hp, 1, 21, 1, &open, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_msg(mkv_gpu_layout_build(&hp, 1, 21, 0, &temp, &err) == MKV_OK, "%s", err.msg);
+    const int n = none.heads[0].n_seg;
+    ck_assert_int_eq(n, h.k.nseg);
+    ck_assert_int_eq(open.heads[0].n_seg, n + 1);
+    ck_assert_int_eq(temp.heads[0].n_seg, n + 1);
+    const mkv_packed_seg *last = &none.segs[n - 1], *o = &open.segs[n], *t = &temp.segs[n];
+    const int64_t room = (21 + h.block - 1) / h.block;   /* 3 blocks of 8 */
+    ck_assert_int_eq(o->open, 1);
+    ck_assert_int_eq(o->always, 0);
+    ck_assert_int_eq(o->start, h.T - h.recent_n);
+    ck_assert_int_eq(o->start, last->start + last->len);
+    ck_assert_int_eq(o->len, 0);
+    ck_assert_int_eq(o->n_blocks, room);
+    ck_assert_int_eq(o->first_block, last->first_block + last->n_blocks);
+    ck_assert_int_eq(open.heads[0].n_blocks, none.heads[0].n_blocks + room);
+    ck_assert_int_eq(o->rk_off, last->rk_off);
+    ck_assert_int_eq(o->rv_off, last->rv_off);
+    ck_assert_int_eq(o->rk, last->rk);
+    ck_assert_int_eq(o->gk, last->gk);
+    ck_assert_int_eq(o->kdim, last->kdim);
+    ck_assert_int_eq(o->kbound, last->kbound);
+    ck_assert_int_eq(o->bk_width, last->bk_width);
+    ck_assert_int_eq(o->rec_off, last->rec_off + (int64_t)last->n_blocks * last->rec_bytes);
+    ck_assert_uint_eq(open.l.record_bytes, none.l.record_bytes + (size_t)room * last->rec_bytes);
+    ck_assert_int_eq(o->bk_off, last->bk_off + (int64_t)last->n_blocks * last->bk_width);
+    ck_assert_uint_eq(open.l.n_blockkeys, none.l.n_blockkeys + (size_t)room * last->bk_width);
+    ck_assert_uint_eq(open.l.n_rotations, none.l.n_rotations);
+    ck_assert_int_eq(t->always, 1);
+    ck_assert_int_eq(t->open, 0);
+    ck_assert_int_eq(t->start, h.T);
+    ck_assert_int_eq(t->bk_off, -1);
+    ck_assert_uint_eq(temp.l.n_blockkeys, none.l.n_blockkeys);
+    ck_assert_uint_eq(temp.l.record_bytes, open.l.record_bytes);
+    mkv_gpu_layout_free(&none);
+    mkv_gpu_layout_free(&open);
+    mkv_gpu_layout_free(&temp);
+    mkv_mosaic_head_free(&h);
     head_data_free(&hd);
 }
 END_TEST
@@ -2109,6 +2169,7 @@ static Suite *mosaic_suite(void)
     tc = tcase_create("attention");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, packed_attention_equals_reconstruction);
+    tcase_add_test(tc, gpu_layout_room_for_decoded_tokens);
     tcase_add_test(tc, pieces_equal_attend);
     tcase_add_test(tc, bytes_read_hand_count);
     tcase_add_test(tc, refine_keeps_best_candidates);

@@ -30,6 +30,7 @@ namespace {
 
 using mkv_attn::THREADS;
 using mkv_random::normal_at;
+using mkv_random::fill_blocks;
 
 /* ----------------------------------------------------------- random data */
 
@@ -98,12 +99,6 @@ struct bench_case {
         return MKV_OK;
     }
 };
-
-static unsigned fill_blocks(size_t n)
-{
-    const size_t b = (n + 255) / 256;
-    return (unsigned)(b < 8192 ? (b ? b : 1) : 8192);
-}
 
 /* -------------------------------------------------------------- methods */
 

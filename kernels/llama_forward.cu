@@ -1277,8 +1277,6 @@ extern "C" int mkv_cuda_llama_run(mkv_cuda_llama *g, const int32_t *tokens, size
 extern "C" int mkv_cuda_llama_step(mkv_cuda_llama *g, const int32_t *tokens, float *logits, mkv_error *err)
 {
     const mkv_cuda_llama_desc *d = &g->d;
-    if (g->quest && g->batch > 1)
-        return mkv_fail(err, MKV_EUNSUP, "Quest on the GPU decodes one request");
     for (int r = 0; r < g->batch; r++)
         if (g->pos[(size_t)r] >= d->max_seq_len)
             return mkv_fail(err, MKV_EFORMAT, "request %d at position %d: the context of %d tokens is full", r,

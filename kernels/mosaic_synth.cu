@@ -13,14 +13,9 @@
 
 using mkv_random::mix64;
 using mkv_random::normal_at;
+using mkv_random::fill_blocks;
 
 namespace {
-
-unsigned fill_blocks(size_t n)
-{
-    const size_t b = (n + 255) / 256;
-    return (unsigned)(b < 8192 ? (b ? b : 1) : 8192);
-}
 
 __global__ void fill_records(uint8_t *rec, int64_t n_rec, mkv_packed_seg g, int B, uint64_t seed)
 {

@@ -24,6 +24,13 @@ __device__ __forceinline__ float normal_at(uint64_t seed, size_t i)
     return sqrtf(-2.f * __logf(u1)) * __cosf(6.2831853f * u2);
 }
 
+/* Blocks of 256 threads for a grid-stride fill of n elements. */
+inline unsigned fill_blocks(size_t n)
+{
+    const size_t b = (n + 255) / 256;
+    return (unsigned)(b < 8192 ? (b ? b : 1) : 8192);
+}
+
 }  // namespace mkv_random
 
 #endif

@@ -201,11 +201,9 @@ START_TEST(stories260K_on_gpu_is_the_cpu_pass)
 }
 END_TEST
 
-/* A random model of a published shape with `layers` layers and a small
- * vocabulary; prefill in chunks of 48 so that later chunks attend earlier
- * ones. */
-static void shape_case(const char *name, int layers, int prompt, int steps, int fill, const mkv_method *method,
-                       const mkv_params *params)
+/* A random model of a published shape: `layers` layers, the shape's small
+ * test vocabulary, a context of max_seq positions, weights from seed. */
+static mkv_model *shape_model(const char *name, int layers, int max_seq, uint64_t seed)
 {
     const mkv_shape *s = mkv_shape_find(name);
     ck_assert_ptr_nonnull(s);
@@ -213,9 +211,19 @@ static void shape_case(const char *name, int layers, int prompt, int steps, int 
     mkv_model *m;
     mkv_error err;
     ck_assert_msg(mkv_shape_config(s, layers, 2048, &c, &err) == MKV_OK, "%s", err.msg);
-    c.max_seq_len = fill + prompt + steps;
-    ck_assert_msg(mkv_shape_build(&c, NULL, 7, cpu_threads(), &m, &err) == MKV_OK, "%s", err.msg);
-    int32_t *tok = test_tokens(prompt, c.vocab_size, 11);
+    c.max_seq_len = max_seq;
+    ck_assert_msg(mkv_shape_build(&c, NULL, seed, cpu_threads(), &m, &err) == MKV_OK, "%s", err.msg);
+    return m;
+}
+
+/* A random model of a published shape with `layers` layers and a small
+ * vocabulary; prefill in chunks of 48 so that later chunks attend earlier
+ * ones. */
+static void shape_case(const char *name, int layers, int prompt, int steps, int fill, const mkv_method *method,
+                       const mkv_params *params)
+{
+    mkv_model *m = shape_model(name, layers, fill + prompt + steps, 7);
+    int32_t *tok = test_tokens(prompt, m->cfg.vocab_size, 11);
     char what[400];
     snprintf(what, sizeof what, "%s shape, %d layers", name, layers);
     if (method) {
@@ -276,15 +284,10 @@ static void method_case(const char *name, int layers, int prompt, int steps, con
  * as a GPU decoder does not fork; perplexities within 1e-3 relative. */
 static void ppl_case(const char *method, const char *params, mkv_ppl_result *cpu, mkv_ppl_result *gpu)
 {
-    const mkv_shape *sh = mkv_shape_find("smollm2-135m");
-    mkv_model_config c;
-    mkv_model *m;
+    mkv_model *m = shape_model("smollm2-135m", 2, 400, 3);
     mkv_error err;
-    ck_assert_msg(mkv_shape_config(sh, 2, 2048, &c, &err) == MKV_OK, "%s", err.msg);
-    c.max_seq_len = 400;
-    ck_assert_msg(mkv_shape_build(&c, NULL, 3, cpu_threads(), &m, &err) == MKV_OK, "%s", err.msg);
     const int64_t context = 320, score = 48;
-    int32_t *tok = test_tokens((int)(context + score + 1), c.vocab_size, 8);
+    int32_t *tok = test_tokens((int)(context + score + 1), m->cfg.vocab_size, 8);
     mkv_params p;
     mkv_params_init(&p, mkv_method_find(method)->params);
     ck_assert_msg(mkv_params_parse_list(&p, params, &err) >= 0, "%s", err.msg);
@@ -349,14 +352,9 @@ static void logit_error(const float *ref, const float *got, int n, double *rms_r
  * methods and single-request steps. */
 static void batch_case(const char *name, int B, int fill, int prompt, int steps, int f16)
 {
-    const mkv_shape *sh = mkv_shape_find(name);
-    mkv_model_config c;
-    mkv_model *m;
+    mkv_model *m = shape_model(name, 2, fill + prompt + steps, 5);
     mkv_error err;
-    ck_assert_msg(mkv_shape_config(sh, 2, 2048, &c, &err) == MKV_OK, "%s", err.msg);
-    c.max_seq_len = fill + prompt + steps;
-    ck_assert_msg(mkv_shape_build(&c, NULL, 5, cpu_threads(), &m, &err) == MKV_OK, "%s", err.msg);
-    const int V = c.vocab_size;
+    const int V = m->cfg.vocab_size;
     int32_t *tok = test_tokens(prompt, V, 13);
     mkv_decoder_opts o;
     mkv_decoder_opts_init(&o);
@@ -422,15 +420,10 @@ START_TEST(batches_on_gpu_are_each_request)
     batch_case("llama3.1-8b", 3, 700, 40, 6, 0);
     batch_case("smollm2-135m", 4, 300, 20, 6, 1);
     /* what a batch does not take */
-    const mkv_shape *sh = mkv_shape_find("smollm2-135m");
-    mkv_model_config c;
-    mkv_model *m;
+    mkv_model *m = shape_model("smollm2-135m", 1, 600, 5);
     mkv_error err;
-    ck_assert_msg(mkv_shape_config(sh, 1, 2048, &c, &err) == MKV_OK, "%s", err.msg);
-    c.max_seq_len = 600;
-    ck_assert_msg(mkv_shape_build(&c, NULL, 5, cpu_threads(), &m, &err) == MKV_OK, "%s", err.msg);
-    int32_t *tok = test_tokens(8, c.vocab_size, 2);
-    float *logits = malloc((size_t)2 * c.vocab_size * sizeof *logits);
+    int32_t *tok = test_tokens(8, m->cfg.vocab_size, 2);
+    float *logits = malloc((size_t)2 * m->cfg.vocab_size * sizeof *logits);
     mkv_decoder_opts o;
     mkv_decoder_opts_init(&o);
     o.gpu = 1;

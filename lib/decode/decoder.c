@@ -142,7 +142,8 @@ static int is_mosaic(const mkv_decoder_opts *o)
     return o->method && strcmp(o->method->name, "mosaic") == 0;
 }
 
-/* o's parameters, or the method's defaults in *store. */
+/* o's parameters, or the method's defaults in *store: for the checks made
+ * before a decoder exists (a decoder resolves them once, with_params). */
 static const mkv_params *params_of(const mkv_decoder_opts *o, mkv_params *store)
 {
     if (o->params)
@@ -166,11 +167,11 @@ static int check_gpu_method(const mkv_decoder_opts *o, mkv_error *err)
 }
 
 /* Quest on the GPU: the dense cache the pass filled or prefilled, with
- * page bounds, attended by the Quest kernels with o's parameters. */
+ * page bounds, attended by the Quest kernels with o's parameters (resolved:
+ * with_params). */
 static int gpu_use_quest(mkv_cuda_llama *g, const mkv_decoder_opts *o, int *page, mkv_error *err)
 {
-    mkv_params store;
-    const mkv_params *p = params_of(o, &store);
+    const mkv_params *p = o->params;
     const mkv_quest_params qp = {(int)mkv_params_int(p, "page"), (int)mkv_params_int(p, "sink"),
                                  (int)mkv_params_int(p, "recent"), mkv_params_double(p, "budget"),
                                  strcmp(mkv_params_str(p, "agg"), "sum") == 0};
@@ -242,8 +243,7 @@ static int use_gpu_mosaic(mkv_decoder *d, const mkv_decoder_opts *o, int64_t pos
 {
     const mkv_model_config *c = &d->model->cfg;
     const int n = c->n_layers * c->n_kv_heads;
-    mkv_params store;
-    const mkv_params *p = params_of(o, &store);
+    const mkv_params *p = o->params;   /* resolved: with_params */
     const int64_t opens = mkv_params_int(p, "segment") / 4;
     if (o->max_new > opens)
         mkv_warn("mosaic on the GPU closes no segment: %d decoded tokens all stay in each head's open segment "
@@ -329,11 +329,10 @@ int mkv_decoder_prefill(const mkv_model *m, const int32_t *tokens, int64_t n, co
     const mkv_model_config *c = &m->cfg;
     if (o->gpu && is_mosaic(o) && o->fill) {
         /* a synthetic packed cache, the prompt decoded after it token by token */
-        mkv_params store;
         rc = create_gpu(m, o, positions, 1, &d->gpu, err);
         if (!rc)
             rc = mkv_gpu_decode_fill_mosaic(d->gpu, (int)o->fill, c->n_layers * c->n_kv_heads, c->head_dim,
-                                            params_of(o, &store), (int)(n + o->max_new), o->fill_seed, err);
+                                            o->params, (int)(n + o->max_new), o->fill_seed, err);
         int32_t *row = calloc((size_t)d->batch, sizeof *row);
         if (!rc && !row)
             rc = mkv_fail(err, MKV_ENOMEM, "out of memory for a batch's tokens");

@@ -141,15 +141,18 @@ __global__ void fill_kv_kernel(int n_layers, int batch, int n_kv, int head_dim, 
     }
 }
 
-/* Quest's page bounds take the key just stored at pos, in every KV head
- * of one layer: a page's first key sets its minimum and maximum, a later
- * one widens them (meta [kv_head][pages_max][2][head_dim], fp16). */
-__global__ void quest_page_append_kernel(const __half *kc, __half *meta, int64_t max_seq, int64_t pages_max,
-                                         int page, int head_dim, int pos)
+/* Quest's page bounds take the keys just stored, one block per (row of
+ * the pass, KV head) of one layer, each row at its request and position
+ * (row_req, row_pos): a page's first key sets its minimum and maximum, a
+ * later one widens them (kc [request][kv_head][max_seq][head_dim], meta
+ * [request][kv_head][pages_max][2][head_dim], fp16). */
+__global__ void quest_page_append_kernel(const __half *kc, __half *meta, const int *row_req, const int *row_pos,
+                                         int n_kv, int64_t max_seq, int64_t pages_max, int page, int head_dim)
 {
-    const int h = blockIdx.x;
-    const __half *key = kc + ((size_t)h * (size_t)max_seq + (size_t)pos) * head_dim;
-    __half *mn = meta + ((size_t)h * (size_t)pages_max + (size_t)(pos / page)) * 2 * head_dim, *mx = mn + head_dim;
+    const int row = blockIdx.x / n_kv, pos = row_pos[row];
+    const size_t head = (size_t)row_req[row] * n_kv + blockIdx.x % n_kv;
+    const __half *key = kc + (head * (size_t)max_seq + (size_t)pos) * head_dim;
+    __half *mn = meta + (head * (size_t)pages_max + (size_t)(pos / page)) * 2 * head_dim, *mx = mn + head_dim;
     const int first = pos % page == 0;
     for (int c = threadIdx.x; c < head_dim; c += blockDim.x) {
         const __half k = key[c];
@@ -442,7 +445,8 @@ struct mkv_cuda_llama {
     int quest = 0;                  /* decode steps attend with the Quest kernels */
     mkv_quest_params qp = {};
     int64_t quest_pages_max = 0;
-    mkv_device_buffer quest_meta, quest_tokens;   /* bounds [layer][kv_head][pages_max][2][head_dim]; a step's tokens */
+    size_t quest_layer_elems = 0;                 /* a layer's bounds: [request][kv_head][pages_max][2][head_dim] */
+    mkv_device_buffer quest_meta, quest_tokens;   /* bounds [layer][...]; a step's tokens */
     mkv_quest_plan *quest_plan = nullptr;         /* the running step's */
     int mosaic = 0;                 /* decode steps attend the packed MosaicKV cache pc */
     mkv_packed_cache *pc = nullptr;
@@ -761,9 +765,12 @@ int attend(mkv_cuda_llama *g, int l, int req, int pos0, int n, const mkv_dense_p
     const size_t per_req = (size_t)d->n_kv_heads * (size_t)d->max_seq_len * d->head_dim, layer = per_req * g->batch;
     const __half *kc = g->kcache.as<__half>() + (size_t)l * layer, *vc = g->vcache.as<__half>() + (size_t)l * layer;
     if (g->quest) {
-        __half *meta = g->quest_meta.as<__half>() + (size_t)l * d->n_kv_heads * g->quest_pages_max * 2 * d->head_dim;
-        quest_page_append_kernel<<<d->n_kv_heads, 128>>>(kc, meta, d->max_seq_len, g->quest_pages_max,
-                                                         g->qp.page_size, d->head_dim, pos0);
+        /* a step of every request, or of the only one */
+        __half *meta = g->quest_meta.as<__half>() + (size_t)l * g->quest_layer_elems;
+        const int rows = req < 0 ? g->batch : 1;
+        quest_page_append_kernel<<<(unsigned)(rows * d->n_kv_heads), 128>>>(
+            kc, meta, g->row_req.as<int>(), g->row_pos.as<int>(), d->n_kv_heads, d->max_seq_len, g->quest_pages_max,
+            g->qp.page_size, d->head_dim);
         MKV_CUDA_CHECK_LAUNCH();
         int rc;
         if ((rc = mkv_cuda_quest_select(g->quest_plan, g->q.as<float>(), (const uint16_t *)meta, NULL, err)) ||
@@ -934,13 +941,22 @@ int run_pass(mkv_cuda_llama *g, const int32_t *tokens, int n, int req, float *lo
     if (g->mosaic) {
         /* each layer advances its own plan (attend_mosaic) */
     } else if (g->quest) {
-        const mkv_attn_shape s = {1, d->n_heads, d->n_kv_heads, d->head_dim, d->max_seq_len, 0, 0.0};
-        const int64_t len = pos0 + 1;
-        mkv_cuda_quest_plan_free(g->quest_plan);
-        g->quest_plan = nullptr;
-        if ((rc = mkv_cuda_quest_plan(&s, &len, &len, &g->qp, &g->quest_plan, err)))
+        /* the plan moves with the requests; a new one only when its split no longer fits */
+        const int rows = all ? g->batch : 1;
+        std::vector<int64_t> len((size_t)rows);
+        for (int b = 0; b < rows; b++)
+            len[(size_t)b] = rp[(size_t)b] + 1;
+        int replan = 1;
+        if (g->quest_plan && (rc = mkv_cuda_quest_plan_advance(g->quest_plan, len.data(), len.data(), NULL, &replan, err)))
             return rc;
-        MKV_CUDA_CHECK(cudaMemset(g->quest_tokens.ptr, 0, sizeof(unsigned long long)));
+        if (replan) {
+            const mkv_attn_shape s = {rows, d->n_heads, d->n_kv_heads, d->head_dim, d->max_seq_len, 0, 0.0};
+            mkv_cuda_quest_plan_free(g->quest_plan);
+            g->quest_plan = nullptr;
+            if ((rc = mkv_cuda_quest_plan(&s, len.data(), len.data(), &g->qp, &g->quest_plan, err)))
+                return rc;
+        }
+        MKV_CUDA_CHECK(cudaMemsetAsync(g->quest_tokens.ptr, 0, sizeof(unsigned long long)));
     } else if (step && g->dense_decode) {
         const int rows = all ? g->batch : 1;
         const mkv_attn_shape s = {rows, d->n_heads, d->n_kv_heads, d->head_dim, d->max_seq_len, 0, 0.0};
@@ -980,11 +996,15 @@ int run_pass(mkv_cuda_llama *g, const int32_t *tokens, int n, int req, float *lo
         g->step_read = 0;   /* counted when asked for (mkv_cuda_llama_step_bytes_read) */
     } else if (g->quest) {
         unsigned long long tokens = 0;
-        mkv_quest_counts qc;
+        uint64_t pages = 0;
         MKV_CUDA_CHECK(cudaMemcpy(&tokens, g->quest_tokens.ptr, sizeof tokens, cudaMemcpyDeviceToHost));
-        if ((rc = mkv_cuda_quest_counts(g->quest_plan, 0, &qc, err)))
-            return rc;
-        g->step_read = ((uint64_t)qc.pages * d->n_layers * d->n_kv_heads + tokens) * row;
+        for (int b = 0; b < (all ? g->batch : 1); b++) {
+            mkv_quest_counts qc;
+            if ((rc = mkv_cuda_quest_counts(g->quest_plan, b, &qc, err)))
+                return rc;
+            pages += (uint64_t)qc.pages;
+        }
+        g->step_read = (pages * d->n_layers * d->n_kv_heads + tokens) * row;
     } else if (step) {
         uint64_t tokens = 0;
         for (int i = 0; i < n; i++)
@@ -1097,15 +1117,17 @@ int mosaic_check(const mkv_cuda_llama *g, int head_dim, int n_heads, const mkv_p
     return MKV_OK;
 }
 
-/* The pass decodes over cache c (its own from now on) at position T. */
-int mosaic_adopt(mkv_cuda_llama *g, mkv_packed_cache *c, int64_t T, const mkv_packed_params *pp, mkv_error *err)
+/* The pass decodes over cache c (its own from now on), request b at
+ * position T[b]. */
+int mosaic_adopt(mkv_cuda_llama *g, mkv_packed_cache *c, const int64_t *T, const mkv_packed_params *pp, mkv_error *err)
 {
     const mkv_cuda_llama_desc *d = &g->d;
-    if (T < 1 || T > d->max_seq_len) {
-        mkv_cuda_mosaic_free(c);
-        return mkv_fail(err, MKV_EUSAGE, "%s: %lld tokens in a context of %d", MOSAIC_WHAT, (long long)T,
-                        d->max_seq_len);
-    }
+    for (int b = 0; b < g->batch; b++)
+        if (T[b] < 1 || T[b] > d->max_seq_len) {
+            mkv_cuda_mosaic_free(c);
+            return mkv_fail(err, MKV_EUSAGE, "%s: request %d: %lld tokens in a context of %d", MOSAIC_WHAT, b,
+                            (long long)T[b], d->max_seq_len);
+        }
     g->pc = c;
     try {
         g->mosaic_plans.assign((size_t)d->n_layers, nullptr);
@@ -1117,7 +1139,8 @@ int mosaic_adopt(mkv_cuda_llama *g, mkv_packed_cache *c, int64_t T, const mkv_pa
     g->mp.n_kv_heads = d->n_kv_heads;
     g->mp.n_heads = d->n_heads;
     g->mp.scale = 0;
-    g->pos.assign((size_t)g->batch, (int)T);
+    for (int b = 0; b < g->batch; b++)
+        g->pos[(size_t)b] = (int)T[b];
     g->mosaic = 1;
     return MKV_OK;
 }
@@ -1130,15 +1153,21 @@ extern "C" int mkv_cuda_llama_use_mosaic(mkv_cuda_llama *g, const mkv_packed_lay
     int rc = l ? mosaic_check(g, l->head_dim, l->n_heads, pp, err) : mkv_fail(err, MKV_EUSAGE, "NULL layout");
     if (rc)
         return rc;
-    const int64_t T = l->heads[0].T;
-    for (int i = 0; i < l->n_heads; i++)
-        if (l->heads[i].T != T)
-            return mkv_fail(err, MKV_EUSAGE, "%s: heads hold %lld and %lld tokens", MOSAIC_WHAT, (long long)T,
-                            (long long)l->heads[i].T);
+    /* heads (layer, request, KV head): a request's hold its tokens */
+    const int B = g->batch, kv = g->d.n_kv_heads;
+    std::vector<int64_t> T((size_t)B);
+    for (int b = 0; b < B; b++)
+        T[(size_t)b] = l->heads[b * kv].T;
+    for (int i = 0; i < l->n_heads; i++) {
+        const int b = i / kv % B;
+        if (l->heads[i].T != T[(size_t)b])
+            return mkv_fail(err, MKV_EUSAGE, "%s: request %d's heads hold %lld and %lld tokens", MOSAIC_WHAT, b,
+                            (long long)T[(size_t)b], (long long)l->heads[i].T);
+    }
     mkv_packed_cache *c = nullptr;
     if ((rc = mkv_cuda_mosaic_upload(l, &c, err)))
         return rc;
-    return mosaic_adopt(g, c, T, pp, err);
+    return mosaic_adopt(g, c, T.data(), pp, err);
 }
 
 extern "C" int mkv_cuda_llama_fill_mosaic(mkv_cuda_llama *g, int n, const mkv_packed_synth *s,
@@ -1154,7 +1183,8 @@ extern "C" int mkv_cuda_llama_fill_mosaic(mkv_cuda_llama *g, int n, const mkv_pa
     mkv_packed_cache *c = nullptr;
     if ((rc = mkv_cuda_mosaic_synth(&at, &c, err)))
         return rc;
-    return mosaic_adopt(g, c, n, pp, err);
+    const std::vector<int64_t> T((size_t)g->batch, n);
+    return mosaic_adopt(g, c, T.data(), pp, err);
 }
 
 extern "C" int mkv_cuda_llama_use_quest(mkv_cuda_llama *g, const mkv_quest_params *qp, mkv_error *err)
@@ -1162,16 +1192,19 @@ extern "C" int mkv_cuda_llama_use_quest(mkv_cuda_llama *g, const mkv_quest_param
     const mkv_cuda_llama_desc *d = &g->d;
     if (g->quest)
         return mkv_fail(err, MKV_EUSAGE, "the GPU cache already attends as Quest");
-    if (g->batch > 1)
-        return mkv_fail(err, MKV_EUNSUP, "Quest on the GPU decodes one request, not a batch of %d", g->batch);
-    if (g->pos[0] < 1)
-        return mkv_fail(err, MKV_EUSAGE, "Quest on the GPU starts from a filled or prefilled cache");
+    std::vector<int64_t> len((size_t)g->batch);
+    for (int b = 0; b < g->batch; b++) {
+        if (g->pos[(size_t)b] < 1)
+            return mkv_fail(err, MKV_EUSAGE, "Quest on the GPU starts from a filled or prefilled cache (request %d "
+                            "has none)", b);
+        len[(size_t)b] = g->pos[(size_t)b];
+    }
     if (d->head_dim != 64 && d->head_dim != 128)
         return mkv_fail(err, MKV_EUNSUP, "Quest on the GPU: head_dim %d; its kernels take 64 or 128", d->head_dim);
-    const mkv_attn_shape s = {1, d->n_heads, d->n_kv_heads, d->head_dim, d->max_seq_len, 0, 0.0};
-    const int64_t len = g->pos[0];
+    /* the bounds of every request's pages, built from its cache as it stands */
+    const mkv_attn_shape s = {g->batch, d->n_heads, d->n_kv_heads, d->head_dim, d->max_seq_len, 0, 0.0};
     mkv_quest_plan *p = nullptr;
-    int rc = mkv_cuda_quest_plan(&s, &len, &len, qp, &p, err);
+    int rc = mkv_cuda_quest_plan(&s, len.data(), len.data(), qp, &p, err);
     if (rc)
         return rc;
     struct plan_free {
@@ -1181,7 +1214,7 @@ extern "C" int mkv_cuda_llama_use_quest(mkv_cuda_llama *g, const mkv_quest_param
     const size_t per_layer = mkv_cuda_quest_meta_elems(p);
     MKV_CUDA_CHECK(g->quest_meta.alloc(per_layer * d->n_layers * sizeof(__half)));
     MKV_CUDA_CHECK(g->quest_tokens.alloc(sizeof(unsigned long long)));
-    const size_t layer = (size_t)d->n_kv_heads * (size_t)d->max_seq_len * d->head_dim;
+    const size_t layer = (size_t)g->batch * d->n_kv_heads * (size_t)d->max_seq_len * d->head_dim;
     for (int l = 0; l < d->n_layers; l++)
         if ((rc = mkv_cuda_quest_build_meta(p, (const uint16_t *)(g->kcache.as<__half>() + (size_t)l * layer),
                                             (uint16_t *)(g->quest_meta.as<__half>() + (size_t)l * per_layer), NULL,
@@ -1189,6 +1222,7 @@ extern "C" int mkv_cuda_llama_use_quest(mkv_cuda_llama *g, const mkv_quest_param
             return rc;
     MKV_CUDA_CHECK(cudaDeviceSynchronize());
     g->quest_pages_max = mkv_cuda_quest_pages_max(p);
+    g->quest_layer_elems = per_layer;
     g->qp = *qp;
     g->quest = 1;
     return MKV_OK;
@@ -1243,8 +1277,9 @@ extern "C" int mkv_cuda_llama_run_request(mkv_cuda_llama *g, int request, const 
     if ((g->quest || g->mosaic) && n != 1)
         return mkv_fail(err, MKV_EUSAGE, "the %s cache on the GPU takes one token per step, not %zu",
                         g->quest ? "Quest" : "MosaicKV", n);
-    if (g->mosaic && g->batch > 1)
-        return mkv_fail(err, MKV_EUSAGE, "a batch's MosaicKV caches grow together: run every request's step at once");
+    if ((g->quest || g->mosaic) && g->batch > 1)
+        return mkv_fail(err, MKV_EUSAGE, "a batch's %s caches step together: run every request's step at once",
+                        g->quest ? "Quest" : "MosaicKV");
     int &pos = g->pos[(size_t)request];
     if (n > (size_t)(d->max_seq_len - pos))
         return mkv_fail(err, MKV_EFORMAT, "%zu tokens at position %d exceed the context of %d tokens", n, pos,

@@ -141,6 +141,13 @@ typedef struct mkv_quest_plan mkv_quest_plan;
 int mkv_cuda_quest_plan(const mkv_attn_shape *s, const int64_t *lengths, const int64_t *cache_tokens,
                         const mkv_quest_params *qp, mkv_quest_plan **plan, mkv_error *err);
 void mkv_cuda_quest_plan_free(mkv_quest_plan *p);
+/* The plan moved to new lengths (and cache_tokens, as at mkv_cuda_quest_plan)
+ * without allocating: each request's rule, windows and lengths are copied
+ * to the device on the stream from pinned memory.  *replan = 1, the plan
+ * unchanged, when its work split or scoring grid no longer fits them (a
+ * request's page bound grew): make a new plan then. */
+int mkv_cuda_quest_plan_advance(mkv_quest_plan *p, const int64_t *lengths, const int64_t *cache_tokens, void *stream,
+                                int *replan, mkv_error *err);
 int64_t mkv_cuda_quest_pages_max(const mkv_quest_plan *p);
 /* 16-bit elements of the metadata buffer. */
 size_t mkv_cuda_quest_meta_elems(const mkv_quest_plan *p);
@@ -496,15 +503,17 @@ uint64_t mkv_cuda_llama_cache_bytes(const mkv_cuda_llama *g);
 /* From the next decode step on, attend the cache with the Quest kernels
  * above (the selection of lib/methods/quest.c):
  * the page bounds of the positions so far are built now, each new key
- * joins them as it is stored.  Needs a filled or prefilled cache, head_dim
- * 64 or 128 and the kernel's page sizes (MKV_EUNSUP otherwise); runs take
- * one token each from then on. */
+ * joins them as it is stored.  Needs a filled or prefilled cache in every
+ * request, head_dim 64 or 128 and the kernel's page sizes (MKV_EUNSUP
+ * otherwise); runs take one token each from then on, a batch's all at once
+ * (mkv_cuda_llama_step).  A step's plan is moved along
+ * (mkv_cuda_quest_plan_advance), made anew only when it no longer fits. */
 int mkv_cuda_llama_use_quest(mkv_cuda_llama *g, const mkv_quest_params *qp, mkv_error *err);
 /* A pass made with external_cache decodes over a packed MosaicKV cache:
  * the layout's heads are (layer, request, KV head) in that order (head
  * (l * batch + b) * n_kv_heads + h), each with its open segment (mkv_gpu_layout_build with open
- * 1, lib/mosaic/packed.h) and all at the same T tokens; the pass continues
- * at position T.  Each decode step grows every head by its token
+ * 1, lib/mosaic/packed.h), request b's all holding the same T_b tokens;
+ * request b continues at position T_b.  Each decode step grows every head by its token
  * (mkv_cuda_mosaic_grow: the recent rows and the open segment, no segment
  * closing) and attends with the packed kernels under pp's budget, agg and
  * block-key bits (batch, heads and scale are the pass's).  Runs take one

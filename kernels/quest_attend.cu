@@ -15,6 +15,7 @@
  *                  sink or recent) reach the budget; then the ascending list
  *                  of pages to attend by block-wide scans,
  *   split_kernel   (attn_core.cuh) over the listed pages, and the merge. */
+#include <cstring>
 #include <new>
 #include <vector>
 
@@ -334,8 +335,31 @@ struct mkv_quest_plan {
     std::vector<mkv_quest_counts> counts;
     mkv_device_buffer d_info, window, keys, lists, list_counts, tokens;
     split_plan sp;
+    std::vector<int64_t> tiles;   /* per request: the attention tiles sp was split for */
+    int sms = 1;
     int score_blocks_x = 1;
+    /* mkv_cuda_quest_plan_advance: the requests' rule, windows and lengths
+     * staged in pinned memory, and the event of their last copy */
+    unsigned char *staged = nullptr;
+    cudaEvent_t staged_copied = nullptr;
+    ~mkv_quest_plan()
+    {
+        if (staged)
+            (void)cudaFreeHost(staged);
+        if (staged_copied)
+            (void)cudaEventDestroy(staged_copied);
+    }
 };
+
+/* Scoring: enough blocks per (request, KV head) to fill the device a few
+ * times, no more than there are 16-page tiles for its warps. */
+static int score_blocks(int sms, size_t heads, int64_t most_tiles)
+{
+    int64_t bx = (8 * (int64_t)sms + (int64_t)heads - 1) / (int64_t)heads;
+    const int64_t need = (most_tiles + WARPS - 1) / WARPS;
+    bx = bx < need ? bx : need;
+    return bx < 1 ? 1 : (int)bx;
+}
 
 static const void *quest_attn_kernel(int D, int bf16)
 {
@@ -420,7 +444,7 @@ extern "C" int mkv_cuda_quest_plan(const mkv_attn_shape *s, const int64_t *lengt
     p->pages_max = ((s->t_max + qp->page_size - 1) / qp->page_size + 15) / 16 * 16;
     if (p->pages_max == 0)
         p->pages_max = 16;
-    std::vector<int64_t> tiles;
+    std::vector<int64_t> &tiles = p->tiles;
     std::vector<int2> window;
     try {
         p->info.resize((size_t)s->batch);
@@ -469,13 +493,69 @@ extern "C" int mkv_cuda_quest_plan(const mkv_attn_shape *s, const int64_t *lengt
         return mkv_fail(err, e == cudaErrorMemoryAllocation ? MKV_ENOMEM : MKV_EGPU, "%s: plan: %s", what,
                         cudaGetErrorString(e));
     }
-    /* Scoring: enough blocks per (request, KV head) to fill the device a
-     * few times, no more than there are 16-page tiles for its warps. */
-    int64_t bx = (8 * (int64_t)sms + (int64_t)heads - 1) / (int64_t)heads;
-    const int64_t need = (most_tiles + WARPS - 1) / WARPS;
-    bx = bx < need ? bx : need;
-    p->score_blocks_x = bx < 1 ? 1 : (int)bx;
+    p->sms = sms;
+    p->score_blocks_x = score_blocks(sms, heads, most_tiles);
     *out = p;
+    return MKV_OK;
+}
+
+extern "C" int mkv_cuda_quest_plan_advance(mkv_quest_plan *p, const int64_t *lengths, const int64_t *cache_tokens,
+                                           void *stream, int *replan, mkv_error *err)
+{
+    const char *what = "Quest attention";
+    if (p == NULL || lengths == NULL || replan == NULL)
+        return mkv_fail(err, MKV_EUSAGE, "%s: NULL plan, lengths or result", what);
+    *replan = 0;
+    const mkv_attn_shape *s = &p->shape;
+    const size_t B = (size_t)s->batch;
+    std::vector<req_info> info;
+    std::vector<mkv_quest_counts> counts;
+    try {
+        info.resize(B);
+        counts.resize(B);
+    } catch (const std::bad_alloc &) {
+        return mkv_fail(err, MKV_ENOMEM, "%s: out of host memory", what);
+    }
+    int64_t most_tiles = 0;
+    for (size_t b = 0; b < B; b++) {
+        const int64_t n = lengths[b], T = cache_tokens ? cache_tokens[b] : n;
+        if (n < 1 || n > T || T > s->t_max)
+            return mkv_fail(err, MKV_EUSAGE, "%s: request %zu: %lld tokens of a cache of %lld, t_max %lld", what, b,
+                            (long long)n, (long long)T, (long long)s->t_max);
+        quest_rule(n, T, &p->qp, &info[b], &counts[b]);
+        /* the work items were split for these tiles */
+        if (counts[b].max_pages * p->page_tiles != p->tiles[b]) {
+            *replan = 1;
+            return MKV_OK;
+        }
+        const int64_t score_tiles = (counts[b].pages + TILE - 1) / TILE;
+        most_tiles = score_tiles > most_tiles ? score_tiles : most_tiles;
+    }
+    if (score_blocks(p->sms, B * (size_t)s->n_kv_heads, most_tiles) != p->score_blocks_x) {
+        *replan = 1;
+        return MKV_OK;
+    }
+    const size_t info_bytes = sizeof(req_info) * B, window_bytes = sizeof(int2) * B, len_bytes = sizeof(int64_t) * B;
+    if (p->staged == nullptr) {
+        MKV_CUDA_CHECK(cudaMallocHost((void **)&p->staged, info_bytes + window_bytes + len_bytes));
+        MKV_CUDA_CHECK(cudaEventCreateWithFlags(&p->staged_copied, cudaEventDisableTiming));
+    } else {
+        MKV_CUDA_CHECK(cudaEventSynchronize(p->staged_copied));   /* the last step's copies have left */
+    }
+    int2 *window = (int2 *)(p->staged + info_bytes);
+    int64_t *len = (int64_t *)(p->staged + info_bytes + window_bytes);
+    for (size_t b = 0; b < B; b++) {
+        window[b] = make_int2(info[b].sink_end, info[b].recent_start);
+        len[b] = lengths[b];
+    }
+    memcpy(p->staged, info.data(), info_bytes);
+    cudaStream_t st = (cudaStream_t)stream;
+    MKV_CUDA_CHECK(cudaMemcpyAsync(p->d_info.ptr, p->staged, info_bytes, cudaMemcpyHostToDevice, st));
+    MKV_CUDA_CHECK(cudaMemcpyAsync(p->window.ptr, window, window_bytes, cudaMemcpyHostToDevice, st));
+    MKV_CUDA_CHECK(cudaMemcpyAsync(p->sp.len.ptr, len, len_bytes, cudaMemcpyHostToDevice, st));
+    MKV_CUDA_CHECK(cudaEventRecord(p->staged_copied, st));
+    p->info.swap(info);
+    p->counts.swap(counts);
     return MKV_OK;
 }
 

@@ -344,18 +344,28 @@ static void logit_error(const float *ref, const float *got, int n, double *rms_r
     *max_rel = worst / rms;
 }
 
-/* A batch of B requests on the GPU (the full cache, each request filled
- * with its own rows, one pass per step) against B decoders of one request
- * each, every request's logits compared at the prefill and every step
- * (teacher-forced with each request's own argmax); the single decoders are
- * held to the CPU by the tests above.  A batch refuses the compressing
- * methods and single-request steps. */
-static void batch_case(const char *name, int B, int fill, int prompt, int steps, int f16)
+/* A batch of B requests on the GPU against B decoders of one request
+ * each: request b has a prompt of its own (prompt + 5b tokens, its own
+ * ids) after its own filled rows; every request's logits compared at the
+ * prefill and every step (teacher-forced with each request's own
+ * argmax); the single decoders are held to the CPU by the tests above.
+ * method NULL: the full cache; quest and mosaic (a real prefill, each
+ * request's compressed on the CPU, the packed heads of all in one GPU
+ * pass) with params. */
+static void batch_case(const char *name, int B, int fill, int prompt, int steps, int f16, const char *method,
+                       const char *params)
 {
-    mkv_model *m = shape_model(name, 2, fill + prompt + steps, 5);
+    mkv_model *m = shape_model(name, 2, fill + prompt + 5 * B + steps, 5);
     mkv_error err;
     const int V = m->cfg.vocab_size;
-    int32_t *tok = test_tokens(prompt, V, 13);
+    int32_t **tok = calloc((size_t)B, sizeof *tok);
+    int64_t *len = calloc((size_t)B, sizeof *len);
+    ck_assert(tok && len);
+    for (int b = 0; b < B; b++) {
+        len[b] = prompt + 5 * b;
+        tok[b] = test_tokens((int)len[b], V, 13 + (uint64_t)b);
+    }
+    mkv_params p;
     mkv_decoder_opts o;
     mkv_decoder_opts_init(&o);
     o.threads = cpu_threads();
@@ -365,6 +375,13 @@ static void batch_case(const char *name, int B, int fill, int prompt, int steps,
     o.fill = fill;
     o.fill_seed = 21;
     o.chunk = 32;
+    if (method) {
+        o.method = mkv_method_find(method);
+        ck_assert_ptr_nonnull(o.method);
+        mkv_params_init(&p, o.method->params);
+        ck_assert_msg(mkv_params_parse_list(&p, params, &err) >= 0, "%s", err.msg);
+        o.params = &p;
+    }
     float *ref = malloc((size_t)B * V * sizeof *ref), *got = malloc((size_t)B * V * sizeof *got);
     mkv_decoder **one = calloc((size_t)B, sizeof *one), *all;
     int32_t *next = malloc((size_t)B * sizeof *next);
@@ -372,11 +389,12 @@ static void batch_case(const char *name, int B, int fill, int prompt, int steps,
     for (int b = 0; b < B; b++) {
         mkv_decoder_opts ob = o;
         ob.fill_seed = o.fill_seed + (uint64_t)b * 0x9e3779b97f4a7c15ull;
-        ck_assert_msg(mkv_decoder_prefill(m, tok, prompt, &ob, ref + (size_t)b * V, &one[b], &err) == MKV_OK, "%s",
-                      err.msg);
+        ck_assert_msg(mkv_decoder_prefill(m, tok[b], len[b], &ob, ref + (size_t)b * V, &one[b], &err) == MKV_OK,
+                      "%s", err.msg);
     }
     o.batch = B;
-    ck_assert_msg(mkv_decoder_prefill(m, tok, prompt, &o, got, &all, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_msg(mkv_decoder_prefill_batch(m, (const int32_t *const *)tok, len, &o, got, &all, &err) == MKV_OK,
+                  "%s", err.msg);
     const double tol_rms = f16 ? F16_RMS : F32_RMS, tol_max = f16 ? F16_MAX : F32_MAX;
     double worst_rms = 0, worst_max = 0;
     for (int step = 0;; step++) {
@@ -384,8 +402,8 @@ static void batch_case(const char *name, int B, int fill, int prompt, int steps,
             double rms_rel, max_rel;
             logit_error(ref + (size_t)b * V, got + (size_t)b * V, V, &rms_rel, &max_rel);
             ck_assert_msg(rms_rel <= tol_rms && max_rel <= tol_max,
-                          "%s batch of %d: step %d request %d: logits differ by %.3g RMS, %.3g at most", name, B,
-                          step, b, rms_rel, max_rel);
+                          "%s %s batch of %d: step %d request %d: logits differ by %.3g RMS, %.3g at most", name,
+                          method ? method : "full", B, step, b, rms_rel, max_rel);
             worst_rms = rms_rel > worst_rms ? rms_rel : worst_rms;
             worst_max = max_rel > worst_max ? max_rel : worst_max;
             next[b] = argmax(ref + (size_t)b * V, V);
@@ -396,33 +414,49 @@ static void batch_case(const char *name, int B, int fill, int prompt, int steps,
             ck_assert_msg(mkv_decoder_step(one[b], next[b], ref + (size_t)b * V, &err) == MKV_OK, "%s", err.msg);
         ck_assert_msg(mkv_decoder_step_batch(all, next, got, &err) == MKV_OK, "%s", err.msg);
     }
-    mkv_decoder_stats sa, s0;
+    mkv_decoder_stats sa, sb;
     mkv_decoder_get_stats(all, &sa);
-    mkv_decoder_get_stats(one[0], &s0);
-    ck_assert_int_eq(sa.tokens, (int64_t)B * s0.tokens);
-    ck_assert_uint_eq(sa.bytes_read, (uint64_t)B * s0.bytes_read);
-    printf("check_gpu_decode: %s shape, 2 layers, %s weights, a batch of %d after %d filled + %d tokens: every "
-           "request's logits within %.2g RMS, %.2g at most, of its own decoder's over %d steps\n",
-           name, f16 ? "fp16" : "float32", B, fill, prompt, worst_rms, worst_max, steps);
-    for (int b = 0; b < B; b++)
+    int64_t tokens = 0;
+    uint64_t read = 0;
+    for (int b = 0; b < B; b++) {
+        mkv_decoder_get_stats(one[b], &sb);
+        tokens += sb.tokens;
+        read += sb.bytes_read;
+    }
+    ck_assert_int_eq(sa.tokens, tokens);
+    ck_assert_uint_eq(sa.bytes_read, read);
+    printf("check_gpu_decode: %s shape, 2 layers, %s weights, %s, a batch of %d after %d filled + %d..%d tokens: "
+           "every request's logits within %.2g RMS, %.2g at most, of its own decoder's over %d steps\n",
+           name, f16 ? "fp16" : "float32", method ? method : "full", B, fill, prompt, prompt + 5 * (B - 1), worst_rms,
+           worst_max, steps);
+    for (int b = 0; b < B; b++) {
         mkv_decoder_free(one[b]);
+        free(tok[b]);
+    }
     mkv_decoder_free(all);
     free(one);
+    free(tok);
+    free(len);
     free(next);
     free(ref);
     free(got);
-    free(tok);
     mkv_model_free(m);
 }
 
 START_TEST(batches_on_gpu_are_each_request)
 {
-    batch_case("llama3.1-8b", 3, 700, 40, 6, 0);
-    batch_case("smollm2-135m", 4, 300, 20, 6, 1);
+    batch_case("llama3.1-8b", 3, 700, 40, 6, 0, NULL, NULL);
+    batch_case("smollm2-135m", 4, 300, 20, 6, 1, NULL, NULL);
+    batch_case("llama3.1-8b", 3, 600, 40, 8, 0, "quest", "page=16,budget=0.25,recent=32");
+    batch_case("smollm2-135m", 4, 0, 300, 8, 0, "quest", "page=32,budget=96");
+    mkv_mosaic_set_manager(MKV_MOSAIC_MANAGER_OFF);
+    batch_case("smollm2-135m", 3, 0, 260, 8, 0, "mosaic", "strategy=fixed,segment=96,budget=0.25");
+    batch_case("llama3.1-8b", 2, 0, 300, 6, 0, "mosaic", "strategy=fixed,keep=0.5,segment=128,budget=96,recent=32");
+    mkv_mosaic_set_manager(MKV_MOSAIC_MANAGER_ASYNC);
     /* what a batch does not take */
     mkv_model *m = shape_model("smollm2-135m", 1, 600, 5);
     mkv_error err;
-    int32_t *tok = test_tokens(8, m->cfg.vocab_size, 2);
+    int32_t *tok = test_tokens(9, m->cfg.vocab_size, 2);
     float *logits = malloc((size_t)2 * m->cfg.vocab_size * sizeof *logits);
     mkv_decoder_opts o;
     mkv_decoder_opts_init(&o);
@@ -431,13 +465,20 @@ START_TEST(batches_on_gpu_are_each_request)
     o.batch = 2;
     o.fill = 500;
     o.method = mkv_method_find("mosaic");
+    const int32_t *prompts[2] = {tok, tok + 1};
+    const int64_t lengths[2] = {8, 7};
     mkv_decoder *d = NULL;
-    ck_assert_int_eq(mkv_decoder_prefill(m, tok, 8, &o, logits, &d, &err), MKV_EUNSUP);
-    ck_assert_msg(strstr(err.msg, "full cache only") != NULL, "%s", err.msg);
-    o.method = NULL;
-    ck_assert_msg(mkv_decoder_prefill(m, tok, 8, &o, logits, &d, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_int_eq(mkv_decoder_prefill_batch(m, prompts, lengths, &o, logits, &d, &err), MKV_EUNSUP);
+    ck_assert_msg(strstr(err.msg, "step by step") != NULL, "%s", err.msg);
+    ck_assert_ptr_null(d);
+    o.method = mkv_method_find("quest");
+    ck_assert_msg(mkv_decoder_prefill_batch(m, prompts, lengths, &o, logits, &d, &err) == MKV_OK, "%s", err.msg);
     ck_assert_int_eq(mkv_decoder_step(d, 1, logits, &err), MKV_EUSAGE);
     mkv_decoder_free(d);
+    o.gpu = 0;
+    o.method = NULL;
+    ck_assert_int_eq(mkv_decoder_prefill_batch(m, prompts, lengths, &o, logits, &d, &err), MKV_EUNSUP);
+    ck_assert_msg(strstr(err.msg, "on the GPU") != NULL, "%s", err.msg);
     free(logits);
     free(tok);
     mkv_model_free(m);

@@ -26,7 +26,8 @@ struct mkv_decoder {
     int gpu_mosaic;            /* the pass decodes over the packed MosaicKV cache the prefill left */
     int batch;                 /* requests decoded together (on the GPU) */
     mkv_ccache *cc;            /* NULL: the forward pass's own cache */
-    int64_t prefilled;         /* tokens of the prefill */
+    int64_t prefilled;         /* tokens of the prefill (of the first request of a batch) */
+    int64_t prefilled_all;     /* of every request */
     int64_t filled;            /* synthetic positions before them (mkv_decoder_opts.fill) */
     int stepped;               /* decode steps run */
     /* observation queries of the prefill (full decoders) */
@@ -235,14 +236,16 @@ static int use_ccache(mkv_decoder *d, mkv_error *err)
     return rc;
 }
 
-/* MosaicKV on the GPU: the packed cache the CPU's prefill and compression
- * left goes to a GPU pass, which decodes from then on; the CPU's pass and
- * cache are freed.  The GPU closes no segment: its open segments take
- * every token leaving the recent windows (the CPU's --manager off). */
-static int use_gpu_mosaic(mkv_decoder *d, const mkv_decoder_opts *o, int64_t positions, mkv_error *err)
+/* MosaicKV on the GPU: the packed caches the CPU's prefills and
+ * compression left (subs[b]: request b's decoder, on the CPU) go to one GPU
+ * pass, which decodes from then on; the CPU's passes and caches are freed
+ * by the caller.  The GPU closes no segment: its open segments take every
+ * token leaving the recent windows (the CPU's --manager off). */
+static int use_gpu_mosaic(mkv_decoder *d, mkv_decoder *const *subs, const mkv_decoder_opts *o, int64_t positions,
+                          mkv_error *err)
 {
     const mkv_model_config *c = &d->model->cfg;
-    const int n = c->n_layers * c->n_kv_heads;
+    const int B = d->batch, n = c->n_layers * B * c->n_kv_heads;
     const mkv_params *p = o->params;   /* resolved: with_params */
     const int64_t opens = mkv_params_int(p, "segment") / 4;
     if (o->max_new > opens)
@@ -252,23 +255,20 @@ static int use_gpu_mosaic(mkv_decoder *d, const mkv_decoder_opts *o, int64_t pos
     void **states = calloc((size_t)n, sizeof *states);
     if (!states)
         return mkv_fail(err, MKV_ENOMEM, "out of memory for the state list");
+    /* heads (layer, request, KV head), as the GPU pass reads them */
     for (int l = 0; l < c->n_layers; l++)
-        for (int h = 0; h < c->n_kv_heads; h++)
-            states[l * c->n_kv_heads + h] = mkv_ccache_state(d->cc, l, h);
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < c->n_kv_heads; h++)
+                states[(l * B + b) * c->n_kv_heads + h] = mkv_ccache_state(subs[b]->cc, l, h);
     int rc = mkv_gpu_decode_mosaic_check(states, n, p, err);
     if (!rc)
         rc = create_gpu(d->model, o, positions, 1, &d->gpu, err);
     if (!rc)
         rc = mkv_gpu_decode_use_mosaic(d->gpu, states, n, p, o->max_new, err);
     free(states);
-    if (rc)
-        return rc;
-    mkv_ccache_free(d->cc);
-    d->cc = NULL;
-    mkv_forward_free(d->f);
-    d->f = NULL;
-    d->gpu_mosaic = 1;
-    return MKV_OK;
+    if (!rc)
+        d->gpu_mosaic = 1;
+    return rc;
 }
 
 /* Give d a compressed cache built from the prefill cache of src, and make
@@ -296,86 +296,15 @@ static int compress_layer_done(void *user, int layer, mkv_error *err)
     return rc;
 }
 
-int mkv_decoder_prefill(const mkv_model *m, const int32_t *tokens, int64_t n, const mkv_decoder_opts *o,
-                        float *logits, mkv_decoder **out, mkv_error *err)
+/* The CPU prefill of d (batch 1): full attention, the observation queries
+ * kept, and the method's compressed cache made d's attention. */
+static int prefill_cpu(mkv_decoder *d, const int32_t *tokens, int64_t n, const mkv_decoder_opts *o, float *logits,
+                       mkv_error *err)
 {
-    *out = NULL;
-    if (n < 1)
-        return mkv_fail(err, MKV_EFORMAT, "nothing to prefill");
-    if (o->window < 1 || o->max_new < 0)
-        return mkv_fail(err, MKV_EUSAGE, "the window must be positive and the decode steps not negative");
-    int rc = check_gpu_method(o, err);
-    if (rc)
-        return rc;
-    if (o->fill < 0 || o->fill > INT32_MAX)
-        return mkv_fail(err, MKV_EUSAGE, "%lld positions to fill", (long long)o->fill);
-    if (o->batch > 1 && !(o->gpu && is_full(o)))
-        return mkv_fail(err, MKV_EUNSUP, "a batch of requests decodes on the GPU with the full cache only");
-    if (o->fill > 0 && !is_full(o) && !(o->gpu && (is_quest(o) || is_mosaic(o))))
-        return mkv_fail(err, MKV_EUNSUP,
-                        "method '%s' compresses a prefill; only the full cache (and Quest's and mosaic's on the GPU) "
-                        "is filled", o->method->name);
-    const int64_t positions = o->fill + n + o->max_new;
-    mkv_decoder *d = calloc(1, sizeof *d);
-    if (!d)
-        return mkv_fail(err, MKV_ENOMEM, "out of memory for the decoder");
-    const mkv_decoder_opts resolved = with_params(d, o);
-    o = &resolved;
-    d->model = m;
-    d->prefilled = n;
-    d->filled = o->fill;
-    d->batch = o->batch > 1 ? o->batch : 1;
-    d->W = (int)(o->window < n ? o->window : n);
+    const mkv_model *m = d->model;
     const mkv_model_config *c = &m->cfg;
-    if (o->gpu && is_mosaic(o) && o->fill) {
-        /* a synthetic packed cache, the prompt decoded after it token by token */
-        rc = create_gpu(m, o, positions, 1, &d->gpu, err);
-        if (!rc)
-            rc = mkv_gpu_decode_fill_mosaic(d->gpu, (int)o->fill, c->n_layers * c->n_kv_heads, c->head_dim,
-                                            o->params, (int)(n + o->max_new), o->fill_seed, err);
-        int32_t *row = calloc((size_t)d->batch, sizeof *row);
-        if (!rc && !row)
-            rc = mkv_fail(err, MKV_ENOMEM, "out of memory for a batch's tokens");
-        double t0 = now();
-        for (int64_t i = 0; i < n && !rc; i++) {
-            for (int b = 0; b < d->batch; b++)
-                row[b] = tokens[i];
-            rc = mkv_cuda_llama_step(d->gpu, row, i == n - 1 ? logits : NULL, err);
-        }
-        d->prefill_seconds = now() - t0;
-        free(row);
-        if (rc) {
-            mkv_decoder_free(d);
-            return rc;
-        }
-        d->gpu_mosaic = 1;
-        *out = d;
-        return MKV_OK;
-    }
-    if (o->gpu && !is_mosaic(o)) {
-        /* full and Quest keep no observation queries: Quest's pages
-         * bound the keys as they are */
-        rc = create_gpu(m, o, positions, 0, &d->gpu, err);
-        if (!rc && o->fill)
-            rc = mkv_cuda_llama_fill(d->gpu, (int)o->fill, o->fill_seed, err);
-        double t0 = now();
-        for (int b = 0; b < d->batch && !rc; b++)
-            rc = mkv_cuda_llama_run_request(d->gpu, b, tokens, (size_t)n,
-                                            logits ? logits + (size_t)b * c->vocab_size : NULL, err);
-        d->prefill_seconds = now() - t0;
-        if (!rc && is_quest(o)) {
-            double t1 = now();
-            rc = gpu_use_quest(d->gpu, o, &d->gpu_quest_page, err);
-            d->compress_seconds = now() - t1;
-        }
-        if (rc) {
-            mkv_decoder_free(d);
-            return rc;
-        }
-        *out = d;
-        return MKV_OK;
-    }
-    rc = check_context(m, positions, err);
+    const int64_t positions = o->fill + n + o->max_new;
+    int rc = check_context(m, positions, err);
     if (!rc)
         rc = alloc_queries(d, err);
     /* A compressed cache that takes the prefill layer by layer: the pass
@@ -392,10 +321,8 @@ int mkv_decoder_prefill(const mkv_model *m, const int32_t *tokens, int64_t n, co
         rc = create_forward(m, o, positions, by_layer, &d->f, err);
     if (!rc && o->fill)
         rc = mkv_forward_fill(d->f, (int)o->fill, o->fill_seed, err);
-    if (rc) {
-        mkv_decoder_free(d);
+    if (rc)
         return rc;
-    }
     double t0 = now();
     mkv_forward_set_capture(d->f, keep_queries, d);
     if (by_layer)
@@ -409,15 +336,197 @@ int mkv_decoder_prefill(const mkv_model *m, const int32_t *tokens, int64_t n, co
         double t1 = now();
         rc = by_layer ? mkv_ccache_end(d->cc, err) : mkv_ccache_fill(d->cc, d->f, err);
         if (!rc)
-            rc = o->gpu ? use_gpu_mosaic(d, o, positions, err) : use_ccache(d, err);
+            rc = use_ccache(d, err);
         d->compress_seconds += now() - t1;
     }
+    return rc;
+}
+
+/* A decoder of m with o's parameters resolved (in it) into *ro, before
+ * its prefill of n tokens. */
+static mkv_decoder *decoder_new(const mkv_model *m, const mkv_decoder_opts *o, int64_t n, mkv_decoder_opts *ro,
+                                mkv_error *err)
+{
+    mkv_decoder *d = calloc(1, sizeof *d);
+    if (!d) {
+        mkv_fail(err, MKV_ENOMEM, "out of memory for the decoder");
+        return NULL;
+    }
+    *ro = with_params(d, o);
+    d->model = m;
+    d->prefilled = n;
+    d->filled = ro->fill;
+    d->batch = ro->batch > 1 ? ro->batch : 1;
+    d->W = (int)(ro->window < n ? ro->window : n);
+    return d;
+}
+
+/* MosaicKV on the GPU over synthetic packed caches of o->fill tokens per
+ * request; the prompts (of one length, n) are then decoded token by token. */
+static int prefill_gpu_fill_mosaic(mkv_decoder *d, const int32_t *const *tokens, int64_t n,
+                                   const mkv_decoder_opts *o, int64_t positions, float *logits, mkv_error *err)
+{
+    const mkv_model_config *c = &d->model->cfg;
+    int rc = create_gpu(d->model, o, positions, 1, &d->gpu, err);
+    if (!rc)
+        rc = mkv_gpu_decode_fill_mosaic(d->gpu, (int)o->fill, c->n_layers * d->batch * c->n_kv_heads, c->head_dim,
+                                        o->params, (int)(n + o->max_new), o->fill_seed, err);
+    int32_t *row = calloc((size_t)d->batch, sizeof *row);
+    if (!rc && !row)
+        rc = mkv_fail(err, MKV_ENOMEM, "out of memory for a batch's tokens");
+    double t0 = now();
+    for (int64_t i = 0; i < n && !rc; i++) {
+        for (int b = 0; b < d->batch; b++)
+            row[b] = tokens[b][i];
+        rc = mkv_cuda_llama_step(d->gpu, row, i == n - 1 ? logits : NULL, err);
+    }
+    d->prefill_seconds = now() - t0;
+    free(row);
+    if (!rc)
+        d->gpu_mosaic = 1;
+    return rc;
+}
+
+/* The full cache and Quest on the GPU: every request prefilled (after its
+ * filled rows) into its dense cache; Quest keeps no observation queries,
+ * its pages bound the keys as they are. */
+static int prefill_gpu_dense(mkv_decoder *d, const int32_t *const *tokens, const int64_t *n,
+                             const mkv_decoder_opts *o, int64_t positions, float *logits, mkv_error *err)
+{
+    const int V = d->model->cfg.vocab_size;
+    int rc = create_gpu(d->model, o, positions, 0, &d->gpu, err);
+    if (!rc && o->fill)
+        rc = mkv_cuda_llama_fill(d->gpu, (int)o->fill, o->fill_seed, err);
+    double t0 = now();
+    for (int b = 0; b < d->batch && !rc; b++)
+        rc = mkv_cuda_llama_run_request(d->gpu, b, tokens[b], (size_t)n[b], logits ? logits + (size_t)b * V : NULL,
+                                        err);
+    d->prefill_seconds = now() - t0;
+    if (!rc && is_quest(o)) {
+        double t1 = now();
+        rc = gpu_use_quest(d->gpu, o, &d->gpu_quest_page, err);
+        d->compress_seconds = now() - t1;
+    }
+    return rc;
+}
+
+/* MosaicKV on the GPU after real prefills: each request's prompt
+ * prefilled and compressed on the CPU (a prompt given again reuses its
+ * cache), then every request's packed heads go to one GPU pass. */
+static int prefill_gpu_mosaic(mkv_decoder *d, const int32_t *const *tokens, const int64_t *n,
+                              const mkv_decoder_opts *o, int64_t positions, float *logits, mkv_error *err)
+{
+    const int B = d->batch, V = d->model->cfg.vocab_size;
+    mkv_decoder **subs = calloc((size_t)B, sizeof *subs), **owned = calloc((size_t)B, sizeof *owned);
+    int rc = subs && owned ? MKV_OK : mkv_fail(err, MKV_ENOMEM, "out of memory for a batch's decoders");
+    mkv_decoder_opts so = *o;
+    so.gpu = 0;
+    so.batch = 1;
+    for (int b = 0; b < B && !rc; b++) {
+        float *lb = logits ? logits + (size_t)b * V : NULL;
+        for (int e = 0; e < b && !subs[b]; e++)
+            if (tokens[e] == tokens[b] && n[e] == n[b]) {
+                subs[b] = subs[e];
+                if (lb)
+                    memcpy(lb, logits + (size_t)e * V, (size_t)V * sizeof *lb);
+            }
+        if (subs[b])
+            continue;
+        mkv_decoder_opts ro;
+        if (!(owned[b] = subs[b] = decoder_new(d->model, &so, n[b], &ro, err))) {
+            rc = err ? err->code : MKV_ENOMEM;
+            break;
+        }
+        rc = prefill_cpu(subs[b], tokens[b], n[b], &ro, lb, err);
+        /* only the compressed cache is kept */
+        mkv_forward_free(subs[b]->f);
+        subs[b]->f = NULL;
+        d->prefill_seconds += subs[b]->prefill_seconds;
+        d->compress_seconds += subs[b]->compress_seconds;
+    }
+    if (!rc) {
+        double t0 = now();
+        rc = use_gpu_mosaic(d, subs, o, positions, err);
+        d->compress_seconds += now() - t0;
+    }
+    for (int b = 0; owned && b < B; b++)
+        mkv_decoder_free(owned[b]);
+    free(owned);
+    free(subs);
+    return rc;
+}
+
+int mkv_decoder_prefill_batch(const mkv_model *m, const int32_t *const *tokens, const int64_t *n,
+                              const mkv_decoder_opts *o, float *logits, mkv_decoder **out, mkv_error *err)
+{
+    *out = NULL;
+    const int B = o->batch > 1 ? o->batch : 1;
+    int64_t longest = 0, all = 0;
+    for (int b = 0; b < B; b++) {
+        if (n[b] < 1)
+            return mkv_fail(err, MKV_EFORMAT, "nothing to prefill%s", B > 1 ? " in a request of the batch" : "");
+        longest = n[b] > longest ? n[b] : longest;
+        all += n[b];
+    }
+    if (o->window < 1 || o->max_new < 0)
+        return mkv_fail(err, MKV_EUSAGE, "the window must be positive and the decode steps not negative");
+    int rc = check_gpu_method(o, err);
+    if (rc)
+        return rc;
+    if (o->fill < 0 || o->fill > INT32_MAX)
+        return mkv_fail(err, MKV_EUSAGE, "%lld positions to fill", (long long)o->fill);
+    if (B > 1 && !o->gpu)
+        return mkv_fail(err, MKV_EUNSUP, "a batch of requests decodes on the GPU");
+    if (o->fill > 0 && !is_full(o) && !(o->gpu && (is_quest(o) || is_mosaic(o))))
+        return mkv_fail(err, MKV_EUNSUP,
+                        "method '%s' compresses a prefill; only the full cache (and Quest's and mosaic's on the GPU) "
+                        "is filled", o->method->name);
+    if (o->gpu && is_mosaic(o) && o->fill)
+        for (int b = 1; b < B; b++)
+            if (n[b] != n[0])
+                return mkv_fail(err, MKV_EUNSUP, "mosaic on the GPU after --fill decodes the prompts step by step, "
+                                "together: requests of %lld and %lld tokens", (long long)n[0], (long long)n[b]);
+    const int64_t positions = o->fill + longest + o->max_new;
+    mkv_decoder_opts resolved;
+    mkv_decoder *d = decoder_new(m, o, n[0], &resolved, err);
+    if (!d)
+        return err ? err->code : MKV_ENOMEM;
+    o = &resolved;
+    d->prefilled_all = all;
+    if (o->gpu && is_mosaic(o) && o->fill)
+        rc = prefill_gpu_fill_mosaic(d, tokens, n[0], o, positions, logits, err);
+    else if (o->gpu && is_mosaic(o))
+        rc = prefill_gpu_mosaic(d, tokens, n, o, positions, logits, err);
+    else if (o->gpu)
+        rc = prefill_gpu_dense(d, tokens, n, o, positions, logits, err);
+    else
+        rc = prefill_cpu(d, tokens[0], n[0], o, logits, err);
     if (rc) {
         mkv_decoder_free(d);
         return rc;
     }
     *out = d;
     return MKV_OK;
+}
+
+int mkv_decoder_prefill(const mkv_model *m, const int32_t *tokens, int64_t n, const mkv_decoder_opts *o,
+                        float *logits, mkv_decoder **out, mkv_error *err)
+{
+    const int B = o->batch > 1 ? o->batch : 1;
+    const int32_t **each = malloc((size_t)B * sizeof *each);
+    int64_t *len = malloc((size_t)B * sizeof *len);
+    int rc = each && len ? MKV_OK : mkv_fail(err, MKV_ENOMEM, "out of memory for a batch's prompts");
+    for (int b = 0; !rc && b < B; b++) {
+        each[b] = tokens;
+        len[b] = n;
+    }
+    if (!rc)
+        rc = mkv_decoder_prefill_batch(m, each, len, o, logits, out, err);
+    else
+        *out = NULL;
+    free(each);
+    free(len);
+    return rc;
 }
 
 int mkv_decoder_fork(const mkv_decoder *full, const mkv_decoder_opts *o, mkv_decoder **out, mkv_error *err)
@@ -442,6 +551,7 @@ int mkv_decoder_fork(const mkv_decoder *full, const mkv_decoder_opts *o, mkv_dec
     o = &resolved;
     d->model = full->model;
     d->prefilled = full->prefilled;
+    d->prefilled_all = full->prefilled_all;
     d->prefill_seconds = full->prefill_seconds;
     rc = create_forward(d->model, o, full->prefilled + o->max_new, 0, &d->f, err);
     if (!rc && is_full(o))
@@ -490,7 +600,7 @@ void mkv_decoder_get_stats(const mkv_decoder *d, mkv_decoder_stats *s)
     s->logical_bytes = (uint64_t)s->tokens * per_token;
     if (d->gpu_mosaic) {
         /* the device bytes of the packed cache, room for the decode's tokens included */
-        s->prefix_tokens = (d->filled + d->prefilled) * d->batch;
+        s->prefix_tokens = d->filled * d->batch + d->prefilled_all;
         s->tail_tokens = (int64_t)d->stepped * d->batch;
         s->bytes_held = mkv_cuda_llama_cache_bytes(d->gpu);
         s->bytes_read = d->stepped ? mkv_cuda_llama_step_bytes_read(d->gpu) : 0;
@@ -511,7 +621,7 @@ void mkv_decoder_get_stats(const mkv_decoder *d, mkv_decoder_stats *s)
         /* the dense cache counted in 16 bits, as the full method stores it */
         s->bytes_held = s->logical_bytes;
         s->bytes_read = d->stepped ? s->logical_bytes : 0;
-        s->tail_tokens = s->tokens - (d->filled + d->prefilled) * d->batch;
+        s->tail_tokens = s->tokens - d->filled * d->batch - d->prefilled_all;
         return;
     }
     mkv_ccache_stats cs;

@@ -43,10 +43,11 @@ typedef struct {
                                    (on the GPU also Quest's, and MosaicKV's as a synthetic
                                    packed cache, the prompt then decoded step by step) */
     uint64_t fill_seed;
-    int batch;                  /* > 1 (speed runs on the GPU, the full cache): that many
-                                   requests decoded together, each with the same prompt
+    int batch;                  /* > 1 (on the GPU: full, Quest, MosaicKV): that many
+                                   requests decoded together in one pass per step, each
                                    after its own filled rows (request r's from
-                                   fill_seed + r x 0x9e3779b97f4a7c15) */
+                                   fill_seed + r x 0x9e3779b97f4a7c15; MosaicKV's
+                                   synthetic caches differ per request, not by that rule) */
 } mkv_decoder_opts;
 
 void mkv_decoder_opts_init(mkv_decoder_opts *o);
@@ -61,6 +62,14 @@ typedef struct mkv_decoder mkv_decoder;
  * fill + n + max_new exceeds the model's context. */
 int mkv_decoder_prefill(const mkv_model *m, const int32_t *tokens, int64_t n, const mkv_decoder_opts *o,
                         float *logits, mkv_decoder **out, mkv_error *err);
+/* The same for a batch of o->batch requests, request b's prompt
+ * tokens[b][0..n[b]) (lengths may differ; after --fill, MosaicKV's must not,
+ * its prompts being decoded step by step together).  MosaicKV's prompts
+ * are prefilled and compressed on the CPU one after the other (a prompt
+ * given twice, the same pointer and length, once), then every request's
+ * packed heads go to one GPU pass. */
+int mkv_decoder_prefill_batch(const mkv_model *m, const int32_t *const *tokens, const int64_t *n,
+                              const mkv_decoder_opts *o, float *logits, mkv_decoder **out, mkv_error *err);
 
 /* A decoder of o's method over the cache of full, a full-cache CPU decoder
  * that has prefilled and not stepped yet; full is unchanged. */

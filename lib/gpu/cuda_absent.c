@@ -99,6 +99,15 @@ int mkv_cuda_quest_plan(const mkv_attn_shape *s, const int64_t *lengths, const i
 
 void mkv_cuda_quest_plan_free(mkv_quest_plan *p) { (void)p; }
 
+int mkv_cuda_quest_plan_advance(mkv_quest_plan *p, const int64_t *lengths, const int64_t *cache_tokens, void *stream,
+                                int *replan, mkv_error *err)
+{
+    (void)p; (void)lengths; (void)cache_tokens; (void)stream;
+    if (replan)
+        *replan = 0;
+    return mkv_fail(err, MKV_EUNSUP, "GPU Quest attention: built without CUDA");
+}
+
 int64_t mkv_cuda_quest_pages_max(const mkv_quest_plan *p) { (void)p; return 0; }
 
 size_t mkv_cuda_quest_meta_elems(const mkv_quest_plan *p) { (void)p; return 0; }

@@ -62,6 +62,7 @@ enum {
     OPT_TOKENS,
     OPT_FILL,
     OPT_BATCH,
+    OPT_LAYERS,
     OPT_NEEDLE,
     OPT_LENGTHS,
     OPT_DEPTHS,
@@ -108,6 +109,7 @@ static const struct option longopts[] = {
     {"tokens", required_argument, NULL, OPT_TOKENS},
     {"fill", required_argument, NULL, OPT_FILL},
     {"batch", required_argument, NULL, OPT_BATCH},
+    {"layers", required_argument, NULL, OPT_LAYERS},
     {"needle", no_argument, NULL, OPT_NEEDLE},
     {"lengths", required_argument, NULL, OPT_LENGTHS},
     {"depths", required_argument, NULL, OPT_DEPTHS},
@@ -195,9 +197,11 @@ static void usage(FILE *fp, int status)
             "                       synthetic keys and values (no prefill), the prompt after\n"
             "                       them: long contexts in seconds (the shape's context grows\n"
             "                       to hold them); also quest's and mosaic's with --device gpu\n"
-            "      --batch B        with --device gpu and the full cache: B requests decoded\n"
-            "                       together, each the prompt after its own filled rows;\n"
-            "                       the text is request 0's, a step all B\n"
+            "      --batch B        with --device gpu (full, quest, mosaic): B requests\n"
+            "                       decoded together, each the prompt after its own filled\n"
+            "                       rows; the text is request 0's, a step all B\n"
+            "      --layers LIST    keep these layers of the shape, e.g. 0-3 (default all):\n"
+            "                       where a cache does not fit, time a subset and scale\n"
             "      --chunk N        prefill chunk in tokens (default 512)\n\n"
             "Device:\n"
             "      --device D       gpu: the forward pass and the cache on the GPU\n"
@@ -217,6 +221,7 @@ MKV_TOOL_MISUSE(SHORTOPTS)
 typedef struct {
     const char *model_path;
     const char *shape;
+    const char *layers;
     const char *tokenizer;
     const mkv_method *method;
     mkv_params params;
@@ -312,7 +317,8 @@ static const struct {
 } MODE_OPTIONS[] = {
     {OPT_CONTEXT, MODE_PPL}, {OPT_SCORE, MODE_PPL}, {OPT_NO_REFERENCE, MODE_PPL | MODE_NEEDLE},
     {'o', MODE_PPL | MODE_NEEDLE}, {'p', MODE_GENERATE}, {'n', MODE_GENERATE}, {'f', MODE_GENERATE},
-    {OPT_TOKEN_IDS, MODE_GENERATE}, {OPT_TOKENS, MODE_GENERATE}, {OPT_FILL, MODE_GENERATE}, {OPT_BATCH, MODE_GENERATE}, {OPT_CHAT, MODE_GENERATE | MODE_NEEDLE},
+    {OPT_TOKEN_IDS, MODE_GENERATE}, {OPT_TOKENS, MODE_GENERATE}, {OPT_FILL, MODE_GENERATE}, {OPT_BATCH, MODE_GENERATE},
+    {OPT_LAYERS, MODE_GENERATE}, {OPT_CHAT, MODE_GENERATE | MODE_NEEDLE},
     {OPT_SYSTEM, MODE_GENERATE | MODE_NEEDLE}, {OPT_SPECIAL, MODE_GENERATE}, {OPT_TEMPERATURE, MODE_GENERATE},
     {OPT_TOP_P, MODE_GENERATE}, {OPT_STATS, MODE_GENERATE}, {OPT_LENGTHS, MODE_NEEDLE},
     {OPT_DEPTHS, MODE_NEEDLE}, {OPT_TRIALS, MODE_NEEDLE}, {OPT_FILLER, MODE_NEEDLE}, {OPT_PROMPTS, MODE_NEEDLE},
@@ -458,6 +464,9 @@ static void parse_args(int argc, char **argv, decode_args *a)
         case OPT_BATCH:
             a->batch = size_or_exit(optarg, "batch", 1, 4096);
             break;
+        case OPT_LAYERS:
+            a->layers = optarg;
+            break;
         case OPT_NEEDLE:
             a->needle = 1;
             break;
@@ -564,8 +573,8 @@ static void parse_args(int argc, char **argv, decode_args *a)
         }
     if (a->batch > 1 && (!a->shape || a->device != MKV_DEVICE_GPU))
         misuse("--batch is for speed runs with --shape and --device gpu");
-    if (a->batch > 1 && strcmp(a->method->name, "full") != 0)
-        misuse("--batch decodes the full cache only so far");
+    if (a->layers && !a->shape)
+        misuse("--layers is for speed runs with --shape (a real model without some of its layers means nothing)");
     if (a->fill && !a->shape)
         misuse("--fill is for speed runs with --shape (synthetic rows under a real model mean nothing)");
     if (a->fill && strcmp(a->method->name, "full") != 0 &&
@@ -1008,7 +1017,7 @@ int main(int argc, char **argv)
     } else if (a.model_path && a.given[OPT_TOKENS]) {
         run_tokens = a.tokens + a.generate; /* the prompt is cut to its first a.tokens */
     }
-    mkv_run_model_opts mo = {.path = a.model_path, .shape = a.shape, .tokenizer = a.tokenizer,
+    mkv_run_model_opts mo = {.path = a.model_path, .shape = a.shape, .tokenizer = a.tokenizer, .layers = a.layers,
                              .need_tokenizer = !po.token_ids, .vocab = 0, .seed = a.seed,
                              .random_tokens = (size_t)a.tokens, .threads = a.threads,
                              .chunk = a.chunk > 0 ? (int)a.chunk : 512, .generate = a.ppl ? 0 : (int)a.generate,

@@ -184,8 +184,8 @@ $ mkv-decode model.bin -p hi -m kivi --device gpu
 $ mkv-decode --shape smollm2-135m --batch 2
 ! mkv-decode: --batch is for speed runs with --shape and --device gpu; try 'mkv-decode --help'
 [2]
-$ mkv-decode --shape smollm2-135m --batch 2 --device gpu -m quest
-! mkv-decode: --batch decodes the full cache only so far; try 'mkv-decode --help'
+$ mkv-decode model.bin -p hi --layers 0
+! mkv-decode: --layers is for speed runs with --shape (a real model without some of its layers means nothing); try 'mkv-decode --help'
 [2]
 $ mkv-decode model.bin -p hi -m mosaic -P refine=2 --device gpu
 ! mkv-decode: mosaic on the GPU: refine=2 (the GPU kernel selects whole blocks: refine=1); use --device cpu

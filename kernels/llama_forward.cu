@@ -1119,7 +1119,8 @@ int mosaic_check(const mkv_cuda_llama *g, int head_dim, int n_heads, const mkv_p
 
 /* The pass decodes over cache c (its own from now on), request b at
  * position T[b]. */
-int mosaic_adopt(mkv_cuda_llama *g, mkv_packed_cache *c, const int64_t *T, const mkv_packed_params *pp, mkv_error *err)
+int mosaic_adopt(mkv_cuda_llama *g, mkv_packed_cache *c, const int64_t *T, const mkv_packed_params *pp, bool keys8_made,
+                 mkv_error *err)
 {
     const mkv_cuda_llama_desc *d = &g->d;
     for (int b = 0; b < g->batch; b++)
@@ -1128,6 +1129,13 @@ int mosaic_adopt(mkv_cuda_llama *g, mkv_packed_cache *c, const int64_t *T, const
             return mkv_fail(err, MKV_EUSAGE, "%s: request %d: %lld tokens in a context of %d", MOSAIC_WHAT, b,
                             (long long)T[b], d->max_seq_len);
         }
+    /* scored with 8-bit block keys: the fp16 rows are not kept */
+    int rc;
+    if (pp->blockkey_bits == 8 && !keys8_made &&
+        ((rc = mkv_cuda_mosaic_blockkeys8(c, err)) || (rc = mkv_cuda_mosaic_drop_blockkeys16(c, err)))) {
+        mkv_cuda_mosaic_free(c);
+        return rc;
+    }
     g->pc = c;
     try {
         g->mosaic_plans.assign((size_t)d->n_layers, nullptr);
@@ -1167,7 +1175,7 @@ extern "C" int mkv_cuda_llama_use_mosaic(mkv_cuda_llama *g, const mkv_packed_lay
     mkv_packed_cache *c = nullptr;
     if ((rc = mkv_cuda_mosaic_upload(l, &c, err)))
         return rc;
-    return mosaic_adopt(g, c, T.data(), pp, err);
+    return mosaic_adopt(g, c, T.data(), pp, false, err);
 }
 
 extern "C" int mkv_cuda_llama_fill_mosaic(mkv_cuda_llama *g, int n, const mkv_packed_synth *s,
@@ -1180,11 +1188,12 @@ extern "C" int mkv_cuda_llama_fill_mosaic(mkv_cuda_llama *g, int n, const mkv_pa
         return mkv_fail(err, MKV_EUSAGE, "%d positions to fill exceed the context of %d tokens", n, g->d.max_seq_len);
     mkv_packed_synth at = *s;
     at.tokens = n;
+    at.blockkey_bits = pp->blockkey_bits;   /* the synthetic cache makes them */
     mkv_packed_cache *c = nullptr;
     if ((rc = mkv_cuda_mosaic_synth(&at, &c, err)))
         return rc;
     const std::vector<int64_t> T((size_t)g->batch, n);
-    return mosaic_adopt(g, c, T.data(), pp, err);
+    return mosaic_adopt(g, c, T.data(), pp, true, err);
 }
 
 extern "C" int mkv_cuda_llama_use_quest(mkv_cuda_llama *g, const mkv_quest_params *qp, mkv_error *err)

@@ -300,6 +300,15 @@ uint64_t mkv_cuda_mosaic_bytes(const mkv_packed_cache *c);
  * blockkey_bits 8 read these instead of the fp16 rows; a second call
  * remakes them. */
 int mkv_cuda_mosaic_blockkeys8(mkv_packed_cache *c, mkv_error *err);
+/* Free the fp16 rows once the 8-bit ones are made: the cache then scores
+ * with blockkey_bits 8 only, mkv_cuda_mosaic_grow keeps the codes of its
+ * open blocks by the same rule, and mkv_cuda_mosaic_append and
+ * mkv_cuda_mosaic_blockkeys8 are refused (MKV_EUSAGE). */
+int mkv_cuda_mosaic_drop_blockkeys16(mkv_packed_cache *c, mkv_error *err);
+/* Rows first .. first + n - 1 of segment seg's 8-bit block keys, into host
+ * buffers: codes [n][16-byte-aligned bk_width] (each may be NULL), scales [n]. */
+int mkv_cuda_mosaic_blockkeys8_rows(const mkv_packed_cache *c, int64_t seg, int64_t first, int64_t n, int8_t *codes,
+                                    float *scales, mkv_error *err);
 
 typedef struct {
     int batch, n_kv_heads, n_heads;
@@ -364,6 +373,10 @@ typedef struct {
     int kdim, kbound;          /* block keys: channels (<= d'), the leading ones bounded */
     int64_t open_tokens;
     uint64_t seed;
+    int blockkey_bits;         /* 8: only 8-bit block keys, their codes and scales drawn
+                                * directly (random, as the fp16 rows are otherwise): the
+                                * cache never holds fp16 rows, so the largest cache that
+                                * fits is not halved by a conversion; 0 or 16: fp16 rows */
 } mkv_packed_synth;
 /* The segment geometry (record layout, block-key width) of those settings. */
 int mkv_cuda_mosaic_synth_segment(const mkv_packed_synth *s, mkv_packed_seg *g, mkv_error *err);
@@ -516,7 +529,9 @@ int mkv_cuda_llama_use_quest(mkv_cuda_llama *g, const mkv_quest_params *qp, mkv_
  * request b continues at position T_b.  Each decode step grows every head by its token
  * (mkv_cuda_mosaic_grow: the recent rows and the open segment, no segment
  * closing) and attends with the packed kernels under pp's budget, agg and
- * block-key bits (batch, heads and scale are the pass's).  Runs take one
+ * block-key bits (batch, heads and scale are the pass's; with bits 8 the
+ * cache keeps the 8-bit block keys only: mkv_cuda_mosaic_blockkeys8, then
+ * mkv_cuda_mosaic_drop_blockkeys16).  Runs take one
  * token each. */
 int mkv_cuda_llama_use_mosaic(mkv_cuda_llama *g, const mkv_packed_layout *l, const mkv_packed_params *pp,
                               mkv_error *err);

@@ -1376,6 +1376,8 @@ extern "C" int mkv_cuda_mosaic_blockkeys8(mkv_packed_cache *c, mkv_error *err)
     const char *what = "8-bit block keys";
     if (c == NULL)
         return mkv_fail(err, MKV_EUSAGE, "%s: NULL cache", what);
+    if (c->bk16_dropped)
+        return mkv_fail(err, MKV_EUSAGE, "%s: the fp16 rows they are made from were dropped", what);
     std::vector<bk8_place> at;
     try {
         at.resize(c->segs.size() + 1);
@@ -1416,6 +1418,38 @@ extern "C" int mkv_cuda_mosaic_blockkeys8(mkv_packed_cache *c, mkv_error *err)
     c->bk8_bytes = (size_t)bytes;
     c->n_bk8_rows = (size_t)rows;
     c->has_bk8 = true;
+    return MKV_OK;
+}
+
+extern "C" int mkv_cuda_mosaic_blockkeys8_rows(const mkv_packed_cache *c, int64_t seg, int64_t first, int64_t n,
+                                               int8_t *codes, float *scales, mkv_error *err)
+{
+    if (c == NULL || !c->has_bk8 || seg < 0 || seg >= (int64_t)c->segs.size())
+        return mkv_fail(err, MKV_EUSAGE, "8-bit block keys: NULL cache, none made, or no segment %lld", (long long)seg);
+    const mkv_packed_seg &s = c->segs[(size_t)seg];
+    if (s.always || first < 0 || n < 0 || first + n > s.n_blocks)
+        return mkv_fail(err, MKV_EUSAGE, "8-bit block keys: segment %lld has no rows %lld..%lld", (long long)seg,
+                        (long long)first, (long long)(first + n - 1));
+    bk8_place pl;
+    MKV_CUDA_CHECK(cudaMemcpy(&pl, c->bk8_at.as<bk8_place>() + seg, sizeof pl, cudaMemcpyDeviceToHost));
+    const size_t rb = (size_t)bk8_row_bytes(s.bk_width);
+    if (codes && n)
+        MKV_CUDA_CHECK(cudaMemcpy(codes, c->bk8.as<uint8_t>() + pl.code_off + (size_t)first * rb, (size_t)n * rb,
+                                  cudaMemcpyDeviceToHost));
+    if (scales && n)
+        MKV_CUDA_CHECK(cudaMemcpy(scales, c->bk8_scales.as<float>() + pl.scale_off + first, sizeof(float) * (size_t)n,
+                                  cudaMemcpyDeviceToHost));
+    return MKV_OK;
+}
+
+extern "C" int mkv_cuda_mosaic_drop_blockkeys16(mkv_packed_cache *c, mkv_error *err)
+{
+    if (c == NULL || !c->has_bk8)
+        return mkv_fail(err, MKV_EUSAGE, "fp16 block keys: NULL cache, or no 8-bit ones to score with instead");
+    MKV_CUDA_CHECK(cudaDeviceSynchronize());   /* no kernel still reads them */
+    c->blockkeys.release();
+    c->n_blockkeys = 0;
+    c->bk16_dropped = true;
     return MKV_OK;
 }
 
@@ -1594,6 +1628,8 @@ extern "C" int mkv_cuda_mosaic_plan(const mkv_packed_cache *c, const mkv_packed_
         return mkv_fail(err, MKV_EUSAGE, "%s: scale %g must be finite and >= 0", what, pp->scale);
     if (pp->blockkey_bits != 0 && pp->blockkey_bits != 16 && pp->blockkey_bits != 8)
         return mkv_fail(err, MKV_EUSAGE, "%s: block keys of %d bits; 16 or 8", what, pp->blockkey_bits);
+    if (pp->blockkey_bits != 8 && c->bk16_dropped)
+        return mkv_fail(err, MKV_EUSAGE, "%s: the cache keeps only 8-bit block keys (blockkey_bits 8)", what);
     if (pp->blockkey_bits == 8 && !c->has_bk8)
         return mkv_fail(err, MKV_EUSAGE, "%s: 8-bit block keys asked for, the cache has none (mkv_cuda_mosaic_blockkeys8)",
                         what);

@@ -71,6 +71,7 @@ struct mkv_packed_cache {
     /* 8-bit block keys (mkv_cuda_mosaic_blockkeys8): codes, one scale per
      * row, and per segment where its rows start in both. */
     bool has_bk8 = false;
+    bool bk16_dropped = false;   /* the fp16 rows freed (mkv_cuda_mosaic_drop_blockkeys16) */
     size_t bk8_bytes = 0, n_bk8_rows = 0;
     mkv_device_buffer bk8, bk8_scales, bk8_at;
     /* Decode-time growth (mkv_cuda_mosaic_grow): per head the open block's

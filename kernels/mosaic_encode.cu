@@ -239,7 +239,10 @@ struct grow_args {
     mkv_packed_head *heads;           /* device tables */
     mkv_packed_seg *segs;
     uint8_t *records;
-    uint16_t *blockkeys, *rotations, *dense_k, *dense_v;
+    uint16_t *blockkeys, *rotations, *dense_k, *dense_v;   /* blockkeys NULL: dropped, the 8-bit ones only */
+    uint8_t *bk8;                     /* the 8-bit block keys, NULL when the cache has none */
+    float *bk8_scales;
+    const bk8_place *bk8_at;
     double *blocks;                   /* [heads][3][ENC_MAX_D] */
     int first, d, B;
     unsigned *bad;
@@ -251,6 +254,7 @@ __global__ void __launch_bounds__(64) grow_kernel(const grow_args a)
     __shared__ double sm_xt[2][ENC_MAX_D];
     __shared__ double sm_en[2][ENC_MAX_D];
     __shared__ uint32_t sm_kept[2][ENC_MAX_D / 32];
+    __shared__ uint16_t sm_key[2 * ENC_MAX_D];
     const int head = a.first + blockIdx.x, tensor = threadIdx.x >> 5, lane = threadIdx.x & 31, D = a.d;
     const mkv_packed_head hd = a.heads[head];
     const int64_t row = (int64_t)hd.first_seg + hd.n_seg - 1;
@@ -279,7 +283,8 @@ __global__ void __launch_bounds__(64) grow_kernel(const grow_args a)
     if (tensor == 0) {
         /* the block's key row over its tokens so far, as mkv_mosaic_block_keys sums them */
         double *sum = a.blocks + (size_t)head * 3 * ENC_MAX_D, *lo = sum + ENC_MAX_D, *hi = lo + ENC_MAX_D;
-        uint16_t *key = a.blockkeys + g.bk_off + (idx / a.B) * g.bk_width;
+        const int64_t blk = idx / a.B;
+        float amax = 0.f;
         for (int c = lane; c < g.kdim; c += 32) {
             const double x = sm_xt[0][c];
             const double s0 = in_block ? sum[c] : 0.0, l0 = in_block ? lo[c] : INFINITY, h0 = in_block ? hi[c] : -INFINITY;
@@ -287,11 +292,32 @@ __global__ void __launch_bounds__(64) grow_kernel(const grow_args a)
             lo[c] = x < l0 ? x : l0;
             hi[c] = x > h0 ? x : h0;
             if (c < g.kbound) {
-                key[c] = f16r_bits(lo[c]);
-                key[g.kbound + c] = f16r_bits(hi[c]);
+                sm_key[c] = f16r_bits(lo[c]);
+                amax = fmaxf(amax, fabsf(__half2float(__ushort_as_half(sm_key[c]))));
+                sm_key[g.kbound + c] = f16r_bits(hi[c]);
             } else {
-                key[g.kbound + c] = f16r_bits(__ddiv_rn(sum[c], (double)(in_block + 1)));
+                sm_key[g.kbound + c] = f16r_bits(__ddiv_rn(sum[c], (double)(in_block + 1)));
             }
+            amax = fmaxf(amax, fabsf(__half2float(__ushort_as_half(sm_key[g.kbound + c]))));
+        }
+        for (int c = g.kbound + g.kdim + lane; c < g.bk_width; c += 32)   /* the row's padding */
+            sm_key[c] = 0;
+        __syncwarp();
+        if (a.blockkeys) {
+            uint16_t *key = a.blockkeys + g.bk_off + blk * g.bk_width;
+            for (int c = lane; c < g.bk_width; c += 32)
+                key[c] = sm_key[c];
+        }
+        if (a.bk8) {
+            /* the row's codes by mkv_cuda_mosaic_blockkeys8's rule */
+            const double amx = (double)__uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(amax)));
+            const bk8_place pl = a.bk8_at[row];
+            uint8_t *codes = a.bk8 + pl.code_off + blk * bk8_row_bytes(g.bk_width);
+            for (int c = lane; c < g.bk_width; c += 32)
+                codes[c] = (uint8_t)(int8_t)(amx > 0
+                    ? (int)rint((double)__half2float(__ushort_as_half(sm_key[c])) * 127.0 / amx) : 0);
+            if (lane == 0)
+                a.bk8_scales[pl.scale_off + blk] = (float)(amx / 127.0);
         }
     }
     __syncthreads();
@@ -359,6 +385,8 @@ extern "C" int mkv_cuda_mosaic_append(mkv_packed_cache *c, int head, const float
     const int64_t row = (int64_t)hd.first_seg + hd.n_seg - 1;
     if (hd.n_seg < 1 || !c->segs[(size_t)row].always)
         return mkv_fail(err, MKV_EUSAGE, "%s: head %d has no temporary region", what, head);
+    if (c->bk16_dropped)
+        return mkv_fail(err, MKV_EUSAGE, "%s: the cache's fp16 block keys were dropped", what);
     mkv_packed_seg &g = c->segs[(size_t)row];
     const int B = c->block;
     if (g.len + n > (int64_t)g.n_blocks * B)
@@ -411,7 +439,9 @@ extern "C" int mkv_cuda_mosaic_grow(mkv_packed_cache *c, int first, int n, const
     }
     const grow_args a = {k, v, c->d_heads.as<mkv_packed_head>(), c->d_segs.as<mkv_packed_seg>(),
                          c->records.as<uint8_t>(), c->blockkeys.as<uint16_t>(), c->rotations.as<uint16_t>(),
-                         c->dense_k.as<uint16_t>(), c->dense_v.as<uint16_t>(), c->grow_blocks.as<double>(),
+                         c->dense_k.as<uint16_t>(), c->dense_v.as<uint16_t>(),
+                         c->has_bk8 ? c->bk8.as<uint8_t>() : nullptr, c->has_bk8 ? c->bk8_scales.as<float>() : nullptr,
+                         c->has_bk8 ? c->bk8_at.as<bk8_place>() : nullptr, c->grow_blocks.as<double>(),
                          first, c->head_dim, B, c->grow_bad.as<unsigned>()};
     grow_kernel<<<(unsigned)n, 64, 0, (cudaStream_t)stream>>>(a);
     MKV_CUDA_CHECK_LAUNCH();

@@ -3,7 +3,8 @@
  * the decode's speed runs (mkv-decode --fill with mosaic).  Every token
  * keeps exactly r of d' channels, chosen uniformly; values, rotations,
  * block keys and dense rows standard normal (rotations and block keys
- * scaled); each segment has its own rotations. */
+ * scaled; with 8-bit block keys their codes uniform and no fp16 rows
+ * kept); each segment has its own rotations. */
 #include <math.h>
 #include <string.h>
 #include <vector>
@@ -47,6 +48,20 @@ __global__ void fill_records(uint8_t *rec, int64_t n_rec, mkv_packed_seg g, int 
                 vals[e] = __half_as_ushort(__float2half_rn(normal_at(seed + 17 + t, (size_t)i * 256 + e)));
         }
     }
+}
+
+/* 8-bit block-key rows of w codes in rows of rb bytes: codes uniform on
+ * -127..127, zeros past w; scales around those of the fp16 rows' codes. */
+__global__ void fill_codes8(int8_t *codes, size_t n, int w, int rb, uint64_t seed)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        codes[i] = (int)(i % rb) < w ? (int8_t)((int)(mix64(seed ^ i * 0x9e3779b97f4a7c15ull) % 255) - 127) : 0;
+}
+
+__global__ void fill_scales8(float *scales, size_t n, uint64_t seed)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        scales[i] = 0.35f * (2.0f + (float)(mix64(seed ^ i * 0x9e3779b97f4a7c15ull) >> 40) / 16777216.0f) / 127.0f;
 }
 
 __global__ void fill_16_scaled(uint16_t *dst, size_t n, uint64_t seed, float scale)
@@ -94,7 +109,13 @@ extern "C" int mkv_cuda_mosaic_synth(const mkv_packed_synth *s, mkv_packed_cache
         s->open_tokens < 0)
         return mkv_fail(err, MKV_EUSAGE, "synthetic packed cache: %d heads of %lld tokens, segments of %lld",
                         s->n_heads, (long long)s->tokens, (long long)s->segment);
+    if (s->blockkey_bits != 0 && s->blockkey_bits != 16 && s->blockkey_bits != 8)
+        return mkv_fail(err, MKV_EUSAGE, "synthetic packed cache: block keys of %d bits; 16 or 8", s->blockkey_bits);
     *out = NULL;
+    /* 8-bit keys: every segment's fp16 rows alias one segment's worth, only
+     * there for the conversion to place the 8-bit rows */
+    const bool keys8 = s->blockkey_bits == 8;
+    int64_t most_rows = 1;
     const int D = s->head_dim, B = s->block, n_heads = s->n_heads;
     const int64_t T = s->tokens, S = s->segment;
     const int64_t sink = s->sink < T ? s->sink : T;
@@ -120,13 +141,14 @@ extern "C" int mkv_cuda_mosaic_synth(const mkv_packed_synth *s, mkv_packed_cache
                 sg.n_blocks = (int32_t)((sg.len + B - 1) / B);
                 sg.first_block = blocks;
                 sg.rec_off = rec_off;
-                sg.bk_off = bk_off;
+                sg.bk_off = keys8 ? 0 : bk_off;
                 sg.rk_off = rot_off;
                 sg.rv_off = rot_off + (int64_t)D * g.dk;
                 rec_off += (int64_t)sg.n_blocks * g.rec_bytes;
                 bk_off += (int64_t)sg.n_blocks * g.bk_width;
                 rot_off += (int64_t)D * (g.dk + g.dv);
                 blocks += sg.n_blocks;
+                most_rows = sg.n_blocks > most_rows ? sg.n_blocks : most_rows;
                 segs.push_back(sg);
             }
             if (s->open_tokens > 0 && (int32_t)segs.size() > hd.first_seg) {
@@ -137,11 +159,12 @@ extern "C" int mkv_cuda_mosaic_synth(const mkv_packed_synth *s, mkv_packed_cache
                 sg.n_blocks = (int32_t)((s->open_tokens + B - 1) / B);
                 sg.first_block = blocks;
                 sg.rec_off = rec_off;
-                sg.bk_off = bk_off;
+                sg.bk_off = keys8 ? 0 : bk_off;
                 sg.open = 1;
                 rec_off += (int64_t)sg.n_blocks * g.rec_bytes;
                 bk_off += (int64_t)sg.n_blocks * g.bk_width;
                 blocks += sg.n_blocks;
+                most_rows = sg.n_blocks > most_rows ? sg.n_blocks : most_rows;
                 segs.push_back(sg);
             }
             hd.n_seg = (int32_t)segs.size() - hd.first_seg;
@@ -158,6 +181,8 @@ extern "C" int mkv_cuda_mosaic_synth(const mkv_packed_synth *s, mkv_packed_cache
     l.n_segs = (int64_t)segs.size();
     l.segs = segs.data();
     l.record_bytes = (size_t)rec_off;
+    if (keys8)
+        bk_off = most_rows * g.bk_width;
     l.n_blockkeys = (size_t)bk_off;
     l.n_rotations = (size_t)rot_off;
     l.n_dense_rows = (int64_t)n_heads * (sink + recent);
@@ -184,6 +209,24 @@ extern "C" int mkv_cuda_mosaic_synth(const mkv_packed_synth *s, mkv_packed_cache
     if (e != cudaSuccess) {
         mkv_cuda_mosaic_free(c);
         return mkv_fail(err, MKV_EGPU, "synthetic packed cache: %s", cudaGetErrorString(e));
+    }
+    if (keys8) {
+        if ((rc = mkv_cuda_mosaic_blockkeys8(c, err)) != MKV_OK) {
+            mkv_cuda_mosaic_free(c);
+            return rc;
+        }
+        fill_codes8<<<fill_blocks(c->bk8_bytes), 256>>>(c->bk8.as<int8_t>(), c->bk8_bytes, g.bk_width,
+                                                          mkv_packed::bk8_row_bytes(g.bk_width), seed + 7);
+        fill_scales8<<<fill_blocks(c->n_bk8_rows), 256>>>(c->bk8_scales.as<float>(), c->n_bk8_rows, seed + 8);
+        e = cudaGetLastError();
+        if (e != cudaSuccess) {
+            mkv_cuda_mosaic_free(c);
+            return mkv_fail(err, MKV_EGPU, "synthetic packed cache: %s", cudaGetErrorString(e));
+        }
+        if ((rc = mkv_cuda_mosaic_drop_blockkeys16(c, err)) != MKV_OK) {
+            mkv_cuda_mosaic_free(c);
+            return rc;
+        }
     }
     *out = c;
     return MKV_OK;

@@ -344,6 +344,106 @@ static void logit_error(const float *ref, const float *got, int n, double *rms_r
     *max_rel = worst / rms;
 }
 
+/* MosaicKV on the GPU scoring with 8-bit block keys (gpu_blockkey_bits 8:
+ * codes with a scale per row, the fp16 rows dropped) against the CPU's
+ * mosaic with the manager off, which scores with the fp16 rows: the codes'
+ * rounding may move blocks near the selection's threshold, so the logits
+ * are held to the fp16-weight tolerances; the cache holds and a step reads
+ * fewer bytes than with the fp16 rows.  A filled batch decodes too. */
+START_TEST(mosaic_8bit_blockkeys_on_gpu)
+{
+    mkv_mosaic_set_manager(MKV_MOSAIC_MANAGER_OFF);
+    mkv_model *m = shape_model("smollm2-135m", 2, 340, 5);
+    const int V = m->cfg.vocab_size, n = 300, steps = 16;
+    int32_t *tok = test_tokens(n, V, 17);
+    mkv_error err;
+    mkv_params p;
+    mkv_decoder_opts o;
+    mkv_decoder_opts_init(&o);
+    o.threads = cpu_threads();
+    o.max_new = steps;
+    o.method = mkv_method_find("mosaic");
+    mkv_params_init(&p, o.method->params);
+    ck_assert(mkv_params_parse_list(&p, "strategy=fixed,segment=96,budget=0.2", &err) >= 0);
+    o.params = &p;
+    mkv_decoder_opts o16 = o, o8 = o;
+    o16.gpu = o8.gpu = 1;
+    o8.gpu_blockkey_bits = 8;
+    float *ref = malloc((size_t)V * sizeof *ref), *g16 = malloc((size_t)V * sizeof *g16),
+          *g8 = malloc((size_t)V * sizeof *g8);
+    ck_assert(ref && g16 && g8);
+    mkv_decoder *cpu, *d16, *d8;
+    ck_assert_msg(mkv_decoder_prefill(m, tok, n, &o, ref, &cpu, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_msg(mkv_decoder_prefill(m, tok, n, &o16, g16, &d16, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_msg(mkv_decoder_prefill(m, tok, n, &o8, g8, &d8, &err) == MKV_OK, "%s", err.msg);
+    double worst16 = 0, worst8 = 0, max_rel;
+    int checked = 0;
+    for (int s = 0;; s++) {
+        double r16, r8;
+        logit_error(ref, g16, V, &r16, &max_rel);
+        ck_assert_msg(r16 <= F32_RMS && max_rel <= F32_MAX, "fp16 block keys: step %d: %.3g RMS, %.3g at most", s,
+                      r16, max_rel);
+        logit_error(ref, g8, V, &r8, &max_rel);
+        ck_assert_msg(r8 <= F16_RMS && max_rel <= F16_MAX, "8-bit block keys: step %d: %.3g RMS, %.3g at most", s,
+                      r8, max_rel);
+        worst16 = r16 > worst16 ? r16 : worst16;
+        worst8 = r8 > worst8 ? r8 : worst8;
+        const int token = argmax(ref, V);
+        double ss = 0;
+        for (int i = 0; i < V; i++)
+            ss += (double)ref[i] * ref[i];
+        if (top_margin(ref, V) > 2 * F16_MAX * sqrt(ss / V)) {
+            checked++;
+            ck_assert_int_eq(argmax(g8, V), token);
+        }
+        if (s == steps)
+            break;
+        ck_assert_msg(mkv_decoder_step(cpu, token, ref, &err) == MKV_OK, "%s", err.msg);
+        ck_assert_msg(mkv_decoder_step(d16, token, g16, &err) == MKV_OK, "%s", err.msg);
+        ck_assert_msg(mkv_decoder_step(d8, token, g8, &err) == MKV_OK, "%s", err.msg);
+    }
+    mkv_decoder_stats s16, s8;
+    mkv_decoder_get_stats(d16, &s16);
+    mkv_decoder_get_stats(d8, &s8);
+    ck_assert_int_eq(s8.tokens, s16.tokens);
+    ck_assert_uint_lt(s8.bytes_held, s16.bytes_held);
+    ck_assert_uint_lt(s8.bytes_read, s16.bytes_read);
+    printf("check_gpu_decode: mosaic, 8-bit block keys: logits within %.2g RMS of the CPU's (fp16 rows: %.2g), argmax "
+           "checked at %d of %d steps; %llu bytes held, %llu read by the last step (fp16 rows: %llu, %llu)\n",
+           worst8, worst16, checked, steps + 1, (unsigned long long)s8.bytes_held, (unsigned long long)s8.bytes_read,
+           (unsigned long long)s16.bytes_held, (unsigned long long)s16.bytes_read);
+    mkv_decoder_free(cpu);
+    mkv_decoder_free(d16);
+    mkv_decoder_free(d8);
+    /* a filled batch: synthetic packed caches, the 8-bit keys made from their rows */
+    mkv_decoder_opts of = o8;
+    of.fill = 2000;
+    of.batch = 2;
+    of.max_new = 4;
+    mkv_model_free(m);
+    m = shape_model("smollm2-135m", 2, 2000 + 8 + 4, 5);
+    float *two = malloc((size_t)2 * V * sizeof *two);
+    int32_t next[2] = {tok[0], tok[1]};
+    mkv_decoder *df;
+    ck_assert_msg(mkv_decoder_prefill(m, tok, 8, &of, two, &df, &err) == MKV_OK, "%s", err.msg);
+    for (int s = 0; s < 4; s++)
+        ck_assert_msg(mkv_decoder_step_batch(df, next, two, &err) == MKV_OK, "%s", err.msg);
+    for (int i = 0; i < 2 * V; i++)
+        ck_assert_msg(isfinite(two[i]), "filled batch: logit %d is %g", i, two[i]);
+    mkv_decoder_free(df);
+    /* the CPU has no 8-bit block keys */
+    o8.gpu = 0;
+    ck_assert_int_eq(mkv_decoder_prefill(m, tok, 8, &o8, ref, &df, &err), MKV_EUSAGE);
+    free(two);
+    free(ref);
+    free(g16);
+    free(g8);
+    free(tok);
+    mkv_model_free(m);
+    mkv_mosaic_set_manager(MKV_MOSAIC_MANAGER_ASYNC);
+}
+END_TEST
+
 /* A batch of B requests on the GPU against B decoders of one request
  * each: request b has a prompt of its own (prompt + 5b tokens, its own
  * ids) after its own filled rows; every request's logits compared at the
@@ -676,6 +776,7 @@ static Suite *gpu_decode_suite(void)
     tcase_add_test(tc, quest_on_gpu_is_the_cpus);
     tcase_add_test(tc, mosaic_on_gpu_is_the_cpus);
     tcase_add_test(tc, batches_on_gpu_are_each_request);
+    tcase_add_test(tc, mosaic_8bit_blockkeys_on_gpu);
     tcase_add_test(tc, smollm2_on_gpu_is_the_cpu_pass);
     tcase_add_test(tc, perplexity_on_gpu_is_the_cpus);
     tcase_add_test(tc, gpu_decoder_refuses_misuse);

@@ -21,7 +21,10 @@
  *    recomputed here in double (row_codes), exactly but for blocks within
  *    float32 rounding of the threshold, and the output the reference's
  *    over the GPU's selection; a plan asking for them before they are
- *    made, or for 12-bit keys, is refused;
+ *    made, or for 12-bit keys, is refused; growth (mkv_cuda_mosaic_grow)
+ *    keeps the codes of the open blocks row_codes' of the grown fp16 rows,
+ *    also with those rows dropped (mkv_cuda_mosaic_drop_blockkeys16),
+ *    which then attends as the cache that kept them;
  *  - equal block scores: the lowest blocks are taken, exactly as the CPU;
  *  - a segment of more blocks than the attention compacts at once (1024
  *    blocks of 4 against a window of 512): the block list is rebuilt and
@@ -1258,6 +1261,118 @@ END_TEST
 
 /* ------------------------------------------------------------- refusals */
 
+/* Growth with 8-bit block keys (mkv_cuda_mosaic_grow after
+ * mkv_cuda_mosaic_blockkeys8): every open-segment row the new tokens
+ * reach carries row_codes of its fp16 row (grown alongside in a cache that
+ * keeps them), and a cache whose fp16 rows were dropped grows the same
+ * codes and scales and attends the same; it holds their bytes less and
+ * refuses fp16 scoring, a second conversion and appends. */
+START_TEST(test_grow_blockkeys8)
+{
+    mkv_error err = {0};
+    const int d = 64, G = 4, B = 8, n_new = 21;   /* three blocks of the open segment */
+    head_data hd = make_head(700, d, G);
+    mkv_mosaic_config c = config(0, B, 256, 16, 1, 1);
+    mkv_mosaic_head h;
+    compress(&hd, &c, &h);
+    const mkv_mosaic_head *hp = &h;
+    mkv_gpu_layout lay;
+    ck_assert_msg(mkv_gpu_layout_build(&hp, 1, n_new, 1, &lay, &err) == MKV_OK, "layout: %s", err.msg);
+    mkv_packed_cache *kept = NULL, *dropped = NULL;
+    ck_assert_msg(mkv_cuda_mosaic_upload(&lay.l, &kept, &err) == MKV_OK, "upload: %s", err.msg);
+    ck_assert_msg(mkv_cuda_mosaic_upload(&lay.l, &dropped, &err) == MKV_OK, "upload: %s", err.msg);
+    ck_assert_int_eq(mkv_cuda_mosaic_drop_blockkeys16(dropped, &err), MKV_EUSAGE);   /* no 8-bit ones yet */
+    ck_assert_int_eq(mkv_cuda_mosaic_blockkeys8(kept, &err), MKV_OK);
+    ck_assert_int_eq(mkv_cuda_mosaic_blockkeys8(dropped, &err), MKV_OK);
+    const uint64_t bytes_kept = mkv_cuda_mosaic_bytes(kept);
+    ck_assert_msg(mkv_cuda_mosaic_drop_blockkeys16(dropped, &err) == MKV_OK, "drop: %s", err.msg);
+    ck_assert_uint_eq(mkv_cuda_mosaic_bytes(dropped), bytes_kept - 2 * (uint64_t)lay.l.n_blockkeys);
+
+    float *dk = dalloc(sizeof(float) * d), *dv = dalloc(sizeof(float) * d), kx[128], vx[128];
+    for (int t = 0; t < n_new; t++) {
+        gen_rows(1, d, 2.0, kx);
+        gen_rows(1, d, 0.5, vx);
+        ck_assert_int_eq(mkv_cuda_upload(dk, kx, sizeof(float) * d, &err), MKV_OK);
+        ck_assert_int_eq(mkv_cuda_upload(dv, vx, sizeof(float) * d, &err), MKV_OK);
+        ck_assert_msg(mkv_cuda_mosaic_grow(kept, 0, 1, dk, dv, NULL, &err) == MKV_OK, "grow: %s", err.msg);
+        ck_assert_msg(mkv_cuda_mosaic_grow(dropped, 0, 1, dk, dv, NULL, &err) == MKV_OK, "grow: %s", err.msg);
+    }
+    ck_assert_int_eq(mkv_cuda_mosaic_grow_check(kept, &err), MKV_OK);
+    ck_assert_int_eq(mkv_cuda_mosaic_grow_check(dropped, &err), MKV_OK);
+
+    const int64_t seg = lay.heads[0].first_seg + lay.heads[0].n_seg - 1, rows = (n_new + B - 1) / B;
+    const mkv_packed_seg *g = &lay.segs[seg];
+    ck_assert_int_eq(g->open, 1);
+    const int w = g->bk_width, rb = (w + 15) / 16 * 16;
+    int8_t *ck = xmalloc((size_t)rows * rb), *cd = xmalloc((size_t)rows * rb);
+    float sk[8], sd[8];
+    uint16_t *row16 = xmalloc(sizeof(uint16_t) * (size_t)rows * w);
+    ck_assert_int_eq(mkv_cuda_mosaic_blockkeys8_rows(kept, seg, 0, rows, ck, sk, &err), MKV_OK);
+    ck_assert_int_eq(mkv_cuda_mosaic_blockkeys8_rows(dropped, seg, 0, rows, cd, sd, &err), MKV_OK);
+    mkv_packed_pools pools;
+    ck_assert_int_eq(mkv_cuda_mosaic_pools(kept, &pools, &err), MKV_OK);
+    ck_assert_int_eq(mkv_cuda_download(row16, pools.blockkeys + g->bk_off, sizeof(uint16_t) * (size_t)rows * w, &err),
+                     MKV_OK);
+    int nonzero = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        double code[2 * 128 + 8];
+        const double scale = row_codes(row16 + r * w, w, code);
+        ck_assert_msg((double)sk[r] == scale, "row %lld: scale %.9g, wanted %.9g", (long long)r, sk[r], scale);
+        for (int i = g->kdim + g->kbound; i < w; i++)
+            ck_assert_msg(row16[r * w + i] == 0, "row %lld: padding channel %d is %#x", (long long)r, i, row16[r * w + i]);
+        for (int i = 0; i < rb; i++) {
+            const int want = i < w ? (int)code[i] : 0;
+            ck_assert_msg(ck[r * rb + i] == want, "row %lld code %d: %d, wanted %d", (long long)r, i,
+                          ck[r * rb + i], want);
+            nonzero += want != 0;
+        }
+    }
+    ck_assert_int_gt(nonzero, rows * w / 2);
+    ck_assert_int_eq(memcmp(ck, cd, (size_t)rows * rb), 0);
+    ck_assert_int_eq(memcmp(sk, sd, sizeof(float) * (size_t)rows), 0);
+
+    /* both attend a query at the last token alike with the 8-bit keys; the dropped one no other way */
+    int32_t heads[1] = {0};
+    int64_t pos[1] = {700 + n_new - 1};
+    mkv_packed_params pp = {1, 1, G, 0, 0.1, 0, 8};
+    mkv_packed_plan *pk = NULL, *pdr = NULL;
+    float q[4 * 128], ok[4 * 128], od[4 * 128];
+    for (int i = 0; i < G; i++)
+        gen_query(hd.k, 650 + i, d, q + (size_t)i * d);
+    float *dq = dalloc(sizeof(float) * G * d), *dout = dalloc(sizeof(float) * G * d);
+    ck_assert_int_eq(mkv_cuda_upload(dq, q, sizeof(float) * G * d, &err), MKV_OK);
+    ck_assert_msg(mkv_cuda_mosaic_plan(kept, &pp, heads, pos, &pk, &err) == MKV_OK, "plan: %s", err.msg);
+    ck_assert_msg(mkv_cuda_mosaic_plan(dropped, &pp, heads, pos, &pdr, &err) == MKV_OK, "plan: %s", err.msg);
+    ck_assert_int_eq(mkv_cuda_mosaic_run(pk, dq, dout, NULL, &err), MKV_OK);
+    ck_assert_int_eq(mkv_cuda_download(ok, dout, sizeof(float) * G * d, &err), MKV_OK);
+    ck_assert_int_eq(mkv_cuda_mosaic_run(pdr, dq, dout, NULL, &err), MKV_OK);
+    ck_assert_int_eq(mkv_cuda_download(od, dout, sizeof(float) * G * d, &err), MKV_OK);
+    ck_assert_int_eq(memcmp(ok, od, sizeof(float) * G * d), 0);
+    mkv_cuda_mosaic_plan_free(pk);
+    mkv_cuda_mosaic_plan_free(pdr);
+    pdr = NULL;
+    pp.blockkey_bits = 16;
+    ck_assert_int_eq(mkv_cuda_mosaic_plan(dropped, &pp, heads, pos, &pdr, &err), MKV_EUSAGE);
+    ck_assert_msg(strstr(err.msg, "only 8-bit") != NULL, "message: %s", err.msg);
+    ck_assert_ptr_null(pdr);
+    ck_assert_int_eq(mkv_cuda_mosaic_blockkeys8(dropped, &err), MKV_EUSAGE);
+    ck_assert_int_eq(mkv_cuda_mosaic_append(dropped, 0, dk, dv, 1, NULL, &err), MKV_EUSAGE);
+
+    mkv_cuda_free(dq);
+    mkv_cuda_free(dout);
+    mkv_cuda_free(dk);
+    mkv_cuda_free(dv);
+    free(ck);
+    free(cd);
+    free(row16);
+    mkv_cuda_mosaic_free(kept);
+    mkv_cuda_mosaic_free(dropped);
+    mkv_gpu_layout_free(&lay);
+    mkv_mosaic_head_free(&h);
+    free_head_data(&hd);
+}
+END_TEST
+
 START_TEST(test_refusals)
 {
     mkv_error err = {0};
@@ -1337,6 +1452,7 @@ static Suite *packed_suite(void)
     tcase_add_test(tc, test_long_heads);
     tcase_add_test(tc, test_temporary_region);
     tcase_add_test(tc, test_blockkeys8);
+    tcase_add_test(tc, test_grow_blockkeys8);
     suite_add_tcase(s, tc);
     tc = tcase_create("encode");
     tcase_set_timeout(tc, 300);

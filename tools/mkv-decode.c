@@ -72,6 +72,7 @@ enum {
     OPT_MANAGER,
     OPT_CLOSE_LOSS,
     OPT_GPU_WEIGHTS,
+    OPT_GPU_BLOCKKEYS,
     OPT_END
 };
 
@@ -80,6 +81,7 @@ static const struct option longopts[] = {
     MKV_THREADS_LONGOPT,
     MKV_DEVICE_LONGOPT,
     {"gpu-weights", required_argument, NULL, OPT_GPU_WEIGHTS},
+    {"gpu-blockkeys", required_argument, NULL, OPT_GPU_BLOCKKEYS},
     {"method", required_argument, NULL, 'm'},
     {"param", required_argument, NULL, 'P'},
     {"list-methods", no_argument, NULL, OPT_LIST_METHODS},
@@ -208,7 +210,11 @@ static void usage(FILE *fp, int status)
             "                       (methods full, quest and mosaic so far); cpu; auto\n"
             "                       (default): the GPU when this build has CUDA, a GPU is\n"
             "                       there and the method is full\n"
-            "      --gpu-weights T  the GPU's copy of the matrices: f32 (default) or f16\n\n",
+            "      --gpu-weights T  the GPU's copy of the matrices: f32 (default) or f16\n"
+            "      --gpu-blockkeys B\n"
+            "                       mosaic on the GPU: blocks scored with block keys of 16\n"
+            "                       bits (default, the CPU's) or 8 (8-bit codes, a scale per\n"
+            "                       row; the fp16 rows not kept: less memory and reading)\n\n",
             mkv_progname(), mkv_progname(), mkv_progname(), mkv_progname(), mkv_progname(), DEFAULT_GENERATE,
             DEFAULT_SCORE, MKV_MOSAIC_CLOSE_LOSS_DEFAULT);
     mkv_common_usage(fp, MKV_COMMON_THREADS);
@@ -245,6 +251,7 @@ typedef struct {
     int threads, verbosity;
     mkv_device device;
     int gpu_f16_weights;
+    int gpu_blockkey_bits;
     int given[OPT_END + 128];
 } decode_args;
 
@@ -508,6 +515,13 @@ static void parse_args(int argc, char **argv, decode_args *a)
             }
             a->gpu_f16_weights = strcmp(optarg, "f16") == 0;
             break;
+        case OPT_GPU_BLOCKKEYS:
+            if (strcmp(optarg, "16") != 0 && strcmp(optarg, "8") != 0) {
+                mkv_usage_error("invalid value '%s' for --gpu-blockkeys: expected 16 or 8", optarg);
+                exit(2);
+            }
+            a->gpu_blockkey_bits = atoi(optarg);
+            break;
         default: {
             int handled = mkv_common_option(&common, opt, optarg);
             if (handled < 0)
@@ -563,6 +577,8 @@ static void parse_args(int argc, char **argv, decode_args *a)
     }
     if (a->given[OPT_GPU_WEIGHTS] && a->device == MKV_DEVICE_CPU)
         misuse("--gpu-weights is an option of --device gpu or auto");
+    if (a->given[OPT_GPU_BLOCKKEYS] && !on_gpu_mosaic)
+        misuse("--gpu-blockkeys is an option of -m mosaic with --device gpu");
     int mode = a->ppl ? MODE_PPL : a->needle ? MODE_NEEDLE : MODE_GENERATE;
     for (size_t i = 0; i < sizeof MODE_OPTIONS / sizeof *MODE_OPTIONS; i++)
         if (a->given[MODE_OPTIONS[i].opt] && !(MODE_OPTIONS[i].modes & mode)) {
@@ -616,6 +632,7 @@ static void decoder_opts(const decode_args *a, int max_new, mkv_decoder_opts *o)
     o->max_new = max_new;
     o->gpu = a->device == MKV_DEVICE_GPU;
     o->gpu_f16_weights = a->gpu_f16_weights;
+    o->gpu_blockkey_bits = a->gpu_blockkey_bits;
     o->fill = a->fill;
     o->fill_seed = a->seed;
     o->batch = (int)a->batch;

@@ -264,7 +264,7 @@ static int use_gpu_mosaic(mkv_decoder *d, mkv_decoder *const *subs, const mkv_de
     if (!rc)
         rc = create_gpu(d->model, o, positions, 1, &d->gpu, err);
     if (!rc)
-        rc = mkv_gpu_decode_use_mosaic(d->gpu, states, n, p, o->max_new, err);
+        rc = mkv_gpu_decode_use_mosaic(d->gpu, states, n, p, o->max_new, o->gpu_blockkey_bits, err);
     free(states);
     if (!rc)
         d->gpu_mosaic = 1;
@@ -370,7 +370,7 @@ static int prefill_gpu_fill_mosaic(mkv_decoder *d, const int32_t *const *tokens,
     int rc = create_gpu(d->model, o, positions, 1, &d->gpu, err);
     if (!rc)
         rc = mkv_gpu_decode_fill_mosaic(d->gpu, (int)o->fill, c->n_layers * d->batch * c->n_kv_heads, c->head_dim,
-                                        o->params, (int)(n + o->max_new), o->fill_seed, err);
+                                        o->params, (int)(n + o->max_new), o->fill_seed, o->gpu_blockkey_bits, err);
     int32_t *row = calloc((size_t)d->batch, sizeof *row);
     if (!rc && !row)
         rc = mkv_fail(err, MKV_ENOMEM, "out of memory for a batch's tokens");
@@ -477,6 +477,9 @@ int mkv_decoder_prefill_batch(const mkv_model *m, const int32_t *const *tokens, 
         return mkv_fail(err, MKV_EUSAGE, "%lld positions to fill", (long long)o->fill);
     if (B > 1 && !o->gpu)
         return mkv_fail(err, MKV_EUNSUP, "a batch of requests decodes on the GPU");
+    if (o->gpu_blockkey_bits && o->gpu_blockkey_bits != 16 && !(o->gpu && is_mosaic(o)))
+        return mkv_fail(err, MKV_EUSAGE, "block keys of %d bits are an option of mosaic on the GPU",
+                        o->gpu_blockkey_bits);
     if (o->fill > 0 && !is_full(o) && !(o->gpu && (is_quest(o) || is_mosaic(o))))
         return mkv_fail(err, MKV_EUNSUP,
                         "method '%s' compresses a prefill; only the full cache (and Quest's and mosaic's on the GPU) "

@@ -37,6 +37,10 @@ typedef struct {
                                    compression left (MosaicKV); other methods are
                                    MKV_EUNSUP */
     int gpu_f16_weights;        /* with gpu: matrices in fp16 instead of float32 */
+    int gpu_blockkey_bits;      /* with gpu, MosaicKV: its blocks scored with block keys of
+                                   16 bits (or 0; the CPU's) or 8 (8-bit codes with a scale
+                                   per row, the fp16 rows not kept; selection then differs
+                                   from the CPU's by the codes' rounding) */
     int64_t fill;               /* > 0: the full cache's first `fill` positions hold the
                                    synthetic rows of core/kvfill.h (fill_seed) and the
                                    prefill runs after them: speed runs at long contexts

@@ -178,6 +178,19 @@ int mkv_cuda_mosaic_blockkeys8(mkv_packed_cache *c, mkv_error *err)
     return mkv_fail(err, MKV_EUNSUP, "GPU packed attention: built without CUDA");
 }
 
+int mkv_cuda_mosaic_drop_blockkeys16(mkv_packed_cache *c, mkv_error *err)
+{
+    (void)c;
+    return mkv_fail(err, MKV_EUNSUP, "GPU packed attention: built without CUDA");
+}
+
+int mkv_cuda_mosaic_blockkeys8_rows(const mkv_packed_cache *c, int64_t seg, int64_t first, int64_t n, int8_t *codes,
+                                    float *scales, mkv_error *err)
+{
+    (void)c; (void)seg; (void)first; (void)n; (void)codes; (void)scales;
+    return mkv_fail(err, MKV_EUNSUP, "GPU packed attention: built without CUDA");
+}
+
 int mkv_cuda_mosaic_plan(const mkv_packed_cache *c, const mkv_packed_params *pp, const int32_t *heads,
                          const int64_t *pos, mkv_packed_plan **out, mkv_error *err)
 {

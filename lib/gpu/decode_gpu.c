@@ -27,15 +27,18 @@ int mkv_gpu_decode_mosaic_supports(const mkv_params *p, char *why, size_t len)
     return 1;
 }
 
-static mkv_packed_params packed_params(const mkv_params *p)
+static int packed_params(const mkv_params *p, int blockkey_bits, mkv_packed_params *pp, mkv_error *err)
 {
-    return (mkv_packed_params){.budget = mkv_params_double(p, "budget"),
-                               .agg_sum = strcmp(mkv_params_str(p, "agg"), "sum") == 0,
-                               .blockkey_bits = 16};
+    if (blockkey_bits != 0 && blockkey_bits != 16 && blockkey_bits != 8)
+        return mkv_fail(err, MKV_EUSAGE, "mosaic on the GPU: block keys of %d bits; 16 or 8", blockkey_bits);
+    *pp = (mkv_packed_params){.budget = mkv_params_double(p, "budget"),
+                              .agg_sum = strcmp(mkv_params_str(p, "agg"), "sum") == 0,
+                              .blockkey_bits = blockkey_bits ? blockkey_bits : 16};
+    return MKV_OK;
 }
 
 int mkv_gpu_decode_fill_mosaic(mkv_cuda_llama *g, int n, int n_heads, int head_dim, const mkv_params *p,
-                               int open_tokens, uint64_t seed, mkv_error *err)
+                               int open_tokens, uint64_t seed, int blockkey_bits, mkv_error *err)
 {
     char why[160];
     if (!mkv_gpu_decode_mosaic_supports(p, why, sizeof why))
@@ -57,8 +60,9 @@ int mkv_gpu_decode_fill_mosaic(mkv_cuda_llama *g, int n, int n_heads, int head_d
     if (n <= s.sink + s.recent)
         return mkv_fail(err, MKV_EUSAGE, "mosaic on the GPU: --fill %d leaves no packed segment beside sink=%lld "
                         "and recent=%lld", n, (long long)s.sink, (long long)s.recent);
-    const mkv_packed_params pp = packed_params(p);
-    return mkv_cuda_llama_fill_mosaic(g, n, &s, &pp, err);
+    mkv_packed_params pp;
+    int rc = packed_params(p, blockkey_bits, &pp, err);
+    return rc ? rc : mkv_cuda_llama_fill_mosaic(g, n, &s, &pp, err);
 }
 
 int mkv_gpu_decode_mosaic_check(void *const *states, int n_states, const mkv_params *p, mkv_error *err)
@@ -81,9 +85,12 @@ int mkv_gpu_decode_mosaic_check(void *const *states, int n_states, const mkv_par
 }
 
 int mkv_gpu_decode_use_mosaic(mkv_cuda_llama *g, void *const *states, int n_states, const mkv_params *p,
-                              int max_new, mkv_error *err)
+                              int max_new, int blockkey_bits, mkv_error *err)
 {
+    mkv_packed_params pp;
     int rc = mkv_gpu_decode_mosaic_check(states, n_states, p, err);
+    if (!rc)
+        rc = packed_params(p, blockkey_bits, &pp, err);
     if (rc)
         return rc;
     const mkv_mosaic_head **heads = mkv_calloc((size_t)n_states, sizeof *heads, "head list", err);
@@ -93,7 +100,6 @@ int mkv_gpu_decode_use_mosaic(mkv_cuda_llama *g, void *const *states, int n_stat
         heads[i] = mkv_mosaic_state_head(states[i]);
     mkv_gpu_layout lay;
     if (rc == MKV_OK && (rc = mkv_gpu_layout_build(heads, n_states, max_new > 0 ? max_new : 1, 1, &lay, err)) == MKV_OK) {
-        const mkv_packed_params pp = packed_params(p);
         rc = mkv_cuda_llama_use_mosaic(g, &lay.l, &pp, err);
         mkv_gpu_layout_free(&lay);
     }

@@ -22,14 +22,17 @@ int mkv_gpu_decode_mosaic_supports(const mkv_params *p, char *why, size_t len);
 int mkv_gpu_decode_mosaic_check(void *const *states, int n_states, const mkv_params *p, mkv_error *err);
 
 /* Hand the pass g (made with external_cache) the packed cache of the
- * mosaic states of every layer and KV head (states [n_layers][n_kv_heads],
- * as the compressed cache holds them, right after its prefill), with room
- * for max_new decoded tokens per head, attended under p's budget and
- * agg.  MKV_EUNSUP, naming why, for a cache the GPU cannot take (a head
+ * mosaic states of every layer, request and KV head (states
+ * [n_layers][batch][n_kv_heads], as the compressed caches hold them, right
+ * after their prefills), with room for max_new decoded tokens per head,
+ * attended under p's budget and agg, the blocks scored with block keys of
+ * blockkey_bits: 16 (or 0) the fp16 rows, as the CPU's; 8 their 8-bit
+ * codes, the fp16 rows then dropped (kernels/mkv_cuda.h,
+ * mkv_cuda_mosaic_blockkeys8).  MKV_EUNSUP, naming why, for a cache the GPU cannot take (a head
  * without a packed segment or with its recent window not full, a shape
  * of the kernels' limits). */
 int mkv_gpu_decode_use_mosaic(mkv_cuda_llama *g, void *const *states, int n_states, const mkv_params *p,
-                              int max_new, mkv_error *err);
+                              int max_new, int blockkey_bits, mkv_error *err);
 
 /* In place of a prefill, for speed runs: the pass g (made with
  * external_cache) takes a synthetic packed cache of n tokens per head
@@ -38,8 +41,8 @@ int mkv_gpu_decode_use_mosaic(mkv_cuda_llama *g, void *const *states, int n_stat
  * channels (head_dim / 2 when dprime is 0, as the paper's d' = d/2),
  * rounded up to a multiple of 32, block keys of keydim with bound bounded
  * channels, p's sink, recent, segment and block; room for open_tokens
- * decoded tokens. */
+ * decoded tokens; blockkey_bits as above. */
 int mkv_gpu_decode_fill_mosaic(mkv_cuda_llama *g, int n, int n_heads, int head_dim, const mkv_params *p,
-                               int open_tokens, uint64_t seed, mkv_error *err);
+                               int open_tokens, uint64_t seed, int blockkey_bits, mkv_error *err);
 
 #endif

@@ -196,6 +196,12 @@ $ mkv-decode model.bin -p hi --device tpu
 $ mkv-decode model.bin -p hi --gpu-weights f8
 ! mkv-decode: invalid value 'f8' for --gpu-weights: expected f32 or f16
 [2]
+$ mkv-decode model.bin -p hi --gpu-blockkeys 4
+! mkv-decode: invalid value '4' for --gpu-blockkeys: expected 16 or 8
+[2]
+$ mkv-decode model.bin -p hi --device gpu --gpu-blockkeys 8
+! mkv-decode: --gpu-blockkeys is an option of -m mosaic with --device gpu; try 'mkv-decode --help'
+[2]
 $ mkv-decode model.bin -p hi --device cpu --gpu-weights f16
 ! mkv-decode: --gpu-weights is an option of --device gpu or auto; try 'mkv-decode --help'
 [2]

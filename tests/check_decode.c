@@ -1008,6 +1008,34 @@ START_TEST(misuse_refused)
     ck_assert_msg(strstr(err.msg, "filled cache does not fork"), "%s", err.msg);
     ck_assert_int_eq(mkv_decoder_step(d, tok[20], logits, &err), MKV_OK);
     mkv_decoder_free(d);
+    /* batches: on the GPU only, every prompt non-empty; a filled mosaic
+     * batch steps its prompts together, so they have one length; 8-bit
+     * block keys are mosaic's on the GPU (all refused before any GPU work) */
+    const int32_t *prompts[2] = {tok, tok + 5};
+    int64_t lengths[2] = {20, 0};
+    mkv_decoder_opts bo = opts_for(NULL, NULL, 4, 1);
+    bo.batch = 2;
+    ck_assert_int_eq(mkv_decoder_prefill_batch(m, prompts, lengths, &bo, NULL, &d, &err), MKV_EFORMAT);
+    ck_assert_msg(strstr(err.msg, "nothing to prefill in a request of the batch"), "%s", err.msg);
+    lengths[1] = 12;
+    ck_assert_int_eq(mkv_decoder_prefill_batch(m, prompts, lengths, &bo, NULL, &d, &err), MKV_EUNSUP);
+    ck_assert_msg(strstr(err.msg, "a batch of requests decodes on the GPU"), "%s", err.msg);
+    ck_assert_ptr_null(d);
+    const mkv_method *mosaic = mkv_method_find("mosaic");
+    mkv_params mp;
+    mkv_params_init(&mp, mosaic->params);
+    mkv_decoder_opts mo = opts_for(mosaic, &mp, 4, 1);
+    mo.gpu = 1;
+    mo.batch = 2;
+    mo.fill = 200;
+    ck_assert_int_eq(mkv_decoder_prefill_batch(m, prompts, lengths, &mo, NULL, &d, &err), MKV_EUNSUP);
+    ck_assert_msg(strstr(err.msg, "requests of 20 and 12 tokens"), "%s", err.msg);
+    ck_assert_ptr_null(d);
+    fo = opts_for(NULL, NULL, 4, 1);
+    fo.gpu_blockkey_bits = 8;
+    ck_assert_int_eq(mkv_decoder_prefill(m, tok, 20, &fo, NULL, &d, &err), MKV_EUSAGE);
+    ck_assert_msg(strstr(err.msg, "block keys of 8 bits are an option of mosaic on the GPU"), "%s", err.msg);
+    ck_assert_ptr_null(d);
     free(tok);
     mkv_model_free(m);
 }

@@ -21,25 +21,11 @@ import statistics
 import sys
 import time
 
-
-def size(text):
-    mult = {"k": 1 << 10, "m": 1 << 20}.get(text[-1:].lower(), 1)
-    value = int(text[:-1] if mult > 1 else text) * mult
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"bad size '{text}'")
-    return value
+from sdpa_peer import quantile, size   # the attention peer's parsing and percentiles
 
 
 def size_list(text):
     return [size(t) for t in text.split(",")]
-
-
-def quantile(values, q):
-    v = sorted(values)
-    pos = q * (len(v) - 1)
-    i = int(pos)
-    f = pos - i
-    return v[i] * (1 - f) + v[i + 1] * f if i + 1 < len(v) else v[i]
 
 
 def cache_tensors(cache):

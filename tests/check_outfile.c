@@ -102,6 +102,34 @@ START_TEST(regular_file_by_rename)
 }
 END_TEST
 
+/* Two names of one file, existing or not yet created. */
+START_TEST(same_file_told_apart)
+{
+    const char *dir = make_dir("names");
+    char a[300], b[300], c[300], sub[300];
+    snprintf(a, sizeof a, "%s/t.tsv", dir);
+    snprintf(b, sizeof b, "%s/./t.tsv", dir);
+    snprintf(c, sizeof c, "%s/u.tsv", dir);
+    snprintf(sub, sizeof sub, "%s/sub", dir);
+    ck_assert_int_eq(mkdir(sub, 0755), 0);
+    /* not created yet: the same directory and name, or not */
+    ck_assert(mkv_outfile_overwrites(a, b));
+    ck_assert(!mkv_outfile_overwrites(a, c));
+    snprintf(b, sizeof b, "%s/sub/../t.tsv", dir);
+    ck_assert(mkv_outfile_overwrites(b, a));
+    snprintf(b, sizeof b, "%s/sub/t.tsv", dir);
+    ck_assert(!mkv_outfile_overwrites(b, a));
+    /* existing, and a hard link under another name */
+    write_text(a, "x\n");
+    ck_assert_int_eq(link(a, c), 0);
+    ck_assert(mkv_outfile_overwrites(c, a));
+    ck_assert(!mkv_outfile_overwrites(a, NULL) && !mkv_outfile_overwrites("-", "-"));
+    /* a name without a directory is in "." */
+    ck_assert(mkv_outfile_overwrites("t.tsv", "./t.tsv"));
+    ck_assert(!mkv_outfile_overwrites("t.tsv", "t.tsv/"));
+}
+END_TEST
+
 START_TEST(symlink_keeps_pointing)
 {
     char target[300], link[300], chain[300], dangling[300], created[300];
@@ -364,6 +392,7 @@ int main(void)
     TCase *tc = tcase_create("outfile");
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, regular_file_by_rename);
+    tcase_add_test(tc, same_file_told_apart);
     tcase_add_test(tc, symlink_keeps_pointing);
     tcase_add_test(tc, fifo_written_through);
     tcase_add_test(tc, own_descriptors_written_through);

@@ -227,13 +227,27 @@ int mkv_outfile_remove_stale(const char *target)
 
 /* ---------------------------------------------------------------- output */
 
+/* The same name in the same directory, whether or not it exists yet. */
+static int same_entry(const char *a, const char *b)
+{
+    char *da = NULL, *db = NULL;
+    const char *na, *nb;
+    struct stat sa, sb;
+    int same = !split_path(a, &da, &na) && !split_path(b, &db, &nb) && na[0] && strcmp(na, nb) == 0 &&
+               stat(da, &sa) == 0 && stat(db, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    free(da);
+    free(db);
+    return same;
+}
+
 int mkv_outfile_overwrites(const char *path, const char *input)
 {
     if (!input || strcmp(path, "-") == 0 || strcmp(input, "-") == 0)
         return 0;
     struct stat sp, si;
     return strcmp(path, input) == 0 ||
-           (stat(path, &sp) == 0 && stat(input, &si) == 0 && sp.st_dev == si.st_dev && sp.st_ino == si.st_ino);
+           (stat(path, &sp) == 0 && stat(input, &si) == 0 && sp.st_dev == si.st_dev && sp.st_ino == si.st_ino) ||
+           same_entry(path, input);
 }
 
 static int fail_write(const mkv_outfile *o, int errno_value, mkv_error *err)

@@ -38,8 +38,10 @@ typedef struct {
     int is_stdout;
 } mkv_outfile;
 
-/* Whether writing path would replace the file input: the same name or the
- * same device and inode (never for "-" or a NULL input). */
+/* Whether writing path would replace the file input: the same name, the
+ * same device and inode, or the same name in the same directory (so that
+ * two outputs not created yet are told apart too; never for "-" or a NULL
+ * input). */
 int mkv_outfile_overwrites(const char *path, const char *input);
 
 /* Open an output. path "-" is standard output. protect (may be NULL or

@@ -865,8 +865,10 @@ END_TEST
 
 /* ---------------------------------------------------------- vs model_ref.py */
 
+/* model_ref.py's teacher-forced decode: returns the mean NLL and, with
+ * logprobs [score] not NULL, each scored token's log-probability. */
 static double reference_nll(const char *ckpt, const int32_t *tok, int n, int context, int score,
-                            const char *quest)
+                            const char *quest, double *logprobs)
 {
     char ids[8192];
     size_t len = 0;
@@ -874,16 +876,24 @@ static double reference_nll(const char *ckpt, const int32_t *tok, int n, int con
         len += (size_t)snprintf(ids + len, sizeof ids - len, "%s%d", i ? "," : "", tok[i]);
     ck_assert_uint_lt(len, sizeof ids);
     char cmd[12288];
-    snprintf(cmd, sizeof cmd, "'%s' '%s' decode '%s' --tokens %s --context %d --score %d %s%s", test_python(),
-             test_ref_script(), ckpt, ids, context, score, quest ? "--quest " : "", quest ? quest : "");
+    snprintf(cmd, sizeof cmd, "'%s' '%s' decode '%s' --tokens %s --context %d --score %d %s%s%s", test_python(),
+             test_ref_script(), ckpt, ids, context, score, quest ? "--quest " : "", quest ? quest : "",
+             logprobs ? " --per-token" : "");
     FILE *fp = popen(cmd, "r");
     ck_assert_ptr_nonnull(fp);
     double nll = NAN;
     ck_assert_msg(fscanf(fp, "%lf", &nll) == 1, "model_ref.py decode printed no number");
+    for (int i = 0; logprobs && i < score; i++)
+        ck_assert_msg(fscanf(fp, "%lf", &logprobs[i]) == 1, "model_ref.py decode printed %d of %d log-probabilities",
+                      i, score);
     ck_assert_int_eq(pclose(fp), 0);
     return nll;
 }
 
+/* Perplexity of the full cache and of Quest against model_ref.py; for
+ * Quest also every scored token (its log-probability with Quest and with
+ * the full cache) and the standard error of the NLL difference, computed
+ * here in double from the reference's per-token values. */
 static void ppl_vs_reference(const mkv_model *m, const char *ckpt, const int32_t *tok, int n, int context,
                              int score, const char *what)
 {
@@ -892,22 +902,58 @@ static void ppl_vs_reference(const mkv_model *m, const char *ckpt, const int32_t
     mkv_params_init(&p, quest->params);
     mkv_error err;
     ck_assert_int_ge(mkv_params_parse_list(&p, "page=8 budget=0.5 sink=4 recent=16", &err), 0);
+    double *want_full = calloc((size_t)score, sizeof *want_full), *want_quest = calloc((size_t)score, sizeof *want_quest);
+    mkv_ppl_token *got = calloc((size_t)score, sizeof *got);
+    ck_assert(want_full && want_quest && got);
     for (int use_quest = 0; use_quest < 2; use_quest++) {
         mkv_decoder_opts o = opts_for(use_quest ? quest : NULL, use_quest ? &p : NULL, 0, 2);
         mkv_ppl_result r;
-        ck_assert_msg(mkv_decode_ppl(m, tok, (size_t)n, context, score, &o, 1, &r, &err) == MKV_OK, "%s", err.msg);
-        double want = reference_nll(ckpt, tok, n, context, score, use_quest ? "8,0.5,4,16" : NULL);
+        ck_assert_msg(mkv_decode_ppl(m, tok, (size_t)n, context, score, &o, 1, &r, got, &err) == MKV_OK, "%s",
+                      err.msg);
+        double *want = use_quest ? want_quest : want_full;
+        double want_nll = reference_nll(ckpt, tok, n, context, score, use_quest ? "8,0.5,4,16" : NULL, want);
         /* perplexity exp(nll): its relative error is the error of nll */
-        ck_assert_msg(fabs(r.nll - want) <= 1e-4, "%s, %s: perplexity %.9g, model_ref.py %.9g", what,
-                      use_quest ? "quest" : "full", exp(r.nll), exp(want));
+        ck_assert_msg(fabs(r.nll - want_nll) <= 1e-4, "%s, %s: perplexity %.9g, model_ref.py %.9g", what,
+                      use_quest ? "quest" : "full", exp(r.nll), exp(want_nll));
+        double kl = 0;
+        int agree = 0;
+        for (int i = 0; i < score; i++) {
+            ck_assert_int_eq(got[i].position, context + i + 1);
+            ck_assert_int_eq(got[i].target, tok[context + i + 1]);
+            /* Quest holds K and V in float16, rounded from float32 here and from
+             * double in the reference: an element on a rounding boundary moves by
+             * one ulp, which moves single tokens by up to ~6e-4 (the full cache:
+             * 2e-6). */
+            double tol = use_quest ? 2e-3 : 2e-5;
+            ck_assert_msg(fabs(got[i].logprob - want[i]) <= tol, "%s, %s, token %d: log-probability %.9g, "
+                          "model_ref.py %.9g", what, use_quest ? "quest" : "full", i, got[i].logprob, want[i]);
+            ck_assert_msg(fabs(got[i].logprob_full - want_full[i]) <= 2e-5, "%s, token %d: full %.9g, ref %.9g",
+                          what, i, got[i].logprob_full, want_full[i]);
+            ck_assert(got[i].kl >= 0);
+            kl += got[i].kl;
+            agree += got[i].top1 == got[i].top1_full;
+        }
+        ck_assert_double_eq_tol(kl / score, r.kl, 1e-12);
+        ck_assert_double_eq_tol((double)agree / score, r.agreement, 1e-12);
         if (!use_quest) {
             ck_assert(r.nll == r.nll_full);
-            ck_assert(r.kl == 0 && r.agreement == 1);
-        } else {
-            ck_assert_msg(r.kl >= 0 && r.agreement >= 0 && r.agreement <= 1, "kl %g agreement %g", r.kl,
-                          r.agreement);
+            ck_assert(r.kl == 0 && r.agreement == 1 && r.nll_diff_se == 0);
+            continue;
         }
+        ck_assert_msg(r.kl >= 0 && r.agreement >= 0 && r.agreement <= 1, "kl %g agreement %g", r.kl, r.agreement);
+        double mean = 0, ss = 0;
+        for (int i = 0; i < score; i++)
+            mean += (want_full[i] - want_quest[i]) / score;
+        for (int i = 0; i < score; i++)
+            ss += (want_full[i] - want_quest[i] - mean) * (want_full[i] - want_quest[i] - mean);
+        double se = sqrt(ss / (score - 1) / score);
+        ck_assert_msg(se > 1e-3, "%s: Quest changes too little for the test (standard error %g)", what, se);
+        ck_assert_msg(fabs(r.nll_diff_se - se) <= 1e-4, "%s: standard error %.9g, from model_ref.py %.9g", what,
+                      r.nll_diff_se, se);
     }
+    free(got);
+    free(want_full);
+    free(want_quest);
 }
 
 START_TEST(ppl_matches_model_ref)
@@ -967,7 +1013,7 @@ START_TEST(misuse_refused)
     ck_assert_msg(strstr(err.msg, "context"), "%s", err.msg);
     /* a text too short for the context and the scored tokens */
     mkv_ppl_result r;
-    ck_assert_int_eq(mkv_decode_ppl(m, tok, 40, 30, 10, &o, 1, &r, &err), MKV_EFORMAT);
+    ck_assert_int_eq(mkv_decode_ppl(m, tok, 40, 30, 10, &o, 1, &r, NULL, &err), MKV_EFORMAT);
     ck_assert_msg(strstr(err.msg, "the text has 40 tokens"), "%s", err.msg);
     /* forking after a step; a step past the decode steps asked for */
     ck_assert_int_eq(mkv_decoder_prefill(m, tok, 20, &o, NULL, &d, &err), MKV_OK);

@@ -296,10 +296,10 @@ static void ppl_case(const char *method, const char *params, mkv_ppl_result *cpu
     o.threads = cpu_threads();
     o.method = mkv_method_find(method);
     o.params = &p;
-    ck_assert_msg(mkv_decode_ppl(m, tok, (size_t)(context + score + 1), context, score, &o, 1, cpu, &err) == MKV_OK,
+    ck_assert_msg(mkv_decode_ppl(m, tok, (size_t)(context + score + 1), context, score, &o, 1, cpu, NULL, &err) == MKV_OK,
                   "%s", err.msg);
     o.gpu = 1;
-    ck_assert_msg(mkv_decode_ppl(m, tok, (size_t)(context + score + 1), context, score, &o, 1, gpu, &err) == MKV_OK,
+    ck_assert_msg(mkv_decode_ppl(m, tok, (size_t)(context + score + 1), context, score, &o, 1, gpu, NULL, &err) == MKV_OK,
                   "%s", err.msg);
     const double rel = fabs(exp(gpu->nll) / exp(cpu->nll) - 1), rel_full = fabs(exp(gpu->nll_full) / exp(cpu->nll_full) - 1);
     printf("check_gpu_decode: %s perplexity, smollm2-135m shape, 2 layers: CPU %.6f (full %.6f, KL %.3g), GPU %.6f "
@@ -660,9 +660,9 @@ START_TEST(perplexity_on_gpu_is_the_cpus)
     o.threads = cpu_threads();
     o.chunk = 128;
     mkv_ppl_result cpu, gpu;
-    ck_assert_msg(mkv_decode_ppl(lm.model, ids, n, context, score, &o, 1, &cpu, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_msg(mkv_decode_ppl(lm.model, ids, n, context, score, &o, 1, &cpu, NULL, &err) == MKV_OK, "%s", err.msg);
     o.gpu = 1;
-    ck_assert_msg(mkv_decode_ppl(lm.model, ids, n, context, score, &o, 1, &gpu, &err) == MKV_OK, "%s", err.msg);
+    ck_assert_msg(mkv_decode_ppl(lm.model, ids, n, context, score, &o, 1, &gpu, NULL, &err) == MKV_OK, "%s", err.msg);
     const double rel = fabs(exp(gpu.nll) / exp(cpu.nll) - 1);
     printf("check_gpu_decode: stories260K perplexity over %lld tokens after %lld: CPU %.6f, GPU %.6f (%.2g relative)\n",
            (long long)score, (long long)context, exp(cpu.nll), exp(gpu.nll), rel);

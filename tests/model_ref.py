@@ -14,10 +14,11 @@ description in ../shared/models/README.md, not from the C code.
     that type (transformers' modeling_rope_utils definitions).
 
   model_ref.py decode CHECKPOINT --tokens IDS --context C --score N
-      [--quest PAGE,BUDGET,SINK,RECENT]
+      [--quest PAGE,BUDGET,SINK,RECENT] [--per-token]
     Teacher-forced decoding: prefill the first C tokens with full
     attention, then one decode step per token C..C+N-1; prints the mean
-    negative log-likelihood of tokens C+1..C+N.  --quest: keys and values
+    negative log-likelihood of tokens C+1..C+N, then with --per-token the
+    log-probability of each of them, one per line.  --quest: keys and values
     are held in float16, the decoded tokens appended to the pages, and each
     step attends the tokens Quest selects among all of them (the page bound
     of its min/max keys, sink, recent, whole pages by score, ties to the
@@ -195,7 +196,7 @@ def layer_rest(w, l, x, att, eps):
     return x + ((gate / (1.0 + np.exp(-gate))) * (xb @ w["w3"][l].T)) @ w["w2"][l].T
 
 
-def decode_nll(shape, w, tokens, C, N, theta, rope_dim, layout, eps, quest=None):
+def decode_logprobs(shape, w, tokens, C, N, theta, rope_dim, layout, eps, quest=None):
     H, KV, hd = shape["n_heads"], shape["n_kv_heads"], shape["head_dim"]
     group = H // KV
     captured, logits = forward(shape, w, tokens[:C], theta, rope_dim, layout, eps, None)
@@ -205,7 +206,7 @@ def decode_nll(shape, w, tokens, C, N, theta, rope_dim, layout, eps, quest=None)
     if quest:
         keys = [np.float16(k).astype(np.float64) for k in keys]
         values = [np.float16(v).astype(np.float64) for v in values]
-    nll = 0.0
+    logprobs = []
     for s in range(N):
         pos = C + s
         x = w["embedding"][[tokens[pos]]]
@@ -230,8 +231,8 @@ def decode_nll(shape, w, tokens, C, N, theta, rope_dim, layout, eps, quest=None)
             x = layer_rest(w, l, x, att.reshape(1, H * hd), eps)
         out = rmsnorm(x, w["rms_final"], eps) @ w["classifier"].T
         out = out[0] - out[0].max()
-        nll -= out[tokens[pos + 1]] - np.log(np.exp(out).sum())
-    return nll / N
+        logprobs.append(out[tokens[pos + 1]] - np.log(np.exp(out).sum()))
+    return logprobs
 
 
 def cmd_decode(argv):
@@ -242,6 +243,7 @@ def cmd_decode(argv):
     ap.add_argument("--context", type=int, required=True)
     ap.add_argument("--score", type=int, required=True)
     ap.add_argument("--quest")
+    ap.add_argument("--per-token", action="store_true")
     ap.add_argument("--eps", type=float, default=1e-5)
     a = ap.parse_args(argv)
     shape, w = read_checkpoint(a.checkpoint)
@@ -250,9 +252,12 @@ def cmd_decode(argv):
     if a.quest:
         page, budget, sink, recent = a.quest.split(",")
         quest = (int(page), float(budget), int(sink), int(recent))
-    nll = decode_nll(shape, w, tokens, a.context, a.score, 10000.0, shape["head_dim"], "interleaved",
-                     np.float32(a.eps).astype(np.float64), quest)
-    print("%.17g" % nll)
+    logprobs = decode_logprobs(shape, w, tokens, a.context, a.score, 10000.0, shape["head_dim"], "interleaved",
+                               np.float32(a.eps).astype(np.float64), quest)
+    print("%.17g" % -np.mean(logprobs))
+    if a.per_token:
+        for lp in logprobs:
+            print("%.17g" % lp)
 
 
 def read_biases(path, shape):

@@ -45,6 +45,7 @@ enum {
     OPT_CONTEXT,
     OPT_SCORE,
     OPT_NO_REFERENCE,
+    OPT_PER_TOKEN,
     OPT_STATS,
     OPT_WINDOW,
     OPT_CHUNK,
@@ -94,6 +95,7 @@ static const struct option longopts[] = {
     {"context", required_argument, NULL, OPT_CONTEXT},
     {"score", required_argument, NULL, OPT_SCORE},
     {"no-reference", no_argument, NULL, OPT_NO_REFERENCE},
+    {"per-token", required_argument, NULL, OPT_PER_TOKEN},
     {"stats", required_argument, NULL, OPT_STATS},
     {"window", required_argument, NULL, OPT_WINDOW},
     {"chunk", required_argument, NULL, OPT_CHUNK},
@@ -166,6 +168,9 @@ static void usage(FILE *fp, int status)
             "      --context LIST   contexts in tokens, K suffixes (default 1K)\n"
             "      --score N        tokens scored per context (default %d)\n"
             "      --no-reference   skip the full-cache run (no KL or agreement)\n"
+            "      --per-token FILE one TSV row per scored token: its log-probability with\n"
+            "                       the method and with the full cache, KL and top-1 of the\n"
+            "                       step ('-' = stdout), for paired comparisons of runs\n"
             "  -o, --output FILE    the perplexity or retrieval table (TSV; default stdout)\n\n"
             "Retrieval (passkey):\n"
             "      --needle         hide a 5-7 digit pass key in filler prose at each depth,\n"
@@ -233,7 +238,7 @@ typedef struct {
     mkv_params params;
     mkv_prompt_opts prompt;
     int64_t generate, tokens, fill, batch;
-    const char *ppl, *output, *stats;
+    const char *ppl, *output, *stats, *per_token;
     int64_t contexts[MAX_CONTEXTS];
     int n_contexts;
     int needle;
@@ -322,7 +327,7 @@ static const struct {
     int opt;
     int modes;
 } MODE_OPTIONS[] = {
-    {OPT_CONTEXT, MODE_PPL}, {OPT_SCORE, MODE_PPL}, {OPT_NO_REFERENCE, MODE_PPL | MODE_NEEDLE},
+    {OPT_CONTEXT, MODE_PPL}, {OPT_SCORE, MODE_PPL}, {OPT_NO_REFERENCE, MODE_PPL | MODE_NEEDLE}, {OPT_PER_TOKEN, MODE_PPL},
     {'o', MODE_PPL | MODE_NEEDLE}, {'p', MODE_GENERATE}, {'n', MODE_GENERATE}, {'f', MODE_GENERATE},
     {OPT_TOKEN_IDS, MODE_GENERATE}, {OPT_TOKENS, MODE_GENERATE}, {OPT_FILL, MODE_GENERATE}, {OPT_BATCH, MODE_GENERATE},
     {OPT_LAYERS, MODE_GENERATE}, {OPT_CHAT, MODE_GENERATE | MODE_NEEDLE},
@@ -416,6 +421,9 @@ static void parse_args(int argc, char **argv, decode_args *a)
             break;
         case OPT_NO_REFERENCE:
             a->reference = 0;
+            break;
+        case OPT_PER_TOKEN:
+            a->per_token = optarg;
             break;
         case OPT_STATS:
             a->stats = optarg;
@@ -606,6 +614,15 @@ static void parse_args(int argc, char **argv, decode_args *a)
         misuse("--stats - and the generated text both write to standard output");
     if (a->ppl && a->output && mkv_outfile_overwrites(a->output, a->ppl))
         misuse("-o would overwrite the --ppl text");
+    if (a->per_token) {
+        int to_stdout = a->per_token[0] == '-' && a->per_token[1] == '\0';
+        if (to_stdout && (!a->output || strcmp(a->output, "-") == 0))
+            misuse("--per-token - and the perplexity table both write to standard output");
+        if (!to_stdout && mkv_outfile_overwrites(a->per_token, a->ppl))
+            misuse("--per-token would overwrite the --ppl text");
+        if (!to_stdout && a->output && mkv_outfile_overwrites(a->per_token, a->output))
+            misuse("--per-token and -o name the same file");
+    }
 }
 
 static void fail(const mkv_error *err)
@@ -796,7 +813,23 @@ static int generate(const decode_args *a, mkv_run_model *rm, mkv_error *err)
 #define PPL_HEADER                                                                                   \
     "context\tscored\tmethod\tparams\tppl\tppl_full\tppl_increase_pct\tkl\tagreement\tphysical_ratio\t" \
     "bytes_held\tlogical_bytes\tbytes_read_step\tdense_read_step\tprefill_s\tcompress_s\tstep_ms\t"      \
-    "step_ms_full\n"
+    "step_ms_full\tnll_diff_se\tppl_increase_lo_pct\tppl_increase_hi_pct\n"
+
+#define PER_TOKEN_HEADER "context\tposition\ttarget\tlogprob\tlogprob_full\tkl\ttop1\ttop1_full\n"
+
+/* The increase of exp(nll - nll_full) at z standard errors (95%: 1.96). */
+static double increase_at(const mkv_ppl_result *r, double z)
+{
+    return 100.0 * (exp(r->nll - r->nll_full + z * r->nll_diff_se) - 1.0);
+}
+
+static void per_token_rows(FILE *fp, const mkv_ppl_result *r, const mkv_ppl_token *t)
+{
+    for (int64_t i = 0; i < r->scored; i++)
+        fprintf(fp, "%" PRId64 "\t%" PRId64 "\t%" PRId32 "\t%.9g\t%.9g\t%.6g\t%" PRId32 "\t%" PRId32 "\n",
+                r->context, t[i].position, t[i].target, t[i].logprob, t[i].logprob_full, t[i].kl, t[i].top1,
+                t[i].top1_full);
+}
 
 static int perplexity(const decode_args *a, mkv_run_model *rm, mkv_error *err)
 {
@@ -805,9 +838,23 @@ static int perplexity(const decode_args *a, mkv_run_model *rm, mkv_error *err)
     for (int i = 0; i < a->n_contexts; i++)
         if ((rc = mkv_ppl_check(p->n, a->contexts[i], a->score, err)))
             return rc;
-    mkv_outfile out;
-    if ((rc = mkv_outfile_open(&out, a->output ? a->output : "-", a->ppl, 0, err)))
+    mkv_outfile out, tokens_out;
+    mkv_ppl_token *per_token = NULL;
+    if (a->per_token) {
+        if (!(per_token = mkv_alloc((size_t)a->score, sizeof *per_token, "per-token results", err)))
+            return MKV_ENOMEM;
+        if ((rc = mkv_outfile_open(&tokens_out, a->per_token, a->ppl, 0, err))) {
+            mkv_free(per_token);
+            return rc;
+        }
+        fputs(PER_TOKEN_HEADER, mkv_outfile_fp(&tokens_out));
+    }
+    if ((rc = mkv_outfile_open(&out, a->output ? a->output : "-", a->ppl, 0, err))) {
+        if (per_token)
+            mkv_outfile_abort(&tokens_out);
+        mkv_free(per_token);
         return rc;
+    }
     FILE *fp = mkv_outfile_fp(&out);
     fputs(PPL_HEADER, fp);
     char params[1024];
@@ -816,19 +863,27 @@ static int perplexity(const decode_args *a, mkv_run_model *rm, mkv_error *err)
         mkv_decoder_opts o;
         decoder_opts(a, (int)a->score, &o);
         mkv_ppl_result r;
-        if ((rc = mkv_decode_ppl(rm->model, p->tokens, p->n, a->contexts[i], a->score, &o, a->reference, &r, err)))
+        if ((rc = mkv_decode_ppl(rm->model, p->tokens, p->n, a->contexts[i], a->score, &o, a->reference, &r,
+                                 per_token, err)))
             break;
         double ppl = exp(r.nll), ppl_full = exp(r.nll_full);
         fprintf(fp, "%" PRId64 "\t%" PRId64 "\t%s\t%s\t%.6f\t%.6f\t%.4f\t%.6g\t%.4f\t%.4f\t%" PRIu64 "\t%" PRIu64
-                "\t%.0f\t%.0f\t%.3f\t%.3f\t%.3f\t%.3f\n",
+                "\t%.0f\t%.0f\t%.3f\t%.3f\t%.3f\t%.3f\t%.6g\t%.4f\t%.4f\n",
                 r.context, r.scored, a->method->name, params[0] ? params : "-", ppl, ppl_full,
                 100.0 * (ppl / ppl_full - 1.0), r.kl, r.agreement,
                 (double)r.prefix_logical_bytes / (double)r.prefix_bytes_held, r.bytes_held, r.logical_bytes,
                 r.bytes_read_mean, r.dense_read_mean, r.prefill_seconds, r.compress_seconds, 1e3 * r.step_seconds,
-                1e3 * r.step_seconds_full);
+                1e3 * r.step_seconds_full, r.nll_diff_se, increase_at(&r, -1.96), increase_at(&r, 1.96));
         fflush(fp);
+        if (per_token)
+            per_token_rows(mkv_outfile_fp(&tokens_out), &r, per_token);
         mkv_info("context %" PRId64 ": perplexity %.4f (full %.4f)", r.context, ppl, ppl_full);
     }
+    mkv_free(per_token);
+    if (!rc && per_token)
+        rc = mkv_outfile_commit(&tokens_out, err);
+    else if (per_token)
+        mkv_outfile_abort(&tokens_out);
     if (rc) {
         mkv_outfile_abort(&out);
         return rc;

@@ -677,12 +677,13 @@ int mkv_ppl_check(size_t n_tokens, int64_t context, int64_t score, mkv_error *er
 }
 
 int mkv_decode_ppl(const mkv_model *m, const int32_t *tokens, size_t n_tokens, int64_t context, int64_t score,
-                   const mkv_decoder_opts *o, int reference, mkv_ppl_result *r, mkv_error *err)
+                   const mkv_decoder_opts *o, int reference, mkv_ppl_result *r, mkv_ppl_token *per_token,
+                   mkv_error *err)
 {
     memset(r, 0, sizeof *r);
     r->context = context;
     r->scored = score;
-    r->nll_full = r->step_seconds_full = NAN;
+    r->nll_full = r->nll_diff_se = r->step_seconds_full = NAN;
     int rc = mkv_ppl_check(n_tokens, context, score, err);
     if (!rc)
         rc = check_gpu_method(o, err);
@@ -728,6 +729,8 @@ int mkv_decode_ppl(const mkv_model *m, const int32_t *tokens, size_t n_tokens, i
         r->prefix_logical_bytes = s.logical_bytes;
     }
     double nll = 0, nll_full = 0, kl = 0, t_dec = 0, t_full = 0, read = 0, dense = 0;
+    /* the per-token differences' running mean and sum of squared deviations (Welford) */
+    double diff_mean = 0, diff_m2 = 0;
     int64_t agree = 0;
     for (int64_t i = 0; i < score && !rc; i++) {
         int32_t in = tokens[context + i], target = tokens[context + i + 1];
@@ -741,6 +744,7 @@ int mkv_decode_ppl(const mkv_model *m, const int32_t *tokens, size_t n_tokens, i
         dense += (double)s.logical_bytes;
         mkv_log_softmax(logits, V, lp);
         nll -= lp[target];
+        mkv_ppl_token tk = {context + i + 1, target, argmax(lp, V), -1, lp[target], NAN, NAN};
         if (full) {
             t0 = now();
             if ((rc = mkv_decoder_step(full, in, logits_full, err)))
@@ -752,8 +756,20 @@ int mkv_decode_ppl(const mkv_model *m, const int32_t *tokens, size_t n_tokens, i
             for (int j = 0; j < V; j++)
                 k += exp(lp_full[j]) * (lp_full[j] - lp[j]);
             kl += k;
-            agree += argmax(lp, V) == argmax(lp_full, V);
+            tk.top1_full = argmax(lp_full, V);
+            tk.logprob_full = lp_full[target];
+            tk.kl = k;
+            agree += tk.top1 == tk.top1_full;
+            double diff = lp_full[target] - lp[target], delta = diff - diff_mean;
+            diff_mean += delta / (double)(i + 1);
+            diff_m2 += delta * (diff - diff_mean);
+        } else if (!compressed) {   /* the full cache is its own reference */
+            tk.top1_full = tk.top1;
+            tk.logprob_full = tk.logprob;
+            tk.kl = 0;
         }
+        if (per_token)
+            per_token[i] = tk;
     }
     if (!rc) {
         double n = (double)score;
@@ -763,6 +779,7 @@ int mkv_decode_ppl(const mkv_model *m, const int32_t *tokens, size_t n_tokens, i
         r->step_seconds = t_dec / n;
         if (full || !compressed) {
             r->nll_full = full ? nll_full / n : r->nll;
+            r->nll_diff_se = !full ? 0 : score > 1 ? sqrt(diff_m2 / (n - 1) / n) : NAN;
             r->kl = full ? kl / n : 0;
             r->agreement = full ? (double)agree / n : 1;
             r->step_seconds_full = full ? t_full / n : r->step_seconds;

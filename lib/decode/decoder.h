@@ -114,6 +114,10 @@ typedef struct {
     int64_t context, scored;
     double nll;                /* mean negative log-likelihood, nats */
     double nll_full;           /* the same with the full cache (NaN without reference) */
+    double nll_diff_se;        /* standard error of nll - nll_full: the sample standard
+                                  deviation of the per-token differences over sqrt(scored),
+                                  tokens taken as independent (NaN without reference or
+                                  below 2 scored) */
     double kl;                 /* mean KL(full || method) of the next-token distribution */
     double agreement;          /* share of steps whose argmax equals the full cache's */
     uint64_t bytes_held, logical_bytes;   /* at the end of the run */
@@ -125,15 +129,27 @@ typedef struct {
     double step_seconds_full;  /* mean decode step of the full cache (NaN without reference) */
 } mkv_ppl_result;
 
+/* One scored token of a perplexity run. */
+typedef struct {
+    int64_t position;          /* of the target in the text */
+    int32_t target;
+    int32_t top1, top1_full;   /* the argmax of each next-token distribution (-1 without reference) */
+    double logprob;            /* log p(target) with the method, nats */
+    double logprob_full;       /* the same with the full cache (NaN without reference) */
+    double kl;                 /* KL(full || method) of this step (NaN without reference) */
+} mkv_ppl_token;
+
 /* Teacher forcing: prefill tokens[0..context), compress, then feed
  * tokens[context..context+score) one decode step each and score the
  * prediction of tokens[context+1..context+score] (the prediction of
  * tokens[context] comes from the prefill and is the same for every
  * method, so it is not scored).  With reference, a full-cache decoder
  * forked from the same prefill runs in lockstep for KL and agreement.
+ * per_token (may be NULL) receives the score scored tokens in order.
  * MKV_EFORMAT when n_tokens < context + score + 1. */
 int mkv_decode_ppl(const mkv_model *m, const int32_t *tokens, size_t n_tokens, int64_t context, int64_t score,
-                   const mkv_decoder_opts *o, int reference, mkv_ppl_result *r, mkv_error *err);
+                   const mkv_decoder_opts *o, int reference, mkv_ppl_result *r, mkv_ppl_token *per_token,
+                   mkv_error *err);
 
 /* The text is long enough for context and score (MKV_EFORMAT otherwise). */
 int mkv_ppl_check(size_t n_tokens, int64_t context, int64_t score, mkv_error *err);

@@ -35,6 +35,9 @@ $ mkv-decode model.bin --ppl text.txt -p hi
 $ mkv-decode model.bin --ppl text.txt --stats s.tsv
 ! mkv-decode: --stats is not an option of --ppl; try 'mkv-decode --help'
 [2]
+$ mkv-decode model.bin -p hi --per-token t.tsv
+! mkv-decode: --per-token is not an option of generation; try 'mkv-decode --help'
+[2]
 
 $ mkv-decode model.bin --needle --ppl text.txt
 ! mkv-decode: --ppl and --needle exclude each other; try 'mkv-decode --help'
@@ -104,6 +107,15 @@ $ mkv-decode model.bin -p hi --stats -
 $ mkv-decode model.bin --ppl text.txt -o text.txt
 ! mkv-decode: -o would overwrite the --ppl text; try 'mkv-decode --help'
 [2]
+$ mkv-decode model.bin --ppl text.txt --per-token -
+! mkv-decode: --per-token - and the perplexity table both write to standard output; try 'mkv-decode --help'
+[2]
+$ mkv-decode model.bin --ppl text.txt --per-token text.txt
+! mkv-decode: --per-token would overwrite the --ppl text; try 'mkv-decode --help'
+[2]
+$ mkv-decode model.bin --ppl text.txt -o p.tsv --per-token ./p.tsv
+! mkv-decode: --per-token and -o name the same file; try 'mkv-decode --help'
+[2]
 
 # ---------------------------------------------------------------- runtime errors: exit 1
 $ mkv-decode nosuch.bin -p hi
@@ -139,6 +151,11 @@ $ mkv-decode model.bin --tokenizer tok.bin -p hi -n 3 --stats nosuch/s.tsv
 $ mkv-decode model.bin --tokenizer tok.bin --ppl text.txt --context 64 --score 8 -o nosuch/p.tsv
 ! mkv-decode: cannot create 'nosuch/p.tsv': No such file or directory
 [1]
+$ mkv-decode model.bin --tokenizer tok.bin --ppl text.txt --context 64 --score 8 -o p.tsv --per-token nosuch/t.tsv
+! mkv-decode: cannot create 'nosuch/t.tsv': No such file or directory
+[1]
+$ test ! -e p.tsv && echo 'no table'
+| no table
 
 # ---------------------------------------------------------------- runs
 # the perplexity table: one row per context
@@ -146,6 +163,15 @@ $ mkv-decode model.bin --tokenizer tok.bin --ppl text.txt --context 64,128 --sco
 | context scored method params
 | 64 8 quest page=16 budget=0.1 sink=4 recent=64 agg=max
 | 128 8 quest page=16 budget=0.1 sink=4 recent=64 agg=max
+# the per-token table: one row per scored token, its target's position
+$ mkv-decode model.bin --tokenizer tok.bin --ppl text.txt --context 64,128 --score 3 -m quest -q -o p.tsv --per-token t.tsv && cut -f1-2 t.tsv | tr '\t' ' '
+| context position
+| 64 65
+| 64 66
+| 64 67
+| 128 129
+| 128 130
+| 128 131
 # the step table: every step adds one dense 16-bit token (2 layers x 2 KV
 # heads x K and V x 8 channels x 2 bytes = 128 bytes) to the 4 of the prompt
 $ mkv-decode model.bin --tokenizer tok.bin -p hi -n 3 -m streaming -P keep=0.5 --stats s.tsv -q >/dev/null && cut -f1-4,6 s.tsv | tr '\t' ' '

@@ -998,6 +998,61 @@ START_TEST(ppl_matches_model_ref)
 }
 END_TEST
 
+/* Two windows pooled: each window's tokens are those of a run over that
+ * window alone, and the pooled means and standard error are recomputed
+ * here from the per-token values. */
+START_TEST(ppl_windows_pooled)
+{
+    mkv_model_config c;
+    test_decode_config(&c);
+    mkv_model *m = random_model(&c, 23);
+    const int context = 40, score = 9, span = context + score + 1;
+    int32_t *tok = test_tokens(2 * span + 3, c.vocab_size, 5);
+    const mkv_method *quest = mkv_method_find("quest");
+    mkv_params p;
+    mkv_params_init(&p, quest->params);
+    mkv_error err;
+    ck_assert_int_ge(mkv_params_parse_list(&p, "page=4 budget=0.3 sink=2 recent=4", &err), 0);
+    mkv_decoder_opts o = opts_for(quest, &p, 0, 1);
+    mkv_ppl_token pooled[2 * 9], alone[2][9];
+    mkv_ppl_result r, w[2];
+    ck_assert_msg(mkv_decode_ppl_windows(m, tok, 2 * span + 3, context, score, 2, &o, 1, &r, pooled, &err) == MKV_OK,
+                  "%s", err.msg);
+    for (int k = 0; k < 2; k++)
+        ck_assert_msg(mkv_decode_ppl(m, tok + k * span, span, context, score, &o, 1, &w[k], alone[k], &err) == MKV_OK,
+                      "%s", err.msg);
+    ck_assert_int_eq(r.scored, 2 * score);
+    double mean = 0, nll = 0, nll_full = 0, kl = 0, agree = 0;
+    for (int i = 0; i < 2 * score; i++) {
+        const mkv_ppl_token *a = &alone[i / score][i % score], *b = &pooled[i];
+        ck_assert_int_eq(b->position, a->position + (i / score) * span);
+        ck_assert_int_eq(b->target, tok[b->position]);
+        ck_assert(b->logprob == a->logprob && b->logprob_full == a->logprob_full && b->kl == a->kl);
+        nll -= b->logprob;
+        nll_full -= b->logprob_full;
+        kl += b->kl;
+        agree += b->top1 == b->top1_full;
+        mean += (b->logprob_full - b->logprob) / (2 * score);
+    }
+    double ss = 0;
+    for (int i = 0; i < 2 * score; i++)
+        ss += (pooled[i].logprob_full - pooled[i].logprob - mean) * (pooled[i].logprob_full - pooled[i].logprob - mean);
+    ck_assert_double_eq_tol(r.nll, nll / (2 * score), 1e-12);
+    ck_assert_double_eq_tol(r.nll_full, nll_full / (2 * score), 1e-12);
+    ck_assert_double_eq_tol(r.kl, kl / (2 * score), 1e-12);
+    ck_assert_double_eq_tol(r.agreement, agree / (2 * score), 1e-12);
+    ck_assert_msg(ss > 0, "quest changed nothing");
+    ck_assert_double_eq_tol(r.nll_diff_se, sqrt(ss / (2 * score - 1) / (2 * score)), 1e-12);
+    ck_assert_uint_eq(r.prefix_bytes_held, (w[0].prefix_bytes_held + w[1].prefix_bytes_held + 1) / 2);
+    /* a third window does not fit */
+    ck_assert_int_eq(mkv_decode_ppl_windows(m, tok, 2 * span + 3, context, score, 3, &o, 1, &r, NULL, &err),
+                     MKV_EFORMAT);
+    ck_assert_str_eq(err.msg, "the text has 103 tokens; 3 windows of context 40 and 9 scored need 150");
+    free(tok);
+    mkv_model_free(m);
+}
+END_TEST
+
 START_TEST(misuse_refused)
 {
     mkv_model_config c;
@@ -1172,6 +1227,7 @@ int main(void)
     tcase_add_test(tc, bytes_counted_by_hand);
     tcase_add_test(tc, append_follows_each_method_rule);
     tcase_add_test(tc, ppl_matches_model_ref);
+    tcase_add_test(tc, ppl_windows_pooled);
     tcase_add_test(tc, misuse_refused);
     tcase_add_test(tc, needle_passkeys);
     tcase_add_test(tc, needle_text_layout);

@@ -45,6 +45,7 @@ enum {
     OPT_CONTEXT,
     OPT_SCORE,
     OPT_NO_REFERENCE,
+    OPT_WINDOWS,
     OPT_PER_TOKEN,
     OPT_STATS,
     OPT_WINDOW,
@@ -96,6 +97,7 @@ static const struct option longopts[] = {
     {"score", required_argument, NULL, OPT_SCORE},
     {"no-reference", no_argument, NULL, OPT_NO_REFERENCE},
     {"per-token", required_argument, NULL, OPT_PER_TOKEN},
+    {"windows", required_argument, NULL, OPT_WINDOWS},
     {"stats", required_argument, NULL, OPT_STATS},
     {"window", required_argument, NULL, OPT_WINDOW},
     {"chunk", required_argument, NULL, OPT_CHUNK},
@@ -167,6 +169,8 @@ static void usage(FILE *fp, int status)
             "                       tokens one decode step each\n"
             "      --context LIST   contexts in tokens, K suffixes (default 1K)\n"
             "      --score N        tokens scored per context (default %d)\n"
+            "      --windows K      score K disjoint windows of the text, each C+N+1 tokens\n"
+            "                       from the end of the last, pooled in one row (default 1)\n"
             "      --no-reference   skip the full-cache run (no KL or agreement)\n"
             "      --per-token FILE one TSV row per scored token: its log-probability with\n"
             "                       the method and with the full cache, KL and top-1 of the\n"
@@ -241,6 +245,7 @@ typedef struct {
     const char *ppl, *output, *stats, *per_token;
     int64_t contexts[MAX_CONTEXTS];
     int n_contexts;
+    int windows;               /* --ppl: disjoint windows of the text per context */
     int needle;
     int64_t lengths[MAX_CONTEXTS];
     int n_lengths;
@@ -328,6 +333,7 @@ static const struct {
     int modes;
 } MODE_OPTIONS[] = {
     {OPT_CONTEXT, MODE_PPL}, {OPT_SCORE, MODE_PPL}, {OPT_NO_REFERENCE, MODE_PPL | MODE_NEEDLE}, {OPT_PER_TOKEN, MODE_PPL},
+    {OPT_WINDOWS, MODE_PPL},
     {'o', MODE_PPL | MODE_NEEDLE}, {'p', MODE_GENERATE}, {'n', MODE_GENERATE}, {'f', MODE_GENERATE},
     {OPT_TOKEN_IDS, MODE_GENERATE}, {OPT_TOKENS, MODE_GENERATE}, {OPT_FILL, MODE_GENERATE}, {OPT_BATCH, MODE_GENERATE},
     {OPT_LAYERS, MODE_GENERATE}, {OPT_CHAT, MODE_GENERATE | MODE_NEEDLE},
@@ -362,6 +368,7 @@ static void parse_args(int argc, char **argv, decode_args *a)
     a->tokens = 1024;
     a->contexts[0] = DEFAULT_CONTEXT;
     a->n_contexts = 1;
+    a->windows = 1;
     static const int64_t default_lengths[] = {1024, 2048, 4096, 8192};
     static const double default_depths[] = {0, 0.25, 0.5, 0.75, 1};
     memcpy(a->lengths, default_lengths, sizeof default_lengths);
@@ -424,6 +431,9 @@ static void parse_args(int argc, char **argv, decode_args *a)
             break;
         case OPT_PER_TOKEN:
             a->per_token = optarg;
+            break;
+        case OPT_WINDOWS:
+            a->windows = (int)size_or_exit(optarg, "windows", 1, 1024);
             break;
         case OPT_STATS:
             a->stats = optarg;
@@ -836,12 +846,13 @@ static int perplexity(const decode_args *a, mkv_run_model *rm, mkv_error *err)
     const mkv_prompt *p = &rm->prompt;
     int rc;
     for (int i = 0; i < a->n_contexts; i++)
-        if ((rc = mkv_ppl_check(p->n, a->contexts[i], a->score, err)))
+        if ((rc = mkv_ppl_check(p->n, a->contexts[i], a->score, a->windows, err)))
             return rc;
     mkv_outfile out, tokens_out;
     mkv_ppl_token *per_token = NULL;
     if (a->per_token) {
-        if (!(per_token = mkv_alloc((size_t)a->score, sizeof *per_token, "per-token results", err)))
+        if (!(per_token = mkv_alloc((size_t)a->windows * (size_t)a->score, sizeof *per_token, "per-token results",
+                                    err)))
             return MKV_ENOMEM;
         if ((rc = mkv_outfile_open(&tokens_out, a->per_token, a->ppl, 0, err))) {
             mkv_free(per_token);
@@ -863,8 +874,8 @@ static int perplexity(const decode_args *a, mkv_run_model *rm, mkv_error *err)
         mkv_decoder_opts o;
         decoder_opts(a, (int)a->score, &o);
         mkv_ppl_result r;
-        if ((rc = mkv_decode_ppl(rm->model, p->tokens, p->n, a->contexts[i], a->score, &o, a->reference, &r,
-                                 per_token, err)))
+        if ((rc = mkv_decode_ppl_windows(rm->model, p->tokens, p->n, a->contexts[i], a->score, a->windows, &o,
+                                         a->reference, &r, per_token, err)))
             break;
         double ppl = exp(r.nll), ppl_full = exp(r.nll_full);
         fprintf(fp, "%" PRId64 "\t%" PRId64 "\t%s\t%s\t%.6f\t%.6f\t%.4f\t%.6g\t%.4f\t%.4f\t%" PRIu64 "\t%" PRIu64

@@ -666,13 +666,20 @@ static int argmax(const double *x, int n)
     return best;
 }
 
-int mkv_ppl_check(size_t n_tokens, int64_t context, int64_t score, mkv_error *err)
+int mkv_ppl_check(size_t n_tokens, int64_t context, int64_t score, int windows, mkv_error *err)
 {
-    if (context < 1 || score < 1)
-        return mkv_fail(err, MKV_EUSAGE, "the context and the scored tokens must be positive");
-    if ((uint64_t)n_tokens < (uint64_t)context + (uint64_t)score + 1)
-        return mkv_fail(err, MKV_EFORMAT, "the text has %zu tokens; context %lld and %lld scored need %lld",
-                        n_tokens, (long long)context, (long long)score, (long long)(context + score + 1));
+    if (context < 1 || score < 1 || windows < 1)
+        return mkv_fail(err, MKV_EUSAGE, "the context, the scored tokens and the windows must be positive");
+    if (context > INT64_MAX / 4 || score > INT64_MAX / 4 || (context + score + 1) > INT64_MAX / windows)
+        return mkv_fail(err, MKV_EUSAGE, "the context and the scored tokens are too large");
+    int64_t need = windows * (context + score + 1);
+    if ((uint64_t)n_tokens < (uint64_t)need) {
+        if (windows == 1)
+            return mkv_fail(err, MKV_EFORMAT, "the text has %zu tokens; context %lld and %lld scored need %lld",
+                            n_tokens, (long long)context, (long long)score, (long long)need);
+        return mkv_fail(err, MKV_EFORMAT, "the text has %zu tokens; %d windows of context %lld and %lld scored need %lld",
+                        n_tokens, windows, (long long)context, (long long)score, (long long)need);
+    }
     return MKV_OK;
 }
 
@@ -684,7 +691,7 @@ int mkv_decode_ppl(const mkv_model *m, const int32_t *tokens, size_t n_tokens, i
     r->context = context;
     r->scored = score;
     r->nll_full = r->nll_diff_se = r->step_seconds_full = NAN;
-    int rc = mkv_ppl_check(n_tokens, context, score, err);
+    int rc = mkv_ppl_check(n_tokens, context, score, 1, err);
     if (!rc)
         rc = check_gpu_method(o, err);
     if (rc)
@@ -795,5 +802,78 @@ int mkv_decode_ppl(const mkv_model *m, const int32_t *tokens, size_t n_tokens, i
     mkv_decoder_free(full);
     mkv_free(logits);
     mkv_free(lp);
+    return rc;
+}
+
+int mkv_decode_ppl_windows(const mkv_model *m, const int32_t *tokens, size_t n_tokens, int64_t context,
+                           int64_t score, int windows, const mkv_decoder_opts *o, int reference, mkv_ppl_result *r,
+                           mkv_ppl_token *per_token, mkv_error *err)
+{
+    int rc = mkv_ppl_check(n_tokens, context, score, windows, err);
+    if (rc)
+        return rc;
+    if (windows == 1)
+        return mkv_decode_ppl(m, tokens, n_tokens, context, score, o, reference, r, per_token, err);
+    mkv_ppl_token *tk = per_token;
+    if (!tk && !(tk = mkv_alloc((size_t)windows * (size_t)score, sizeof *tk, "per-token results", err)))
+        return MKV_ENOMEM;
+    mkv_ppl_result sum = {0};
+    double held = 0, logical = 0, prefix_held = 0, prefix_logical = 0;
+    const int64_t span = context + score + 1;
+    for (int w = 0; w < windows && !rc; w++) {
+        mkv_ppl_result one;
+        mkv_ppl_token *t = tk + (size_t)w * (size_t)score;
+        rc = mkv_decode_ppl(m, tokens + w * span, (size_t)span, context, score, o, reference, &one, t, err);
+        if (rc)
+            break;
+        for (int64_t i = 0; i < score; i++)
+            t[i].position += w * span;
+        sum.nll += one.nll;
+        sum.nll_full += one.nll_full;
+        sum.kl += one.kl;
+        sum.agreement += one.agreement;
+        sum.bytes_read_mean += one.bytes_read_mean;
+        sum.dense_read_mean += one.dense_read_mean;
+        sum.prefill_seconds += one.prefill_seconds;
+        sum.compress_seconds += one.compress_seconds;
+        sum.step_seconds += one.step_seconds;
+        sum.step_seconds_full += one.step_seconds_full;
+        held += (double)one.bytes_held;
+        logical += (double)one.logical_bytes;
+        prefix_held += (double)one.prefix_bytes_held;
+        prefix_logical += (double)one.prefix_logical_bytes;
+    }
+    if (!rc) {
+        /* every window scores the same number of tokens: token means are window means */
+        const double k = (double)windows;
+        memset(r, 0, sizeof *r);
+        r->context = context;
+        r->scored = windows * score;
+        r->nll = sum.nll / k;
+        r->nll_full = sum.nll_full / k;
+        r->kl = sum.kl / k;
+        r->agreement = sum.agreement / k;
+        r->bytes_read_mean = sum.bytes_read_mean / k;
+        r->dense_read_mean = sum.dense_read_mean / k;
+        r->prefill_seconds = sum.prefill_seconds;
+        r->compress_seconds = sum.compress_seconds;
+        r->step_seconds = sum.step_seconds / k;
+        r->step_seconds_full = sum.step_seconds_full / k;
+        r->bytes_held = (uint64_t)(held / k + 0.5);
+        r->logical_bytes = (uint64_t)(logical / k + 0.5);
+        r->prefix_bytes_held = (uint64_t)(prefix_held / k + 0.5);
+        r->prefix_logical_bytes = (uint64_t)(prefix_logical / k + 0.5);
+        r->nll_diff_se = NAN;
+        if (isfinite(r->nll_full)) {
+            double mean = r->nll - r->nll_full, ss = 0;
+            for (int64_t i = 0; i < r->scored; i++) {
+                double d = tk[i].logprob_full - tk[i].logprob - mean;
+                ss += d * d;
+            }
+            r->nll_diff_se = sqrt(ss / (double)(r->scored - 1) / (double)r->scored);
+        }
+    }
+    if (tk != per_token)
+        mkv_free(tk);
     return rc;
 }

@@ -151,8 +151,20 @@ int mkv_decode_ppl(const mkv_model *m, const int32_t *tokens, size_t n_tokens, i
                    const mkv_decoder_opts *o, int reference, mkv_ppl_result *r, mkv_ppl_token *per_token,
                    mkv_error *err);
 
-/* The text is long enough for context and score (MKV_EFORMAT otherwise). */
-int mkv_ppl_check(size_t n_tokens, int64_t context, int64_t score, mkv_error *err);
+/* mkv_decode_ppl over `windows` disjoint windows of the text, window i
+ * the context + score + 1 tokens from token i (context + score + 1): one
+ * prefill and compression each, their windows x score scored tokens
+ * pooled into r (means over the tokens; the standard error from the
+ * pooled differences; bytes held and read the mean of the windows;
+ * prefill and compression seconds their sum). per_token (may be NULL)
+ * receives windows x score tokens, positions in the whole text. */
+int mkv_decode_ppl_windows(const mkv_model *m, const int32_t *tokens, size_t n_tokens, int64_t context,
+                           int64_t score, int windows, const mkv_decoder_opts *o, int reference, mkv_ppl_result *r,
+                           mkv_ppl_token *per_token, mkv_error *err);
+
+/* The text is long enough for `windows` windows of context and score
+ * (MKV_EFORMAT otherwise). */
+int mkv_ppl_check(size_t n_tokens, int64_t context, int64_t score, int windows, mkv_error *err);
 
 /* log softmax of logits [n] into out [n], in double. */
 void mkv_log_softmax(const float *logits, int n, double *out);

@@ -38,6 +38,9 @@ $ mkv-decode model.bin --ppl text.txt --stats s.tsv
 $ mkv-decode model.bin -p hi --per-token t.tsv
 ! mkv-decode: --per-token is not an option of generation; try 'mkv-decode --help'
 [2]
+$ mkv-decode model.bin -p hi --windows 2
+! mkv-decode: --windows is not an option of generation; try 'mkv-decode --help'
+[2]
 
 $ mkv-decode model.bin --needle --ppl text.txt
 ! mkv-decode: --ppl and --needle exclude each other; try 'mkv-decode --help'
@@ -130,6 +133,9 @@ $ mkv-decode model.bin --tokenizer tok.bin -p hi --tokens 50 -n 1
 $ mkv-decode model.bin --tokenizer tok.bin --ppl short.txt --context 100 --score 10
 ! mkv-decode: the text has 12 tokens; context 100 and 10 scored need 111
 [1]
+$ mkv-decode model.bin --tokenizer tok.bin --ppl short.txt --context 4 --score 2 --windows 2
+! mkv-decode: the text has 12 tokens; 2 windows of context 4 and 2 scored need 14
+[1]
 $ mkv-decode model.bin --tokenizer tok.bin --ppl text.txt --context 1K --score 10
 ! mkv-decode: a run of 1034 tokens exceeds the context of 512 of model 'model'
 [1]
@@ -172,6 +178,9 @@ $ mkv-decode model.bin --tokenizer tok.bin --ppl text.txt --context 64,128 --sco
 | 128 129
 | 128 130
 | 128 131
+# two windows: the second starts where the first ends (64 + 3 + 1 tokens)
+$ mkv-decode model.bin --tokenizer tok.bin --ppl text.txt --context 64 --score 3 --windows 2 -q -o p.tsv --per-token t.tsv && echo $(cut -f2 p.tsv) $(cut -f2 t.tsv)
+| scored 6 position 65 66 67 133 134 135
 # the step table: every step adds one dense 16-bit token (2 layers x 2 KV
 # heads x K and V x 8 channels x 2 bytes = 128 bytes) to the 4 of the prompt
 $ mkv-decode model.bin --tokenizer tok.bin -p hi -n 3 -m streaming -P keep=0.5 --stats s.tsv -q >/dev/null && cut -f1-4,6 s.tsv | tr '\t' ' '

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Paired comparison of perplexity runs over the same scored tokens.
 
-  python3 scripts/ppl_compare.py A.tsv B.tsv [C.tsv ...]
+  python3 scripts/ppl_compare.py A.tsv [B.tsv ...]
 
 Each file is what `mkv-decode --ppl ... --per-token FILE` wrote: one row per
 scored token with its log-probability under the run's method and under the
@@ -76,9 +76,12 @@ def interval(m, se):
 
 
 def main(argv):
-    if len(argv) < 2 or argv[0] in ("-h", "--help"):
+    if argv and argv[0] in ("-h", "--help"):
         sys.stdout.write(__doc__)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
+        return 0
+    if not argv:
+        sys.stderr.write("usage: python3 scripts/ppl_compare.py A.tsv [B.tsv ...] (--help for more)\n")
+        return 2
     runs = [read_run(p) for p in argv]
     first = runs[0]
     for path, run in zip(argv[1:], runs[1:]):

@@ -5,7 +5,7 @@
 # row per scored token, in order, with the text's targets); the paired
 # comparison of two runs against the same recomputation; and the
 # comparison's refusals (another context, a file that is not a per-token
-# table, a missing file).
+# table, no file, a missing file).
 . "${top_srcdir:-.}/tests/cli/common.sh"
 cli_init cli_ppl_compare mkv-decode
 cli_need_h5py
@@ -102,6 +102,8 @@ expect "another context" 1 '' "$E: 'quest.tok.tsv' and 'other.tok.tsv' score dif
     "$PY" "$COMPARE" quest.tok.tsv other.tok.tsv
 expect "not a per-token table" 1 '' "$E: 'quest.tsv' is not a --per-token table (no column position)" \
     "$PY" "$COMPARE" quest.tok.tsv quest.tsv
+expect "no files" 2 '' "usage: python3 scripts/ppl_compare.py A.tsv [B.tsv ...] (--help for more)" \
+    "$PY" "$COMPARE"
 expect "a missing file" 1 '' "$E: cannot open 'nope.tsv': No such file or directory" \
     "$PY" "$COMPARE" quest.tok.tsv nope.tsv
 cli_finish

@@ -683,17 +683,17 @@ int mkv_ppl_check(size_t n_tokens, int64_t context, int64_t score, int windows, 
     return MKV_OK;
 }
 
-int mkv_decode_ppl(const mkv_model *m, const int32_t *tokens, size_t n_tokens, int64_t context, int64_t score,
-                   const mkv_decoder_opts *o, int reference, mkv_ppl_result *r, mkv_ppl_token *per_token,
-                   mkv_error *err)
+/* One window of mkv_decode_ppl_windows (checked by it): every field of r
+ * but nll_diff_se, each scored token into tk [score]. */
+static int ppl_window(const mkv_model *m, const int32_t *tokens, int64_t context, int64_t score,
+                      const mkv_decoder_opts *o, int reference, mkv_ppl_result *r, mkv_ppl_token *tk,
+                      mkv_error *err)
 {
     memset(r, 0, sizeof *r);
     r->context = context;
     r->scored = score;
     r->nll_full = r->nll_diff_se = r->step_seconds_full = NAN;
-    int rc = mkv_ppl_check(n_tokens, context, score, 1, err);
-    if (!rc)
-        rc = check_gpu_method(o, err);
+    int rc = check_gpu_method(o, err);
     if (rc)
         return rc;
     int V = m->cfg.vocab_size;
@@ -736,8 +736,6 @@ int mkv_decode_ppl(const mkv_model *m, const int32_t *tokens, size_t n_tokens, i
         r->prefix_logical_bytes = s.logical_bytes;
     }
     double nll = 0, nll_full = 0, kl = 0, t_dec = 0, t_full = 0, read = 0, dense = 0;
-    /* the per-token differences' running mean and sum of squared deviations (Welford) */
-    double diff_mean = 0, diff_m2 = 0;
     int64_t agree = 0;
     for (int64_t i = 0; i < score && !rc; i++) {
         int32_t in = tokens[context + i], target = tokens[context + i + 1];
@@ -751,7 +749,8 @@ int mkv_decode_ppl(const mkv_model *m, const int32_t *tokens, size_t n_tokens, i
         dense += (double)s.logical_bytes;
         mkv_log_softmax(logits, V, lp);
         nll -= lp[target];
-        mkv_ppl_token tk = {context + i + 1, target, argmax(lp, V), -1, lp[target], NAN, NAN};
+        mkv_ppl_token *t = &tk[i];
+        *t = (mkv_ppl_token){context + i + 1, target, argmax(lp, V), -1, lp[target], NAN, NAN};
         if (full) {
             t0 = now();
             if ((rc = mkv_decoder_step(full, in, logits_full, err)))
@@ -763,20 +762,15 @@ int mkv_decode_ppl(const mkv_model *m, const int32_t *tokens, size_t n_tokens, i
             for (int j = 0; j < V; j++)
                 k += exp(lp_full[j]) * (lp_full[j] - lp[j]);
             kl += k;
-            tk.top1_full = argmax(lp_full, V);
-            tk.logprob_full = lp_full[target];
-            tk.kl = k;
-            agree += tk.top1 == tk.top1_full;
-            double diff = lp_full[target] - lp[target], delta = diff - diff_mean;
-            diff_mean += delta / (double)(i + 1);
-            diff_m2 += delta * (diff - diff_mean);
+            t->top1_full = argmax(lp_full, V);
+            t->logprob_full = lp_full[target];
+            t->kl = k;
+            agree += t->top1 == t->top1_full;
         } else if (!compressed) {   /* the full cache is its own reference */
-            tk.top1_full = tk.top1;
-            tk.logprob_full = tk.logprob;
-            tk.kl = 0;
+            t->top1_full = t->top1;
+            t->logprob_full = t->logprob;
+            t->kl = 0;
         }
-        if (per_token)
-            per_token[i] = tk;
     }
     if (!rc) {
         double n = (double)score;
@@ -786,7 +780,6 @@ int mkv_decode_ppl(const mkv_model *m, const int32_t *tokens, size_t n_tokens, i
         r->step_seconds = t_dec / n;
         if (full || !compressed) {
             r->nll_full = full ? nll_full / n : r->nll;
-            r->nll_diff_se = !full ? 0 : score > 1 ? sqrt(diff_m2 / (n - 1) / n) : NAN;
             r->kl = full ? kl / n : 0;
             r->agreement = full ? (double)agree / n : 1;
             r->step_seconds_full = full ? t_full / n : r->step_seconds;
@@ -805,6 +798,27 @@ int mkv_decode_ppl(const mkv_model *m, const int32_t *tokens, size_t n_tokens, i
     return rc;
 }
 
+/* The standard error of the mean of logprob_full - logprob over t [n]
+ * (NaN below 2 tokens or without the full cache's log-probabilities). */
+static double diff_se(const mkv_ppl_token *t, int64_t n)
+{
+    double mean = 0, ss = 0;
+    for (int64_t i = 0; i < n; i++)
+        mean += (t[i].logprob_full - t[i].logprob) / (double)n;
+    for (int64_t i = 0; i < n; i++) {
+        double d = t[i].logprob_full - t[i].logprob - mean;
+        ss += d * d;
+    }
+    return n > 1 ? sqrt(ss / (double)(n - 1) / (double)n) : NAN;
+}
+
+int mkv_decode_ppl(const mkv_model *m, const int32_t *tokens, size_t n_tokens, int64_t context, int64_t score,
+                   const mkv_decoder_opts *o, int reference, mkv_ppl_result *r, mkv_ppl_token *per_token,
+                   mkv_error *err)
+{
+    return mkv_decode_ppl_windows(m, tokens, n_tokens, context, score, 1, o, reference, r, per_token, err);
+}
+
 int mkv_decode_ppl_windows(const mkv_model *m, const int32_t *tokens, size_t n_tokens, int64_t context,
                            int64_t score, int windows, const mkv_decoder_opts *o, int reference, mkv_ppl_result *r,
                            mkv_ppl_token *per_token, mkv_error *err)
@@ -812,8 +826,6 @@ int mkv_decode_ppl_windows(const mkv_model *m, const int32_t *tokens, size_t n_t
     int rc = mkv_ppl_check(n_tokens, context, score, windows, err);
     if (rc)
         return rc;
-    if (windows == 1)
-        return mkv_decode_ppl(m, tokens, n_tokens, context, score, o, reference, r, per_token, err);
     mkv_ppl_token *tk = per_token;
     if (!tk && !(tk = mkv_alloc((size_t)windows * (size_t)score, sizeof *tk, "per-token results", err)))
         return MKV_ENOMEM;
@@ -823,7 +835,7 @@ int mkv_decode_ppl_windows(const mkv_model *m, const int32_t *tokens, size_t n_t
     for (int w = 0; w < windows && !rc; w++) {
         mkv_ppl_result one;
         mkv_ppl_token *t = tk + (size_t)w * (size_t)score;
-        rc = mkv_decode_ppl(m, tokens + w * span, (size_t)span, context, score, o, reference, &one, t, err);
+        rc = ppl_window(m, tokens + w * span, context, score, o, reference, &one, t, err);
         if (rc)
             break;
         for (int64_t i = 0; i < score; i++)
@@ -863,15 +875,7 @@ int mkv_decode_ppl_windows(const mkv_model *m, const int32_t *tokens, size_t n_t
         r->logical_bytes = (uint64_t)(logical / k + 0.5);
         r->prefix_bytes_held = (uint64_t)(prefix_held / k + 0.5);
         r->prefix_logical_bytes = (uint64_t)(prefix_logical / k + 0.5);
-        r->nll_diff_se = NAN;
-        if (isfinite(r->nll_full)) {
-            double mean = r->nll - r->nll_full, ss = 0;
-            for (int64_t i = 0; i < r->scored; i++) {
-                double d = tk[i].logprob_full - tk[i].logprob - mean;
-                ss += d * d;
-            }
-            r->nll_diff_se = sqrt(ss / (double)(r->scored - 1) / (double)r->scored);
-        }
+        r->nll_diff_se = diff_se(tk, r->scored);
     }
     if (tk != per_token)
         mkv_free(tk);
